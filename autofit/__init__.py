@@ -1,0 +1,165 @@
+"""autofit: find the fastest LLM fine-tuning config that will not run out of GPU memory.
+
+The public API is this module: `estimate`, `plan`, `trial`, `apply`, `load_plan` and the types
+they return. Everything else is private and may change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autofit._version import __version__
+from autofit.config import KNOBS, Config
+from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
+from autofit.estimate import Estimate
+from autofit.plan import Candidate, Plan
+
+if TYPE_CHECKING:
+    import torch
+
+    from autofit.trial import TrialResult
+
+__all__ = [
+    "KNOBS",
+    "AutofitError",
+    "Candidate",
+    "Config",
+    "ConfigError",
+    "Estimate",
+    "HardwareError",
+    "ModelError",
+    "Plan",
+    "SpaceError",
+    "__version__",
+    "apply",
+    "estimate",
+    "load_plan",
+    "plan",
+    "trial",
+]
+
+
+def _config(knobs: dict[str, Any]) -> Config:
+    unknown = set(knobs) - set(KNOBS) - {"lora_alpha"}
+    if unknown:
+        from autofit.config import coerce_knob
+
+        coerce_knob(sorted(unknown)[0], None)  # raises a clear ConfigError
+    return Config(**knobs)
+
+
+def estimate(
+    model: str,
+    gpus: str = "auto",
+    *,
+    gpu_memory: str | int | None = None,
+    device: str = "cuda",
+    **knobs: Any,
+) -> Estimate:
+    """Napkin estimate of one config: `autofit.estimate("llama-7b", gpus="2xrtx3090",
+    quant="nf4", lora_rank=64, micro_batch=8, seq_len=2048, checkpointing="full")`."""
+    from autofit.estimate import estimate as _estimate
+    from autofit.hardware import resolve_hardware
+    from autofit.models import resolve_model
+
+    spec = resolve_model(model)
+    hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    return _estimate(spec, hw, _config(knobs), device=device)
+
+
+def plan(
+    model: str,
+    gpus: str = "auto",
+    *,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    space: str | Path = "default",
+    trials: int = 20,
+    timeout: float | None = None,
+    trial_timeout: float = 600.0,
+    steps: int = 3,
+    margin: float = 0.05,
+    device: str = "cuda",
+    gpu_memory: str | int | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    run_dir: str | Path | None = None,
+    prune: bool = True,
+    console: Any = None,
+) -> Plan:
+    """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
+    otherwise an Optuna study runs real trials of the most promising candidates."""
+    from autofit.hardware import resolve_hardware
+    from autofit.models import resolve_model
+    from autofit.plan import plan_estimates
+    from autofit.space import load_space
+
+    if not 0 <= margin < 1:
+        raise AutofitError(
+            f"--margin must be a fraction between 0 and 1 (0.05 = 5%); got {margin}."
+        )
+    if trials < 0:
+        raise AutofitError(f"--trials must be 0 or more; got {trials}.")
+    if seq_len is not None and seq_len < 1:
+        raise AutofitError(f"--seq-len must be a positive number of tokens; got {seq_len}.")
+    if global_batch is not None and global_batch < 1:
+        raise AutofitError(
+            f"--global-batch must be a positive number of sequences; got {global_batch}."
+        )
+    spec = resolve_model(model)
+    hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    sp = load_space(space)
+    if trials == 0:
+        return plan_estimates(
+            spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device
+        )
+    from autofit.search import search
+
+    return search(
+        spec, hw, sp, seq_len=seq_len, global_batch=global_batch, trials=trials,
+        timeout=timeout, trial_timeout=trial_timeout, steps=steps, margin=margin, device=device,
+        storage=storage, study=study, run_dir=run_dir, prune=prune, console=console,
+    )  # fmt: skip
+
+
+def trial(
+    model: str,
+    gpus: str = "auto",
+    *,
+    device: str = "cuda",
+    gpu_memory: str | int | None = None,
+    steps: int = 3,
+    timeout: float = 600.0,
+    **knobs: Any,
+) -> TrialResult:
+    """Run one real trial (a few FSDP2 training steps in fresh processes) and measure it."""
+    from autofit.hardware import resolve_hardware
+    from autofit.models import resolve_model
+    from autofit.trial import run_trial
+
+    spec = resolve_model(model)
+    hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    cap = hw.capacity_bytes if (gpu_memory is not None or device == "cpu") else None
+    if device == "cpu" and gpu_memory is None:
+        cap = None
+    return run_trial(
+        spec, _config(knobs), nprocs=hw.n_gpus, device=device, gpu_memory=cap, steps=steps,
+        timeout_s=timeout,
+    )  # fmt: skip
+
+
+def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any) -> Any:
+    """Apply a config to your own model as trials measured it: quantize, LoRA, checkpoint,
+    shard (call inside an initialised process group for FSDP2)."""
+    from autofit.trial import apply as _apply
+
+    cfg = config if isinstance(config, Config) else Config.from_dict(dict(config))
+    return _apply(model, cfg, **kwargs)
+
+
+def load_plan(path: str | Path) -> Any:
+    """Read an `autofit`-format plan YAML written by `plan.export("autofit", path)`."""
+    from autofit.export import load_plan as _load_plan
+
+    return _load_plan(path)

@@ -1,0 +1,3 @@
+from autofit.cli import main
+
+main()

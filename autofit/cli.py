@@ -1,0 +1,352 @@
+"""`autofit` command line (typer): a thin layer over the public API in `autofit/__init__.py`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+import autofit
+from autofit import report
+from autofit.config import KNOB_HELP, KNOBS, coerce_knob
+from autofit.errors import AutofitError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Find the fastest LLM fine-tuning config that will not run out of GPU memory.",
+    pretty_exceptions_enable=False,
+)
+
+
+def _console(stderr: bool = False) -> Console:
+    """Rich console; when output is not a terminal (pipes, CI, tests) use a wide fixed width so
+    tables are not squeezed to 80 columns."""
+    probe = Console(stderr=stderr)
+    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 160)
+
+
+out = _console()
+err = _console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"autofit {autofit.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Find the fastest LLM fine-tuning config that will not run out of GPU memory."""
+
+
+def _fail(exc: AutofitError) -> None:
+    err.print(f"[red]error:[/] {exc}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+# ----- shared options ---------------------------------------------------------------------------
+MODEL = typer.Option(..., "--model", "-m", help="Preset name (see `autofit models`) or a path to "
+                     "a HF config.json / model folder.")  # fmt: skip
+GPUS = typer.Option(
+    "auto",
+    "--gpus",
+    "-g",
+    help="auto (all NVML GPUs), N (first N), 0,2 (indices), or KxNAME for hardware you do not "
+    "have, e.g. 2xrtx3090, 8xh100-80gb (`autofit hardware --presets`).",
+)
+GPU_MEMORY = typer.Option(
+    None,
+    "--gpu-memory",
+    help="Cap each GPU at this size, e.g. 24GiB (emulates a smaller card; on --device cpu the "
+    "capacity trials are held to).",
+)
+DEVICE = typer.Option(
+    "cuda", "--device", help="cuda: trials on GPUs; cpu: the same trials on CPU with gloo."
+)
+JSON = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
+
+
+def _knob_option(name: str, default: Any = None) -> Any:
+    allowed = KNOBS[name]
+    values = f" [{'|'.join(map(str, allowed))}]" if allowed else ""
+    if name == "micro_batch":
+        extra = (
+            " If it runs out of memory: halve it and double --grad-accum,"
+            " or add --checkpointing full."
+        )
+    else:
+        extra = ""
+    return typer.Option(
+        default, f"--{name.replace('_', '-')}", help=KNOB_HELP[name] + values + extra
+    )
+
+
+def _knobs(**values: Any) -> dict[str, Any]:
+    """Drop unset knob flags and validate the rest (clear errors, not tracebacks)."""
+    return {k: coerce_knob(k, v) for k, v in values.items() if v is not None}
+
+
+# ----- commands ---------------------------------------------------------------------------------
+@app.command()
+def hardware(
+    json_out: bool = JSON,
+    presets: bool = typer.Option(False, "--presets", help="List the what-if GPU presets."),
+) -> None:
+    """List the GPUs (NVML), their links, host RAM and cores; or the what-if presets."""
+    from autofit.hardware import GPU_PRESETS, NoDriver, local_hardware
+    from autofit.hardware.spec import cpu_cores, host_ram_bytes
+
+    if presets:
+        if json_out:
+            _emit_json({"presets": [_preset_dict(p) for p in GPU_PRESETS.values()]})
+        else:
+            out.print(report.presets_table())
+        return
+    try:
+        hw = local_hardware()
+        reason = None
+    except NoDriver as exc:
+        hw, reason = None, str(exc)
+    if json_out:
+        data = hw.to_dict() if hw else {
+            "gpus": [], "pairs": [], "host_ram_bytes": host_ram_bytes(),
+            "cpu_cores": cpu_cores(), "source": "none", "reason": reason,
+        }  # fmt: skip
+        _emit_json(data)
+        return
+    if hw is None:
+        out.print(
+            f"No NVIDIA GPU driver found ({reason}), so there are no GPUs to list.\n"
+            f"Host: {report.fmt_bytes(host_ram_bytes())} RAM, {cpu_cores()} CPU cores.\n"
+            "You can still plan: name the hardware with --gpus KxNAME (e.g. --gpus 2xrtx3090; "
+            "`autofit hardware --presets` lists the names) and add --no-trials, or run real "
+            "trials of small models with --device cpu."
+        )
+        return
+    if not hw.gpus:
+        out.print("NVML is present but reports no GPUs.")
+    else:
+        out.print(report.hardware_table(hw))
+        pairs = report.pairs_table(hw)
+        if pairs is not None:
+            out.print(pairs)
+    out.print(f"Host: {report.fmt_bytes(hw.host_ram_bytes)} RAM, {hw.cpu_cores} CPU cores.")
+
+
+def _preset_dict(p: Any) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "gpu": p.full_name,
+        "memory_bytes": p.memory_bytes,
+        "bf16_tflops": p.bf16_tflops,
+        "mem_bw_gbs": p.mem_bw_gbs,
+        "interconnect": p.interconnect,
+        "link_bw_gbs": p.link_bw_gbs,
+        "compute_capability": f"{p.compute_capability[0]}.{p.compute_capability[1]}",
+        "bf16": p.bf16,
+        "fp8": p.fp8,
+    }
+
+
+@app.command()
+def models(json_out: bool = JSON) -> None:
+    """List the model presets with their exact parameter counts."""
+    from autofit.models import PRESETS
+
+    if json_out:
+        _emit_json({"models": [m.to_dict() for m in PRESETS.values()]})
+    else:
+        out.print(report.models_table(PRESETS.values()))
+
+
+@app.command()
+def estimate(
+    model: str = MODEL,
+    gpus: str = GPUS,
+    quant: str | None = _knob_option("quant"),
+    lora_rank: int | None = _knob_option("lora_rank"),
+    micro_batch: int | None = _knob_option("micro_batch"),
+    grad_accum: int | None = _knob_option("grad_accum"),
+    wrap: str | None = _knob_option("wrap"),
+    reshard: str | None = _knob_option("reshard"),
+    checkpointing: str | None = _knob_option("checkpointing"),
+    offload: str | None = _knob_option("offload"),
+    optimizer: str | None = _knob_option("optimizer"),
+    precision: str | None = _knob_option("precision"),
+    seq_len: int | None = _knob_option("seq_len"),
+    gpu_memory: str | None = GPU_MEMORY,
+    device: str = DEVICE,
+    json_out: bool = JSON,
+) -> None:
+    """Napkin estimate of one config: peak memory per GPU with a breakdown, and step time."""
+    try:
+        knobs = _knobs(
+            quant=quant, lora_rank=lora_rank, micro_batch=micro_batch, grad_accum=grad_accum,
+            wrap=wrap, reshard=reshard, checkpointing=checkpointing, offload=offload,
+            optimizer=optimizer, precision=precision, seq_len=seq_len,
+        )  # fmt: skip
+        est = autofit.estimate(model, gpus, gpu_memory=gpu_memory, device=device, **knobs)
+    except AutofitError as exc:
+        _fail(exc)
+    if json_out:
+        _emit_json(est.to_dict())
+        return
+    from autofit.hardware import resolve_hardware
+    from autofit.models import resolve_model
+
+    report.estimate_report(
+        out, resolve_model(model), resolve_hardware(gpus, device=device, gpu_memory=gpu_memory), est
+    )
+
+
+@app.command()
+def trial(
+    model: str = MODEL,
+    gpus: str = GPUS,
+    quant: str | None = _knob_option("quant"),
+    lora_rank: int | None = _knob_option("lora_rank"),
+    micro_batch: int | None = _knob_option("micro_batch"),
+    grad_accum: int | None = _knob_option("grad_accum"),
+    wrap: str | None = _knob_option("wrap"),
+    reshard: str | None = _knob_option("reshard"),
+    checkpointing: str | None = _knob_option("checkpointing"),
+    offload: str | None = _knob_option("offload"),
+    optimizer: str | None = _knob_option("optimizer"),
+    precision: str | None = _knob_option("precision"),
+    seq_len: int | None = _knob_option("seq_len"),
+    gpu_memory: str | None = GPU_MEMORY,
+    device: str = DEVICE,
+    steps: int = typer.Option(3, "--steps", help="Measured optimizer steps (after 1 warm-up)."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before the trial is killed."),
+    json_out: bool = JSON,
+) -> None:
+    """Run one real trial: a few FSDP2 training steps in their own processes, measured."""
+    try:
+        knobs = _knobs(
+            quant=quant, lora_rank=lora_rank, micro_batch=micro_batch, grad_accum=grad_accum,
+            wrap=wrap, reshard=reshard, checkpointing=checkpointing, offload=offload,
+            optimizer=optimizer, precision=precision, seq_len=seq_len,
+        )  # fmt: skip
+        if not json_out:
+            err.print(f"Running a trial of {model} on {gpus} ({device}) ...")
+        result = autofit.trial(
+            model, gpus, device=device, gpu_memory=gpu_memory, steps=steps, timeout=timeout,
+            **knobs,
+        )  # fmt: skip
+    except AutofitError as exc:
+        _fail(exc)
+    if json_out:
+        _emit_json(result.to_dict())
+    else:
+        report.trial_report(out, result)
+    if result.status not in ("ok", "oom"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def plan(
+    model: str = MODEL,
+    gpus: str = GPUS,
+    seq_len: int | None = typer.Option(
+        None, "--seq-len", help="Tokens per sequence (default: the space's, 2048)."
+    ),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", help="Sequences per optimizer step; grad_accum is derived from it."
+    ),
+    space: str = typer.Option(
+        "default", "--space", help="Search space: default, qlora, lora, full, or a .yaml path."
+    ),
+    trials: int = typer.Option(20, "--trials", help="Real trials to spend (0 = estimates only)."),
+    no_trials: bool = typer.Option(False, "--no-trials", help="Estimates only: no GPU needed."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds for the whole search."),
+    trial_timeout: float = typer.Option(600.0, "--trial-timeout", help="Seconds per trial."),
+    steps: int = typer.Option(3, "--steps", help="Measured steps per trial."),
+    margin: float = typer.Option(
+        0.05, "--margin", help="Headroom the winner must keep (0.05 = 5%)."
+    ),
+    device: str = DEVICE,
+    gpu_memory: str | None = GPU_MEMORY,
+    storage: str | None = typer.Option(
+        None, "--storage", help="Optuna storage URL (default: SQLite in the run folder)."
+    ),
+    study: str | None = typer.Option(
+        None, "--study", help="Study name (default: derived from model, GPUs, space)."
+    ),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        help="Folder for the study, plan and plot (default: ./autofit-runs/<study>).",
+    ),
+    no_prune: bool = typer.Option(
+        False, "--no-prune", help="Let trials run candidates the estimate rules out."
+    ),
+    export_path: Path | None = typer.Option(
+        None, "--export", help="Write the winner to this file."
+    ),
+    fmt: str = typer.Option(
+        "autofit", "--format", help="Export format: autofit, accelerate, trainer."
+    ),
+    json_out: bool = JSON,
+) -> None:
+    """Plan: estimate every candidate, prune what cannot fit, trial the best, pick the winner."""
+    try:
+        n_trials = 0 if no_trials else trials
+        console = err if json_out else out
+        result = autofit.plan(
+            model, gpus, seq_len=seq_len, global_batch=global_batch, space=space,
+            trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
+            margin=margin, device=device, gpu_memory=gpu_memory, storage=storage, study=study,
+            run_dir=run_dir, prune=not no_prune, console=None if json_out else console,
+        )  # fmt: skip
+        written: list[Path] = []
+        if export_path is not None and result.best is not None:
+            written = result.export(fmt, export_path)
+    except AutofitError as exc:
+        _fail(exc)
+    if json_out:
+        _emit_json(result.to_dict())
+    else:
+        report.plan_report(out, result, written)
+    if result.best is None:
+        raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    storage: str = typer.Option(..., "--storage", help="Optuna storage URL of the study."),
+    study: str = typer.Option(..., "--study", help="Study name."),
+    fmt: str = typer.Option("autofit", "--format", help="autofit, accelerate or trainer."),
+    output: Path = typer.Option(..., "--output", "-o", help="File to write."),
+) -> None:
+    """Export the winner of an existing study without running anything."""
+    try:
+        from autofit.search import load_study_plan
+
+        result = load_study_plan(storage, study)
+        written = result.export(fmt, output)
+    except AutofitError as exc:
+        _fail(exc)
+    for path in written:
+        out.print(f"wrote {path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

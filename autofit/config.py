@@ -1,0 +1,239 @@
+"""The knobs of a fine-tuning run and the rules between them.
+
+`KNOBS` is the one table of knob names and allowed values; the search-space loader, the CLI flags,
+validation and the exports all read it. `Config` is one point of the space.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from autofit.errors import ConfigError
+
+# name -> allowed values (None: any positive integer). Order is the order shown to users.
+KNOBS: dict[str, tuple[Any, ...] | None] = {
+    "quant": ("none", "int8", "nf4"),
+    "lora_rank": None,  # 0 = full fine-tune, else a positive rank
+    "micro_batch": None,
+    "grad_accum": None,
+    "wrap": ("layer", "every-2", "every-4", "model", "none"),
+    "reshard": (True, False),
+    "checkpointing": ("none", "full", "every-2", "selective"),
+    "offload": ("none", "optimizer", "params"),
+    "optimizer": ("adamw", "adamw8bit", "adamw4bit"),
+    "precision": ("bf16-mixed", "bf16"),
+    "seq_len": None,
+}
+
+KNOB_HELP: dict[str, str] = {
+    "quant": "storage of the frozen base weights (torchao); needs lora_rank > 0",
+    "lora_rank": "0 = full fine-tune; r = LoRA on all attention and MLP projections",
+    "micro_batch": "sequences per GPU per forward/backward",
+    "grad_accum": "micro-steps per optimizer step (derived from global_batch when given)",
+    "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit, or none (replicas)",
+    "reshard": "reshard_after_forward (false keeps gathered params until backward)",
+    "checkpointing": "activation checkpointing of decoder layers",
+    "offload": "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
+    "optimizer": "torch AdamW or torchao low-bit AdamW",
+    "precision": "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",
+    "seq_len": "tokens per sequence (fixed per plan)",
+}
+
+# Integer knobs and whether 0 is allowed.
+_INT_KNOBS = {"lora_rank": 0, "micro_batch": 1, "grad_accum": 1, "seq_len": 1}
+
+
+def wrap_group_size(wrap: str, n_layers: int) -> int:
+    """Decoder layers per FSDP2 unit for a `wrap` value (`none` -> no units)."""
+    if wrap == "layer":
+        return 1
+    if wrap.startswith("every-"):
+        return int(wrap.split("-")[1])
+    if wrap == "model":
+        return n_layers
+    return 0
+
+
+@lru_cache(maxsize=256)
+def wrap_units(wrap: str, n_layers: int) -> tuple[tuple[int, ...], ...]:
+    """The FSDP2 units `wrap` produces, as lists of decoder-layer indices.
+
+    The root unit (embeddings, final norm, LM head and whatever no unit claims) is implicit and
+    always last. `model` and `none` give no layer units: everything lives in the root. The trial
+    builder calls `fully_shard` on exactly these groups, and the estimator sizes the all-gather
+    buffers from them, so the two cannot disagree.
+    """
+    k = wrap_group_size(wrap, n_layers)
+    if k == 0 or k >= n_layers:
+        return ()
+    return tuple(tuple(range(i, min(i + k, n_layers))) for i in range(0, n_layers, k))
+
+
+def _coerce_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def coerce_knob(name: str, value: Any, where: str = "") -> Any:
+    """Check and convert one knob value; raise `ConfigError` naming the knob and allowed values."""
+    place = f" in {where}" if where else ""
+    if name not in KNOBS:
+        from autofit.errors import did_you_mean
+
+        raise ConfigError(
+            f"Unknown knob {name!r}{place}.{did_you_mean(name, KNOBS)} "
+            f"Knobs are: {', '.join(KNOBS)}."
+        )
+    allowed = KNOBS[name]
+    if name in _INT_KNOBS:
+        low = _INT_KNOBS[name]
+        try:
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError
+            number = int(float(value))
+        except (TypeError, ValueError):
+            number = None
+        if number is None or number < low:
+            raise ConfigError(
+                f"Knob {name!r}{place} must be a whole number >= {low}; got {value!r}."
+            )
+        return number
+    if name == "reshard":
+        try:
+            return _coerce_bool(value)
+        except ValueError:
+            raise ConfigError(
+                f"Knob 'reshard'{place} must be true or false; got {value!r}."
+            ) from None
+    text = str(value).strip().lower()
+    assert allowed is not None
+    if text not in allowed:
+        from autofit.errors import did_you_mean
+
+        raise ConfigError(
+            f"Knob {name!r}{place} cannot be {value!r}.{did_you_mean(text, map(str, allowed))} "
+            f"Allowed values: {', '.join(map(str, allowed))}."
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class Config:
+    """One fine-tuning configuration: every knob of design.md with a value."""
+
+    quant: str = "none"
+    lora_rank: int = 0
+    micro_batch: int = 1
+    grad_accum: int = 1
+    wrap: str = "layer"
+    reshard: bool = True
+    checkpointing: str = "none"
+    offload: str = "none"
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    seq_len: int = 2048
+    lora_alpha: int | None = field(default=None, compare=True)
+
+    def __post_init__(self) -> None:
+        for name in KNOBS:
+            object.__setattr__(self, name, coerce_knob(name, getattr(self, name)))
+        if self.lora_alpha is not None:
+            object.__setattr__(self, "lora_alpha", int(self.lora_alpha))
+        problem = rule_violation(self)
+        if problem:
+            raise ConfigError(problem)
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora_rank > 0
+
+    @property
+    def alpha(self) -> int:
+        """LoRA alpha: 2 x rank unless set."""
+        return self.lora_alpha if self.lora_alpha is not None else 2 * self.lora_rank
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in KNOBS}
+        if self.lora_alpha is not None:
+            out["lora_alpha"] = self.lora_alpha
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "") -> Config:
+        unknown = set(data) - set(KNOBS) - {"lora_alpha"}
+        if unknown:
+            coerce_knob(sorted(unknown)[0], None, where)  # raises with a did-you-mean hint
+        values = {k: coerce_knob(k, v, where) for k, v in data.items() if k in KNOBS}
+        if "lora_alpha" in data and data["lora_alpha"] is not None:
+            values["lora_alpha"] = int(data["lora_alpha"])
+        return cls(**values)
+
+    def short(self) -> str:
+        """A compact one-line label, e.g. 'nf4 r64 mb8x4 layer ckpt=full'."""
+        parts = [self.quant if self.quant != "none" else ("lora" if self.is_lora else "full")]
+        if self.is_lora:
+            parts.append(f"r{self.lora_rank}")
+        parts.append(f"mb{self.micro_batch}x{self.grad_accum}")
+        parts.append(f"wrap={self.wrap}" + ("" if self.reshard else "/keep"))
+        if self.checkpointing != "none":
+            parts.append(f"ckpt={self.checkpointing}")
+        if self.offload != "none":
+            parts.append(f"offload={self.offload}")
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
+        if self.precision != "bf16-mixed":
+            parts.append(self.precision)
+        return " ".join(parts)
+
+
+def rule_violation(cfg: Config) -> str | None:
+    """The first rule between knobs that `cfg` breaks, as a user-facing sentence, or None."""
+    broken = broken_rule(cfg)
+    return broken[1] if broken else None
+
+
+def broken_rule(cfg: Config) -> tuple[str, str] | None:
+    """(short reason, full sentence) of the first rule `cfg` breaks, or None."""
+    if cfg.quant != "none" and cfg.lora_rank == 0:
+        return (
+            "quant needs LoRA",
+            f"quant={cfg.quant} needs LoRA: a quantized base cannot be fully fine-tuned. "
+            "Set lora_rank > 0 (e.g. 16 or 64), or use quant=none for a full fine-tune.",
+        )
+    if cfg.offload == "params" and cfg.quant == "int8":
+        return (
+            "offload=params with int8",
+            "offload=params cannot be combined with quant=int8: torchao's int8 weights stay out "
+            "of FSDP2 sharding, so FSDP2's CPUOffloadPolicy cannot move them. Use quant=nf4, or "
+            "offload=optimizer/none.",
+        )
+    if cfg.offload == "params" and cfg.wrap == "none":
+        return (
+            "offload=params without sharding",
+            "offload=params needs FSDP2 sharding (wrap=layer, every-2, every-4 or model); "
+            "wrap=none keeps full replicas on each GPU.",
+        )
+    return None
+
+
+def derive_grad_accum(global_batch: int, micro_batch: int, dp_size: int) -> int | None:
+    """Micro-steps per optimizer step so micro_batch x grad_accum x dp_size == global_batch.
+
+    Returns None when the division is not exact (that micro-batch cannot reach the global batch).
+    """
+    per_step = micro_batch * dp_size
+    if global_batch <= 0 or global_batch % per_step:
+        return None
+    return global_batch // per_step

@@ -1,0 +1,251 @@
+"""Napkin estimates: peak memory per GPU (with a breakdown) and step time of one configuration.
+
+`estimate(model, hardware, config)` is pure arithmetic over `memory` and `speed`; it scores tens
+of thousands of candidates per second, which is what lets the search prune before any trial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.config import Config, wrap_units
+from autofit.estimate import memory as mem
+from autofit.estimate import speed as spd
+from autofit.hardware import Hardware
+from autofit.models import ModelSpec
+
+__all__ = ["Estimate", "estimate"]
+
+BREAKDOWN_KEYS = (
+    "base_weights",
+    "trainable_weights",
+    "gradients",
+    "optimizer_state",
+    "gathered_params",
+    "activations",
+    "logits_loss",
+)
+
+
+@dataclass
+class Estimate:
+    """What the napkin predicts for one config on one piece of hardware (per GPU)."""
+
+    config: Config
+    peak_bytes: int  # predicted torch.cuda.max_memory_reserved on the busiest GPU
+    peak_allocated_bytes: int  # predicted max_memory_allocated; == sum(breakdown)
+    capacity_bytes: int
+    usable_bytes: int  # capacity minus CUDA context
+    fits: bool
+    breakdown: dict[str, int]  # bytes by part at the peak moment
+    peak_phase: str  # "forward" (end of forward) or "optimizer" (optimizer step)
+    overhead: dict[str, int]  # allocator slack and CUDA context
+    host_bytes: int  # host RAM for offloaded parts, all ranks together
+    host_capacity_bytes: int
+    step_time_s: float
+    tokens_per_s: float
+    time_breakdown: dict[str, float] = field(default_factory=dict)
+    n_gpus: int = 1
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.usable_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "peak_bytes": self.peak_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "usable_bytes": self.usable_bytes,
+            "fits": self.fits,
+            "breakdown": dict(self.breakdown),
+            "peak_phase": self.peak_phase,
+            "overhead": dict(self.overhead),
+            "host_bytes": self.host_bytes,
+            "host_capacity_bytes": self.host_capacity_bytes,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "time_breakdown": dict(self.time_breakdown),
+            "n_gpus": self.n_gpus,
+        }
+
+
+def estimate(
+    model: ModelSpec, hardware: Hardware, config: Config, *, device: str = "cuda"
+) -> Estimate:
+    """Predict peak memory per GPU and step time of `config` for `model` on `hardware`.
+
+    `device="cpu"` predicts what a CPU trial measures (tensor bytes only: no CUDA context, no
+    caching-allocator slack) so CPU trials can check the same formulas.
+    """
+    n = max(hardware.n_gpus, 1)
+    gpu = hardware.gpu
+    shard = mem.shard_degree(config.wrap, n)
+    lora = config.lora_rank
+    trainable = mem.trainable_params(model, lora)
+    pb = mem.master_bytes(config.precision)
+
+    # --- persistent state, per GPU -------------------------------------------------------------
+    if lora:
+        base_int8 = config.quant == "int8"
+        base_total = mem.base_weight_bytes(model, config.quant) + mem.frozen_other_bytes(model)
+        if base_int8:  # torchao Int8Tensor cannot be FSDP2-sharded: replicated on each GPU
+            base = mem.base_weight_bytes(model, "int8") + mem.frozen_other_bytes(model) / shard
+        else:
+            base = base_total / shard
+    else:
+        base = 0.0
+    weights = trainable * pb / shard
+    grads = trainable * mem.grad_bytes(config.precision) / shard
+    opt = trainable * mem.optimizer_bytes_per_param(config.optimizer, config.precision) / shard
+
+    host = 0.0
+    if config.offload == "params":
+        # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host.
+        host = (base + weights + grads + opt) * n
+        base = weights = grads = opt = 0.0
+    elif config.offload == "optimizer":
+        # torchao CPUOffloadOptimizer: states + an fp32 param copy + grads on the host; device
+        # grads are freed as soon as they are copied off (offload_gradients).
+        host = (opt + trainable * (mem.FP32 + mem.FP32) / shard) * n
+        opt = 0.0
+
+    # --- transient state --------------------------------------------------------------------
+    gathered = mem.gathered_bytes(model, config.quant, lora, config.wrap, config.reshard, n)
+    if shard == 1 and config.wrap != "none" and config.precision == "bf16" and not lora:
+        gathered = gathered  # a 1-GPU FSDP2 still copies into its all-gather buffer
+    unit_grads = mem.unit_grad_bytes(model, lora, config.wrap)
+    acts = mem.activation_bytes(
+        model, config.micro_batch, config.seq_len, lora, config.checkpointing
+    )
+    logits = mem.logits_loss_bytes(model, config.micro_batch, config.seq_len)
+    # With grad_accum > 1, FSDP2 skips the reduce-scatter on all but the last micro-step and
+    # keeps unsharded gradients (in reduce_dtype fp32) on every GPU across micro-steps.
+    accum = 0.0
+    if config.grad_accum > 1 and shard > 1:
+        accum = trainable * mem.FP32
+    elif config.grad_accum > 1:
+        accum = grads if config.offload != "params" else 0.0
+
+    forward_phase = {
+        "base_weights": base,
+        "trainable_weights": weights,
+        "gradients": accum,
+        "optimizer_state": opt,
+        "gathered_params": gathered,
+        "activations": acts,
+        "logits_loss": logits,
+    }
+    # Optimizer step: sharded grads exist, activations are gone. Backward's tail (last unit's
+    # unsharded grads + root still gathered) is folded in here.
+    optimizer_phase = {
+        "base_weights": base,
+        "trainable_weights": weights,
+        "gradients": grads + accum + unit_grads,
+        "optimizer_state": opt,
+        "gathered_params": gathered if config.wrap != "none" else 0.0,
+        "activations": 0.0,
+        "logits_loss": 0.0,
+    }
+    fwd_total = sum(forward_phase.values())
+    opt_total = sum(optimizer_phase.values())
+    phase, parts = (
+        ("forward", forward_phase) if fwd_total >= opt_total else ("optimizer", optimizer_phase)
+    )
+    breakdown = {k: int(round(v)) for k, v in parts.items()}
+    allocated = sum(breakdown.values())
+    if device == "cpu":
+        overhead = {"allocator": 0, "cuda_context": 0}
+    else:
+        overhead = {
+            "allocator": int(mem.allocator_overhead(allocated)),
+            "cuda_context": mem.CUDA_CONTEXT_BYTES,
+        }
+    reserved = allocated + overhead["allocator"]
+    capacity = gpu.memory_bytes
+    usable = capacity - overhead["cuda_context"]
+    host_cap = hardware.host_ram_bytes
+    fits = reserved <= usable and (host <= 0.8 * host_cap if host else True)
+
+    # --- time ------------------------------------------------------------------------------------
+    times = step_time(model, hardware, config, trainable, shard)
+    step = sum(times.values())
+    tokens = config.micro_batch * config.grad_accum * n * config.seq_len
+    return Estimate(
+        config=config,
+        peak_bytes=int(reserved),
+        peak_allocated_bytes=int(allocated),
+        capacity_bytes=int(capacity),
+        usable_bytes=int(usable),
+        fits=bool(fits),
+        breakdown=breakdown,
+        peak_phase=phase,
+        overhead=overhead,
+        host_bytes=int(host),
+        host_capacity_bytes=int(host_cap),
+        step_time_s=step,
+        tokens_per_s=tokens / step if step > 0 else 0.0,
+        time_breakdown=times,
+        n_gpus=n,
+    )
+
+
+def step_time(
+    model: ModelSpec, hardware: Hardware, config: Config, trainable: int, shard: int
+) -> dict[str, float]:
+    """Seconds per optimizer step by part: compute, exposed communication, offload, optimizer."""
+    gpu = hardware.gpu
+    n = max(hardware.n_gpus, 1)
+    tokens = config.micro_batch * config.seq_len
+    flops = tokens * spd.micro_step_flops(
+        model, config.seq_len, config.lora_rank, config.checkpointing
+    )
+    compute = flops / (gpu.bf16_tflops * 1e12 * spd.matmul_efficiency(tokens))
+    compute += spd.dequant_time(model, config.quant, config.checkpointing, gpu.mem_bw_gbs)
+    if config.checkpointing == "selective":
+        compute *= 1.03  # pointwise recompute: no matmuls, a few % of layer time (assumed)
+
+    gather = spd.ring_time(
+        spd.comm_bytes_per_micro_step(
+            model, config.quant, config.lora_rank, config.wrap, config.reshard
+        ),
+        shard,
+        hardware.link_bw_gbs,
+    )
+    units = len(wrap_units(config.wrap, model.layers))
+    if units >= 2:  # prefetching overlaps all but the first unit's gather with compute
+        micro = max(compute, gather) + gather / units
+    else:
+        micro = compute + gather
+    reduce = spd.ring_time(
+        spd.reduce_bytes_per_step(trainable, config.wrap), n, hardware.link_bw_gbs
+    )
+    # the last micro-step's reduce-scatter overlaps backward for all but the last unit
+    reduce_exposed = reduce / max(units, 1)
+
+    offload = 0.0
+    on_cpu = config.offload in ("params", "optimizer")
+    per_gpu = trainable / shard
+    pb = mem.master_bytes(config.precision)
+    if config.offload == "params":
+        h2d = (
+            spd.comm_bytes_per_micro_step(
+                model, config.quant, config.lora_rank, config.wrap, config.reshard
+            )
+            / shard
+            * (pb / mem.BF16 if not config.lora_rank else 1.0)
+        )
+        offload = spd.offload_traffic_time(h2d, per_gpu * pb, config.grad_accum, gpu.pcie_bw_gbs)
+    elif config.offload == "optimizer":
+        offload = spd.offload_traffic_time(0.0, per_gpu * (pb + pb), 1, gpu.pcie_bw_gbs)
+    optim = spd.optimizer_step_time(
+        per_gpu, config.optimizer, config.precision, gpu.mem_bw_gbs, on_cpu
+    )
+    return {
+        "compute": config.grad_accum * compute,
+        "communication": config.grad_accum * (micro - compute) + reduce_exposed,
+        "offload": offload,
+        "optimizer": optim,
+    }

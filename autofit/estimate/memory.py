@@ -1,0 +1,202 @@
+"""Napkin memory: bytes per GPU, part by part. Pure arithmetic: no torch, no tensors.
+
+Each function is one term, with a comment naming where its number comes from. `docs/accuracy.md`
+records how these terms compare with measured peaks and which were calibrated by measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from autofit.config import wrap_group_size
+from autofit.models import ModelSpec
+
+BF16 = 2
+FP32 = 4
+MiB = 1024**2
+
+
+# ----- storage widths ---------------------------------------------------------------------------
+def base_bytes_per_param(quant: str) -> float:
+    """Bytes per frozen base-projection weight, quantization scales included.
+
+    - none: bf16 (2 B); autofit keeps a frozen base in bf16 whatever `precision` says.
+    - int8: torchao int8 weight-only: 1 B + one bf16 scale per output row, counted per model in
+      `base_weight_bytes` (torchao `Int8WeightOnlyConfig`, per-channel symmetric).
+    - nf4: torchao `to_nf4` (QLoRA, Dettmers et al. 2023): 4-bit codes (0.5 B) + one int8 scaler
+      per 64-value block (1/64 B) + one fp32 factor per 256 blocks (4/(64*256) B) (torchao
+      `NF4Tensor`, block_size=64, scaler_block_size=256).
+    """
+    if quant == "nf4":
+        return 0.5 + 1 / 64 + 4 / (64 * 256)
+    if quant == "int8":
+        return 1.0
+    return float(BF16)
+
+
+def master_bytes(precision: str) -> int:
+    """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
+    `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32), else bf16."""
+    return FP32 if precision == "bf16-mixed" else BF16
+
+
+def grad_bytes(precision: str) -> int:
+    """Sharded gradients live in the parameter's dtype (FSDP2 reduce-scatters in fp32 with
+    `reduce_dtype=fp32` and casts to the sharded param's dtype)."""
+    return master_bytes(precision)
+
+
+def optimizer_bytes_per_param(optimizer: str, precision: str) -> float:
+    """AdamW keeps exp_avg and exp_avg_sq: 2 x param dtype (Loshchilov & Hutter; torch.optim).
+    torchao AdamW8bit: 2 x (1 B + fp32 scale per 256-value block); AdamW4bit: 2 x (0.5 B + fp32
+    scale per 128-value block) (torchao.optim, block_size defaults). With fp32 masters, AdamW is
+    the classic 4 + 4 + 8 = 16 B/param of mixed-precision training (ZeRO paper, Rajbhandari et al.
+    2020: 1.5B params -> 24 GB)."""
+    if optimizer == "adamw8bit":
+        return 2 * (1 + 4 / 256)
+    if optimizer == "adamw4bit":
+        return 2 * (0.5 + 4 / 128)
+    return 2 * master_bytes(precision)
+
+
+# ----- parameter groups -------------------------------------------------------------------------
+def trainable_params(model: ModelSpec, lora_rank: int) -> int:
+    return model.lora_params(lora_rank) if lora_rank > 0 else model.n_params
+
+
+def base_weight_bytes(model: ModelSpec, quant: str) -> float:
+    """All frozen projection weights of a LoRA run at their storage width (unsharded)."""
+    total = model.linear_params * base_bytes_per_param(quant)
+    if quant == "int8":
+        rows = sum(out for _, out in model.projection_shapes().values())
+        total += model.layers * rows * BF16
+    return total
+
+
+def frozen_other_bytes(model: ModelSpec) -> int:
+    """Embeddings, norms and LM head of a LoRA run: frozen, bf16."""
+    return (model.root_params + model.layers * model.layer_norm_params) * BF16
+
+
+def shard_degree(wrap: str, n_gpus: int) -> int:
+    """FSDP2 shards over all GPUs; `wrap=none` keeps a full replica on each."""
+    return 1 if wrap == "none" else n_gpus
+
+
+# ----- all-gather buffers -----------------------------------------------------------------------
+def gathered_layer_bytes(model: ModelSpec, quant: str, lora_rank: int) -> float:
+    """One decoder layer's parameters as FSDP2 all-gathers them: in bf16 (MixedPrecisionPolicy
+    param_dtype, or bf16 storage); NF4 gathers its packed codes and scales (torchao NF4Tensor
+    implements fsdp_pre_all_gather); int8 is not sharded so never gathered."""
+    if lora_rank == 0:
+        return model.layer_params * BF16
+    lora = model.lora_params(lora_rank) / model.layers * BF16
+    norms = model.layer_norm_params * BF16
+    if quant == "int8":
+        return lora + norms
+    return model.layer_linear_params * base_bytes_per_param(quant) + lora + norms
+
+
+def gathered_bytes(
+    model: ModelSpec, quant: str, lora_rank: int, wrap: str, reshard: bool, n_gpus: int
+) -> float:
+    """Peak bytes of unsharded (all-gathered) parameters held at once on a GPU.
+
+    FSDP2 keeps the root unit (embeddings, final norm, LM head) gathered from forward through
+    backward (it does not reshard the root after forward). With layer units and
+    reshard_after_forward=True, at most the current unit and the prefetched next one are gathered
+    (FSDP2 implicit prefetching); with reshard=False every unit stays gathered from its forward to
+    its backward. `model` wraps everything in the root unit; `none` gathers nothing.
+    """
+    if wrap == "none":
+        return 0.0
+    layer = gathered_layer_bytes(model, quant, lora_rank)
+    root = model.root_params * BF16
+    k = wrap_group_size(wrap, model.layers)
+    if wrap == "model" or k >= model.layers or not reshard:
+        return root + model.layers * layer
+    return root + 2 * k * layer
+
+
+def unit_grad_bytes(model: ModelSpec, lora_rank: int, wrap: str) -> float:
+    """Unsharded gradients of the unit being reduce-scattered: bf16 from backward plus the fp32
+    copy FSDP2 makes for `reduce_dtype=fp32` (6 B per trainable parameter of one unit)."""
+    if wrap == "none":
+        return 0.0
+    k = max(1, min(wrap_group_size(wrap, model.layers), model.layers))
+    per_layer = model.lora_params(lora_rank) / model.layers if lora_rank else model.layer_params
+    return k * per_layer * (BF16 + FP32)
+
+
+# ----- activations ------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def layer_activation_bytes_per_token(model: ModelSpec, lora_rank: int) -> float:
+    """Bytes one decoder layer saves for backward per token (no checkpointing).
+
+    Counted tensor by tensor for the HF Llama layer in bf16 (the method of Korthikanti et al. 2022,
+    "Reducing Activation Recomputation in Large Transformer Models", adapted to RMSNorm, SwiGLU,
+    GQA and fused SDPA, which saves no s x s scores):
+    - 2 RMSNorms: the fp32 upcast input (4h) and the bf16 normalised output (2h) each -> 12h
+    - attention: q and k after RoPE, v (SDPA inputs), SDPA output, o_proj input copy
+      -> 2q + 2kv + 2kv + 2q + 2q = 6q + 4kv, plus fp32 log-sum-exp per head (4 x heads)
+    - SwiGLU MLP: gate, silu(gate), up, and their product (down_proj input) -> 8i
+    - LoRA: the rank-r output of each of the 7 lora_A (2r each) -> 14r
+    """
+    h, q, kv, i = model.hidden, model.q_dim, model.kv_dim, model.intermediate
+    return 12 * h + 6 * q + 4 * kv + 4 * model.heads + 8 * i + 14 * max(lora_rank, 0)
+
+
+@lru_cache(maxsize=4096)
+def selective_layer_bytes_per_token(model: ModelSpec, lora_rank: int) -> float:
+    """Op-level selective checkpointing keeps matmul and attention outputs and recomputes the
+    pointwise ops (torch `create_selective_checkpoint_contexts` with a policy that saves mm/SDPA
+    outputs, as torchtitan's `op_sac_save_list`): the checkpointed layer input (2h), the seven
+    projection outputs, the SDPA output and LSE, and with LoRA the lora_A/lora_B outputs."""
+    h, q, kv, i = model.hidden, model.q_dim, model.kv_dim, model.intermediate
+    proj_out = 2 * (q + kv + kv + h + i + i + h)
+    lora = (14 * lora_rank + proj_out) if lora_rank > 0 else 0
+    return 2 * h + proj_out + 2 * q + 4 * model.heads + lora
+
+
+def activation_bytes(model: ModelSpec, cfg_micro_batch: int, seq_len: int, lora_rank: int,
+                     checkpointing: str) -> float:  # fmt: skip
+    """Saved activations of one micro-batch at the end of forward, plus the one layer being
+    recomputed during backward when checkpointing (its full activations are live then)."""
+    tokens = cfg_micro_batch * seq_len
+    full = layer_activation_bytes_per_token(model, lora_rank)
+    ckpt_input = 2 * model.hidden  # a checkpointed layer keeps only its bf16 input
+    n = model.layers
+    if checkpointing == "full":
+        per_token = n * ckpt_input + full
+    elif checkpointing == "every-2":
+        k = math.ceil(n / 2)
+        per_token = k * ckpt_input + (n - k) * full + full
+    elif checkpointing == "selective":
+        per_token = n * selective_layer_bytes_per_token(model, lora_rank)
+    else:
+        per_token = n * full
+    final_norm = 6 * model.hidden  # fp32 input + bf16 output of the last RMSNorm
+    return tokens * (per_token + final_norm)
+
+
+def logits_loss_bytes(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
+    """LM head output and cross-entropy over the vocabulary: bf16 logits (2V), their fp32 copy
+    (HF `ForCausalLMLoss` upcasts: 4V) and log_softmax's fp32 output saved for backward (4V)
+    -> 10 V bytes per token, all live at the end of forward."""
+    return micro_batch * seq_len * 10 * model.vocab
+
+
+# ----- overheads --------------------------------------------------------------------------------
+def allocator_overhead(allocated: float) -> float:
+    """Caching-allocator slack, reserved minus allocated. With
+    `expandable_segments:True` fragmentation is small; PyTorch's allocator rounds blocks to 512 B
+    and grows segments by 2/20 MiB. Assumed: 5% + 256 MiB (not yet calibrated on a GPU; see
+    docs/accuracy.md)."""
+    return 0.05 * allocated + 256 * MiB
+
+
+CUDA_CONTEXT_BYTES = 512 * MiB
+"""CUDA context, cuBLAS workspaces and NCCL buffers outside PyTorch's allocator: ~300-600 MiB on
+Ampere/Hopper with CUDA 12 lazy loading (PyTorch CUDA semantics notes; NCCL docs). Counted against
+capacity but not in `max_memory_reserved`."""

@@ -1,0 +1,213 @@
+"""Hardware: the local GPUs through NVML, or what-if presets (`2xrtx3090`)."""
+
+from __future__ import annotations
+
+import re
+
+from autofit.errors import HardwareError, did_you_mean
+from autofit.hardware.nvml import NoDriver, probe
+from autofit.hardware.presets import GPU_PRESETS, GPUPreset, find_preset
+from autofit.hardware.spec import GPU, Hardware, cpu_cores, host_ram_bytes
+
+__all__ = [
+    "GPU",
+    "GPU_PRESETS",
+    "GPUPreset",
+    "Hardware",
+    "NoDriver",
+    "cpu_hardware",
+    "local_hardware",
+    "preset_hardware",
+    "resolve_gpus",
+    "resolve_hardware",
+]
+
+NO_GPU_HINT = (
+    "To plan for hardware you do not have, name it: --gpus 2xrtx3090, --gpus 8xh100-80gb "
+    "(`autofit hardware --presets` lists the names); add --no-trials for an estimate-only plan, "
+    "or --device cpu to run real trials of small models on this CPU."
+)
+
+
+def preset_hardware(count: int, name: str) -> Hardware:
+    """`count` identical GPUs of a preset in one host (NVLink if the preset has it)."""
+    preset = find_preset(name)
+    if preset is None:
+        raise HardwareError(
+            f"Unknown GPU preset {name!r}.{did_you_mean(name, GPU_PRESETS)} "
+            f"Known presets: {', '.join(GPU_PRESETS)} (see `autofit hardware --presets`)."
+        )
+    if count < 1:
+        raise HardwareError(f"The GPU count in --gpus must be at least 1; got {count}.")
+    gpus = tuple(
+        GPU(
+            index=i,
+            name=preset.full_name,
+            memory_bytes=preset.memory_bytes,
+            bf16_tflops=preset.bf16_tflops,
+            mem_bw_gbs=preset.mem_bw_gbs,
+            compute_capability=preset.compute_capability,
+            pcie_gen=preset.pcie_gen,
+            pcie_width=preset.pcie_width,
+            pcie_bw_gbs=preset.pcie_bw_gbs,
+            nvlink_links=18 if preset.interconnect == "nvlink" else 0,
+            preset=preset.name,
+        )
+        for i in range(count)
+    )
+    pairs = tuple((a, b, preset.interconnect) for a in range(count) for b in range(a + 1, count))
+    # Host RAM of a what-if box is unknown: assume the common cloud shape of 2x the GPUs'
+    # memory, at least 64 GiB (a p4d has 1152 GiB for 320 GiB of A100s; a g5.12xlarge 192/96).
+    ram = max(2 * count * preset.memory_bytes, 64 * 1024**3)
+    return Hardware(
+        gpus=gpus,
+        link=preset.interconnect,
+        link_bw_gbs=preset.link_bw_gbs,
+        host_ram_bytes=ram,
+        cpu_cores=max(8, 8 * count),
+        source="preset",
+        pairs=pairs,
+    )
+
+
+def local_hardware() -> Hardware:
+    """The GPUs NVML sees plus this host's RAM and cores. Raises `NoDriver` without a driver."""
+    gpus, pairs = probe()
+    return _assemble(tuple(gpus), pairs)
+
+
+def _assemble(gpus: tuple[GPU, ...], pairs: list[tuple[int, int, str]] | tuple) -> Hardware:
+    pairs = tuple(
+        p for p in pairs if p[0] in {g.index for g in gpus} and p[1] in {g.index for g in gpus}
+    )
+    nvlink = bool(pairs) and all(kind == "nvlink" for _, _, kind in pairs)
+    link_bw = 25.0
+    if nvlink:
+        presets = [GPU_PRESETS[g.preset] for g in gpus if g.preset in GPU_PRESETS]
+        link_bw = min((p.link_bw_gbs for p in presets if p.interconnect == "nvlink"), default=150.0)
+    elif gpus:
+        link_bw = min(g.pcie_bw_gbs for g in gpus)
+    return Hardware(
+        gpus=gpus,
+        link="nvlink" if nvlink else "pcie",
+        link_bw_gbs=link_bw,
+        host_ram_bytes=host_ram_bytes(),
+        cpu_cores=cpu_cores(),
+        source="nvml",
+        pairs=pairs,
+    )
+
+
+def cpu_hardware(nprocs: int, memory_bytes: int | None = None) -> Hardware:
+    """`nprocs` CPU processes standing in for GPUs (`--device cpu` trials); `memory_bytes` is
+    the cap each is held to (default: an equal share of host RAM)."""
+    ram = host_ram_bytes()
+    mem = memory_bytes or ram // max(nprocs, 1)
+    gpus = tuple(
+        GPU(
+            index=i,
+            name="CPU (gloo)",
+            memory_bytes=mem,
+            bf16_tflops=0.2,  # a few cores doing bf16 matmuls; only the ranking matters here
+            mem_bw_gbs=10.0,
+            compute_capability=(8, 0),
+            pcie_bw_gbs=10.0,
+        )
+        for i in range(nprocs)
+    )
+    return Hardware(gpus, "pcie", 5.0, ram, cpu_cores(), "cpu", ())
+
+
+_KX = re.compile(r"^\s*(\d+)\s*[xX*]\s*([A-Za-z0-9_.\- ]+?)\s*$")
+
+
+def resolve_gpus(spec: str | Hardware, gpu_memory: int | None = None) -> Hardware:
+    """Turn a `--gpus` value into `Hardware`.
+
+    `auto` = every NVML GPU; `N` = the first N; `0,2` = those indices; `KxNAME` = K preset GPUs
+    (`2xrtx3090`); a bare preset name means one of it. `gpu_memory` caps each GPU.
+    """
+    if isinstance(spec, Hardware):
+        hw = spec
+    else:
+        hw = _resolve(str(spec).strip())
+    if gpu_memory is not None:
+        hw = hw.with_capacity(
+            min(gpu_memory, hw.capacity_bytes) if hw.source == "nvml" else gpu_memory
+        )
+    return hw
+
+
+def _resolve(text: str) -> Hardware:
+    low = text.lower()
+    match = _KX.match(text)
+    if match:
+        return preset_hardware(int(match.group(1)), match.group(2))
+    if find_preset(low):
+        return preset_hardware(1, low)
+    if low == "auto" or re.fullmatch(r"\d+", low) or re.fullmatch(r"\d+(\s*,\s*\d+)+", low):
+        try:
+            gpus, pairs = probe()
+        except NoDriver as exc:
+            raise HardwareError(
+                f"--gpus {text} needs NVIDIA GPUs, but NVML found none on this machine ({exc}). "
+                + NO_GPU_HINT
+            ) from None
+        if not gpus:
+            raise HardwareError(f"--gpus {text}: NVML reports no GPUs here. " + NO_GPU_HINT)
+        if low == "auto":
+            chosen = gpus
+        elif "," not in low:
+            n = int(low)
+            if not 1 <= n <= len(gpus):
+                raise HardwareError(
+                    f"--gpus {text} asks for {n} GPUs but this machine has {len(gpus)}; "
+                    f"use 1 to {len(gpus)}, 'auto', or a preset such as {n}xh100-80gb."
+                )
+            chosen = gpus[:n]
+        else:
+            idx = [int(x) for x in low.split(",")]
+            bad = [i for i in idx if not 0 <= i < len(gpus)]
+            if bad or len(set(idx)) != len(idx):
+                raise HardwareError(
+                    f"--gpus {text}: indices must be distinct and between 0 and {len(gpus) - 1} "
+                    f"on this machine (it has {len(gpus)} GPUs)."
+                )
+            chosen = [gpus[i] for i in idx]
+        return _assemble(tuple(chosen), pairs)
+    raise HardwareError(
+        f"Cannot read --gpus {text!r}.{did_you_mean(low, GPU_PRESETS)} Allowed: 'auto' (all "
+        "NVML GPUs), N (the first N), indices like 0,2, or KxNAME for hardware you do not have, "
+        f"where NAME is one of {', '.join(GPU_PRESETS)} (e.g. 2xrtx3090, 8xh100-80gb)."
+    )
+
+
+def resolve_hardware(
+    gpus: str | Hardware, *, device: str = "cuda", gpu_memory: str | int | None = None
+) -> Hardware:
+    """`--gpus` + `--device` + `--gpu-memory` -> Hardware.
+
+    On `--device cpu` the GPUs are CPU processes: `N` gives N of them, `KxNAME` K of them held to
+    that preset's memory, `auto` two (or one on a single-core machine); `--gpu-memory` sets the
+    cap each process is held to.
+    """
+    from autofit.units import parse_size
+
+    cap = parse_size(gpu_memory) if gpu_memory is not None else None
+    if device not in ("cuda", "cpu"):
+        raise HardwareError(f"--device must be 'cuda' or 'cpu'; got {device!r}.")
+    if device == "cuda" or isinstance(gpus, Hardware):
+        return resolve_gpus(gpus, cap)
+    text = str(gpus).strip().lower()
+    match = _KX.match(text)
+    if match:
+        preset = preset_hardware(int(match.group(1)), match.group(2))
+        return cpu_hardware(preset.n_gpus, cap or preset.capacity_bytes)
+    if re.fullmatch(r"\d+", text) and int(text) >= 1:
+        return cpu_hardware(int(text), cap)
+    if text == "auto":
+        return cpu_hardware(min(2, cpu_cores()), cap)
+    raise HardwareError(
+        f"With --device cpu, --gpus must be N (CPU processes), KxNAME (K processes held to that "
+        f"GPU's memory) or auto; got {gpus!r}."
+    )

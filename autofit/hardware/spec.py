@@ -1,0 +1,103 @@
+"""The hardware a plan is for: GPUs (probed or preset), their links, and the host."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+    memory_bytes: int
+    bf16_tflops: float
+    mem_bw_gbs: float
+    compute_capability: tuple[int, int]
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_bw_gbs: float = 25.0
+    free_bytes: int | None = None
+    nvlink_links: int = 0
+    preset: str | None = None  # the preset its speed figures come from
+
+    @property
+    def bf16(self) -> bool:
+        return tuple(self.compute_capability) >= (8, 0)
+
+    @property
+    def fp8(self) -> bool:
+        return tuple(self.compute_capability) >= (8, 9)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["compute_capability"] = f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+        d["bf16"] = self.bf16
+        d["fp8"] = self.fp8
+        return d
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """N GPUs in one host. `link` is the slowest GPU pair's path ('nvlink' or 'pcie')."""
+
+    gpus: tuple[GPU, ...]
+    link: str = "pcie"
+    link_bw_gbs: float = 25.0  # per direction between GPUs, as used by ring collectives
+    host_ram_bytes: int = 0
+    cpu_cores: int = 0
+    source: str = "preset"  # "nvml", "preset" or "cpu"
+    pairs: tuple[tuple[int, int, str], ...] = field(default_factory=tuple)
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.gpus)
+
+    @cached_property
+    def gpu(self) -> GPU:
+        """The smallest GPU: the one that runs out first."""
+        return min(self.gpus, key=lambda g: g.memory_bytes)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.gpu.memory_bytes
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return "no GPUs"
+        names = {g.name for g in self.gpus}
+        name = names.pop() if len(names) == 1 else "mixed GPUs"
+        return f"{self.n_gpus}x {name} ({self.link})"
+
+    def with_capacity(self, memory_bytes: int) -> Hardware:
+        """The same hardware with each GPU capped to `memory_bytes` (`--gpu-memory`)."""
+        from dataclasses import replace
+
+        gpus = tuple(replace(g, memory_bytes=memory_bytes) for g in self.gpus)
+        return replace(self, gpus=gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": [g.to_dict() for g in self.gpus],
+            "link": self.link,
+            "link_bw_gbs": self.link_bw_gbs,
+            "pairs": [{"a": a, "b": b, "link": k} for a, b, k in self.pairs],
+            "host_ram_bytes": self.host_ram_bytes,
+            "cpu_cores": self.cpu_cores,
+            "source": self.source,
+        }
+
+
+def host_ram_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # pragma: no cover - psutil is a dependency
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cpu_cores() -> int:
+    return os.cpu_count() or 1

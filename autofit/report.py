@@ -1,0 +1,222 @@
+"""Human-readable output (rich tables) for the CLI. JSON output does not come through here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autofit.estimate import Estimate
+from autofit.hardware import GPU_PRESETS, Hardware
+from autofit.models import ModelSpec
+from autofit.units import GiB, fmt_bytes, fmt_count
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.1f}"
+
+
+def hardware_table(hw: Hardware) -> Table:
+    table = Table(title=f"GPUs ({hw.source})", title_justify="left")
+    for col in ("#", "name", "memory", "free", "cc", "bf16", "fp8", "PCIe", "NVLink links"):
+        table.add_column(col, justify="right" if col in ("#", "memory", "free") else "left")
+    for g in hw.gpus:
+        pcie = f"gen{g.pcie_gen} x{g.pcie_width}" if g.pcie_gen else "?"
+        table.add_row(
+            str(g.index),
+            g.name,
+            fmt_bytes(g.memory_bytes),
+            fmt_bytes(g.free_bytes) if g.free_bytes is not None else "-",
+            f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+            "yes" if g.bf16 else "no",
+            "yes" if g.fp8 else "no",
+            pcie,
+            str(g.nvlink_links),
+        )
+    return table
+
+
+def pairs_table(hw: Hardware) -> Table | None:
+    if not hw.pairs:
+        return None
+    table = Table(title="GPU pairs", title_justify="left")
+    table.add_column("pair")
+    table.add_column("link")
+    for a, b, kind in hw.pairs:
+        table.add_row(f"{a} <-> {b}", "NVLink" if kind == "nvlink" else "PCIe")
+    return table
+
+
+def presets_table() -> Table:
+    table = Table(title="GPU presets (--gpus KxNAME)", title_justify="left")
+    for col in ("name", "GPU", "memory", "bf16 TFLOP/s", "mem GB/s", "interconnect", "link GB/s"):
+        table.add_column(col, justify="left" if col in ("name", "GPU", "interconnect") else "right")
+    for p in GPU_PRESETS.values():
+        table.add_row(
+            p.name,
+            p.full_name,
+            fmt_bytes(p.memory_bytes),
+            f"{p.bf16_tflops:g}",
+            f"{p.mem_bw_gbs:g}",
+            "NVLink" if p.interconnect == "nvlink" else f"PCIe gen{p.pcie_gen} x{p.pcie_width}",
+            f"{p.link_bw_gbs:g}",
+        )
+    return table
+
+
+def models_table(models: Iterable[ModelSpec]) -> Table:
+    table = Table(
+        title="Model presets (--model NAME, or a path to config.json)", title_justify="left"
+    )
+    for col in ("name", "model", "params", "layers", "hidden", "heads/kv", "ffn", "vocab"):
+        table.add_column(col, justify="left" if col in ("name", "model") else "right")
+    for m in models:
+        table.add_row(
+            m.name,
+            m.description,
+            f"{m.n_params:,} ({fmt_count(m.n_params)})",
+            str(m.layers),
+            str(m.hidden),
+            f"{m.heads}/{m.kv_heads}",
+            str(m.intermediate),
+            str(m.vocab),
+        )
+    return table
+
+
+BREAKDOWN_LABELS = {
+    "base_weights": "frozen base weights (storage width, scales incl.)",
+    "trainable_weights": "trainable weights (master copy)",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "gathered_params": "FSDP all-gathered params",
+    "activations": "activations",
+    "logits_loss": "logits + loss (fp32 over vocab)",
+}
+
+
+def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estimate) -> None:
+    cfg = est.config
+    console.print(
+        f"[bold]{model.name}[/] ({fmt_count(model.n_params)} params) on {hw.describe()}  "
+        f"[dim]{cfg.short()}, seq_len {cfg.seq_len}[/]"
+    )
+    table = Table(title=f"Peak memory per GPU (at the {est.peak_phase} peak)", title_justify="left")
+    table.add_column("part")
+    table.add_column("GiB", justify="right")
+    for key, value in est.breakdown.items():
+        table.add_row(BREAKDOWN_LABELS.get(key, key), gib(value))
+    table.add_row("[bold]allocated peak[/]", f"[bold]{gib(est.peak_allocated_bytes)}[/]")
+    table.add_row("allocator slack (reserved - allocated)", gib(est.overhead["allocator"]))
+    table.add_row("[bold]reserved peak[/] (max_memory_reserved)", f"[bold]{gib(est.peak_bytes)}[/]")
+    table.add_row("CUDA context (outside the allocator)", gib(est.overhead["cuda_context"]))
+    table.add_row("GPU capacity", gib(est.capacity_bytes))
+    console.print(table)
+    if est.host_bytes:
+        console.print(
+            f"Host RAM for offloaded state: {fmt_bytes(est.host_bytes)} of "
+            f"{fmt_bytes(est.host_capacity_bytes)}"
+        )
+    verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
+    console.print(
+        f"{verdict}: {gib(est.peak_bytes + est.overhead['cuda_context'])} of "
+        f"{gib(est.capacity_bytes)} GiB; step {est.step_time_s:.3f} s "
+        f"({', '.join(f'{k} {v:.3f}' for k, v in est.time_breakdown.items() if v)}), "
+        f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
+    )
+    if not est.fits:
+        console.print(
+            "Next step: try --checkpointing full, a smaller --micro-batch (raise --grad-accum to "
+            "keep the batch), --quant nf4 --lora-rank 16, --offload optimizer, or more GPUs; "
+            "`autofit plan` searches all of these."
+        )
+
+
+def plan_table(plan: Any, limit: int = 15) -> Table:
+    cap = plan.hardware.capacity_bytes
+    measured = any(c.measured for c in plan.ranked[:limit])
+    title = "Ranked configs that fit" + (
+        " (measured where a trial ran)" if measured else " (estimates)"
+    )
+    table = Table(title=title, title_justify="left")
+    cols = ["#", "tokens/s", f"peak / {gib(cap)} GiB", "quant", "lora", "mb x acc", "wrap",
+            "reshard", "ckpt", "offload", "optim", "precision"]  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="right" if col in ("#", "tokens/s", "lora") else "left")
+    for i, c in enumerate(plan.ranked[:limit], 1):
+        cfg = c.config
+        tag = "" if not c.measured else " [green]m[/]"
+        table.add_row(
+            str(i),
+            f"{c.tokens_per_s:,.0f}{tag}",
+            f"{gib(c.peak_bytes)}{tag}",
+            cfg.quant,
+            str(cfg.lora_rank),
+            f"{cfg.micro_batch} x {cfg.grad_accum}",
+            cfg.wrap,
+            "yes" if cfg.reshard else "no",
+            cfg.checkpointing,
+            cfg.offload,
+            cfg.optimizer,
+            cfg.precision,
+        )
+    return table
+
+
+def pruned_lines(plan: Any) -> list[str]:
+    total = sum(plan.pruned.values())
+    lines = [
+        f"{plan.considered:,} combinations considered; {len(plan.ranked):,} fit; {total:,} pruned:"
+    ]
+    for reason, count in plan.pruned.most_common():
+        lines.append(f"  {count:>7,}  {reason}")
+    return lines
+
+
+def trial_report(console: Console, result: Any) -> None:
+    status = {"ok": "[green]ok[/]", "oom": "[yellow]oom[/]"}.get(
+        result.status, f"[red]{result.status}[/]"
+    )
+    console.print(f"trial {status}: {result.model} on {result.nprocs} x {result.device}")
+    if result.status == "ok":
+        console.print(
+            f"  peak {gib(result.peak_bytes or 0)} GiB reserved "
+            f"({gib(result.peak_allocated_bytes or 0)} allocated) per GPU; "
+            f"{result.tokens_per_s:,.1f} tokens/s; step {result.step_time_s:.3f} s"
+        )
+        console.print("  losses: " + ", ".join(f"{x:.4f}" for x in result.losses))
+    if result.message:
+        console.print(f"  {result.message}")
+
+
+def plan_report(console: Console, plan: Any, written: list[Any] | None = None) -> None:
+    hw = plan.hardware
+    console.print(
+        f"[bold]{plan.model.name}[/] ({fmt_count(plan.model.n_params)} params) on "
+        f"{hw.describe()}, seq_len {plan.seq_len}"
+        + (f", global batch {plan.global_batch}" if plan.global_batch else "")
+        + f", space '{plan.space.name}'"
+    )
+    if plan.ranked:
+        console.print(plan_table(plan))
+    for line in pruned_lines(plan):
+        console.print(line)
+    if plan.best is None:
+        console.print(f"[red]No config fits.[/] {plan.advice}")
+        return
+    best = plan.best
+    how = "measured" if best.measured else "estimated"
+    console.print(
+        f"[bold green]Winner[/] ({how}): {best.config.short()}  -> "
+        f"{best.tokens_per_s:,.0f} tokens/s, peak {gib(best.peak_bytes)} GiB"
+    )
+    console.print(f"Why: {plan.reason}")
+    if not best.measured and hw.source != "cpu":
+        console.print(
+            "[dim]Estimates only. On the real GPUs, run without --no-trials to measure the top "
+            "candidates before you launch.[/]"
+        )
+    for path in written or []:
+        console.print(f"wrote {path}")

@@ -1,0 +1,61 @@
+"""Byte sizes: parsing what users type (`24GiB`, `80GB`, `512MiB`) and printing them."""
+
+from __future__ import annotations
+
+import re
+
+from autofit.errors import AutofitError
+
+GiB = 1024**3
+MiB = 1024**2
+GB = 1000**3
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(text: str | int | float) -> int:
+    """Parse a memory size such as `24GiB`, `80GB`, `1.5 TiB` or a plain byte count."""
+    if isinstance(text, int | float):
+        if text <= 0:
+            raise AutofitError(f"A memory size must be positive; got {text}.")
+        return int(text)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise AutofitError(
+            f"Cannot read the memory size {text!r}. Write a number with a unit, for example "
+            "'24GiB', '80GB', '512MiB' (GiB/MiB are powers of 1024, GB/MB powers of 1000)."
+        )
+    value = float(match.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise AutofitError(f"A memory size must be positive; got {text!r}.")
+    return int(value)
+
+
+def fmt_bytes(n: float, unit: str = "GiB") -> str:
+    """`fmt_bytes(25769803776)` -> '24.0 GiB'."""
+    scale = {"GiB": GiB, "MiB": MiB, "GB": GB}[unit]
+    return f"{n / scale:.1f} {unit}"
+
+
+def fmt_count(n: float) -> str:
+    """`fmt_count(6738415616)` -> '6.74B'."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}"
+    return f"{n:g}"
