@@ -1,0 +1,69 @@
+"""Activation checkpointing of decoder layers: `full`, `every-2`, or `selective` (op-level).
+
+`selective` wraps each layer with a selective-checkpoint context (torch.utils.checkpoint
+`create_selective_checkpoint_contexts`) that saves matmul and attention outputs and recomputes the
+cheap element-wise ops, as torchtitan's op-level SAC does; LoRA's rank-r -> d expansions (lora_B)
+are recomputed too, since storing their full-width outputs would cost as much as the base's.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from autofit.trial.build import decoder_layers
+
+aten = torch.ops.aten
+
+# Ops whose outputs selective checkpointing keeps (the expensive ones to recompute).
+_SAVE_OPS = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+# A matmul whose contraction dim is this many times smaller than its output width is a low-rank
+# expansion (LoRA's B): cheap to recompute, expensive to store; recompute it.
+LOW_RANK_RATIO = 8
+
+
+def _is_low_rank_expansion(op: Any, args: tuple[Any, ...]) -> bool:
+    if op not in (aten.mm.default, aten.addmm.default):
+        return False
+    a, b = (args[1], args[2]) if op is aten.addmm.default else (args[0], args[1])
+    return a.shape[-1] * LOW_RANK_RATIO <= b.shape[-1]
+
+
+def _save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    if op in _SAVE_OPS and not _is_low_rank_expansion(op, args):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context() -> Any:
+    return create_selective_checkpoint_contexts(_save_matmuls)
+
+
+def apply_checkpointing(model: nn.Module, mode: str) -> nn.Module:
+    """Wrap decoder layers in place (`full`: all, `every-2`: layers 0, 2, 4, ...)."""
+    if mode == "none":
+        return model
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        if mode == "every-2" and i % 2:
+            continue
+        kwargs: dict[str, Any] = {"preserve_rng_state": False}
+        if mode == "selective":
+            kwargs["context_fn"] = partial(_selective_context)
+        layers[i] = checkpoint_wrapper(layer, **kwargs)
+    return model

@@ -1,0 +1,149 @@
+"""Memory caps and peaks: the CUDA allocator on GPUs, a dispatch-level tensor tracker on CPU.
+
+On CUDA the cap is `torch.cuda.set_per_process_memory_fraction`, so the caching allocator raises a
+real `torch.OutOfMemoryError` past `gpu_memory`. On CPU there is no device allocator to ask, so
+`TensorTracker` (a `TorchDispatchMode`, the technique of torch's `MemTracker`) counts the bytes of
+every live tensor storage created while it is active and raises `torch.OutOfMemoryError` when the
+count passes the cap. Storages are released through weak references, and FSDP2's
+`UntypedStorage.resize_` (which allocates and frees all-gather buffers outside the dispatcher) is
+patched while tracking, as `MemTracker` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class TensorTracker(TorchDispatchMode):
+    """Counts live tensor-storage bytes (current and peak); raises OOM past `cap_bytes`."""
+
+    def __init__(self, cap_bytes: int | None = None) -> None:
+        super().__init__()
+        self.cap_bytes = cap_bytes
+        self.current = 0
+        self.peak = 0
+        self._live: dict[int, list[Any]] = {}  # id(storage) -> [weakref, nbytes]
+        self._orig_resize = torch.UntypedStorage.resize_
+
+    # ----- bookkeeping ----------------------------------------------------------------------
+    def _forget(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self.current -= entry[1]
+
+    def _grow(self, delta: int) -> None:
+        self.current += delta
+        if self.current > self.peak:
+            self.peak = self.current
+        if delta > 0 and self.cap_bytes is not None and self.current > self.cap_bytes:
+            raise torch.OutOfMemoryError(
+                f"CPU trial out of memory: live tensors need {self.current} bytes, over the "
+                f"capacity of {self.cap_bytes} bytes (--gpu-memory)."
+            )
+
+    def track_storage(self, st: torch.UntypedStorage) -> None:
+        if st.device.type == "meta":
+            return
+        key = id(st)
+        entry = self._live.get(key)
+        nbytes = st.nbytes()
+        if entry is None:
+            ref = weakref.ref(st, lambda _ref, key=key: self._forget(key))
+            self._live[key] = [ref, nbytes]
+            self._grow(nbytes)
+        elif entry[1] != nbytes:
+            old, entry[1] = entry[1], nbytes
+            self._grow(nbytes - old)
+
+    def track(self, tensors: Any) -> None:
+        """Count the storages of `tensors` (any pytree; subclasses are flattened to their data)."""
+        for t in tree_leaves(tensors):
+            for plain in _plain_tensors(t):
+                self.track_storage(plain.untyped_storage())
+
+    def untrack(self, tensors: Any) -> None:
+        """Stop counting the storages of `tensors` (host-resident ones, e.g. offloaded params)."""
+        for t in tree_leaves(tensors):
+            for plain in _plain_tensors(t):
+                self._forget(id(plain.untyped_storage()))
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    # ----- the mode -------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        # Let subclasses (DTensor, NF4Tensor, Int8Tensor) desugar first; their inner ops on plain
+        # tensors come back here.
+        if any(issubclass(t, FakeTensor) for t in types):  # DTensor's sharding propagation
+            return func(*args, **(kwargs or {}))
+        if any(t not in _PLAIN for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if type(t) in _PLAIN:
+                self.track_storage(t.untyped_storage())
+        return out
+
+    def __enter__(self) -> TensorTracker:
+        tracker = self
+        orig = self._orig_resize
+
+        def resize_(st: torch.UntypedStorage, size: int) -> Any:
+            result = orig(st, size)
+            tracker.track_storage(st)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        super().__exit__(*exc)
+
+
+def _plain_tensors(t: Any) -> Iterator[torch.Tensor]:
+    if not isinstance(t, torch.Tensor):
+        return
+    if type(t) in _PLAIN:
+        yield t
+        return
+    if hasattr(t, "_local_tensor"):  # DTensor
+        yield from _plain_tensors(t._local_tensor)
+        return
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _plain_tensors(getattr(t, name))
+
+
+@contextlib.contextmanager
+def untracked() -> Iterator[None]:
+    """Run without any dispatch mode (torchao's compiled optimizer step breaks under one)."""
+    with _disable_current_modes():
+        yield
+
+
+def cap_cuda(gpu_memory: int | None, device: torch.device) -> int:
+    """Cap this process's CUDA allocator at `gpu_memory` bytes; returns the capacity in force."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    if gpu_memory is None or gpu_memory >= total:
+        return total
+    torch.cuda.set_per_process_memory_fraction(gpu_memory / total, device)
+    return gpu_memory
+
+
+def host_peak_bytes() -> int:
+    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

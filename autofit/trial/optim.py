@@ -1,0 +1,55 @@
+"""The optimizer: torch AdamW (fused on CUDA) or torchao AdamW8bit / AdamW4bit, optionally with
+its state and step on the CPU (torchao `CPUOffloadOptimizer`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    if name == "adamw":
+        return torch.optim.AdamW
+    from torchao.optim import AdamW4bit, AdamW8bit
+
+    return {"adamw8bit": AdamW8bit, "adamw4bit": AdamW4bit}[name]
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    offload: str,
+    device_type: str,
+    *,
+    grad_accum: int = 1,
+    lr: float = LR,
+) -> torch.optim.Optimizer:
+    """Optimizer over the trainable parameters.
+
+    `offload=optimizer` on CUDA uses torchao's `CPUOffloadOptimizer`, freeing device gradients
+    once copied to the host (`offload_gradients`) unless gradients accumulate (`grad_accum > 1`,
+    which torchao says that option does not support). On CPU trials (where that
+    class refuses to run: it needs CUDA/XPU) the plain optimizer is used and the worker runs its
+    step outside the device-memory tracker, so its state counts as host memory, as it would be.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    cls = optimizer_class(name)
+    kwargs: dict[str, object] = {"lr": lr, "weight_decay": 0.0}
+    if cls is torch.optim.AdamW and device_type == "cuda" and offload != "params":
+        kwargs["fused"] = True
+    if offload == "optimizer" and device_type == "cuda":
+        from torchao.optim import CPUOffloadOptimizer
+
+        return CPUOffloadOptimizer(
+            params, optimizer_class=cls, offload_gradients=grad_accum == 1, **kwargs
+        )
+    return cls(params, **kwargs)
+
+
+def is_compiled_step(name: str) -> bool:
+    """torchao's low-bit optimizers `torch.compile` their step: no dispatch mode may be active."""
+    return name in ("adamw8bit", "adamw4bit")

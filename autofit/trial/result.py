@@ -1,0 +1,46 @@
+"""What a trial reports: one JSON-safe record per real run."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "oom", "timeout", "error")
+
+
+@dataclass
+class TrialResult:
+    """Measured numbers of one trial (a few real FSDP2 training steps in a subprocess).
+
+    `peak_bytes` is the max over ranks of `torch.cuda.max_memory_reserved` on CUDA, and on CPU the
+    peak of live tensor storage counted by the dispatch-level tracker (`memory.TensorTracker`).
+    `host_peak_bytes` is the sum over ranks of each process's peak resident set (ru_maxrss).
+    """
+
+    status: str
+    config: dict[str, Any]
+    model: str
+    device: str = "cuda"
+    nprocs: int = 1
+    peak_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    host_peak_bytes: int | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    losses: list[float] = field(default_factory=list)
+    message: str = ""
+    wall_s: float = 0.0
+    capacity_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,135 @@
+"""Real CPU trials of llama-debug on 2 gloo processes: the same code path as on GPUs."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+import torch
+
+from autofit.config import Config
+from autofit.models import PRESETS
+from autofit.trial import TrialResult, run_trial
+from autofit.trial.memory import TensorTracker
+from autofit.units import MiB
+
+pytestmark = pytest.mark.slow
+
+SHORT = {"seq_len": 64, "micro_batch": 2}
+
+
+def cpu_trial(config: Config, **kwargs) -> TrialResult:  # type: ignore[no-untyped-def]
+    kwargs.setdefault("timeout_s", 240)
+    kwargs.setdefault("steps", 2)
+    return run_trial("llama-debug", config, nprocs=2, device="cpu", **kwargs)
+
+
+def assert_trained(result: TrialResult) -> None:
+    assert result.status == "ok", result.message
+    assert len(result.losses) == 3  # 1 warm-up + 2 measured steps
+    assert result.losses[-1] < result.losses[0]
+    assert result.peak_bytes and result.peak_bytes > 0
+    assert result.tokens_per_s and result.tokens_per_s > 0
+    assert result.step_time_s and result.step_time_s > 0
+    assert result.host_peak_bytes and result.host_peak_bytes > 0
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"lora_rank": 8},
+        {"lora_rank": 8, "quant": "nf4"},
+        {"lora_rank": 8, "quant": "int8", "wrap": "none"},
+    ],
+    ids=["full-finetune", "lora", "qlora-nf4", "int8-lora-replicated"],
+)
+def test_trial_trains_with_falling_loss(knobs: dict) -> None:
+    result = cpu_trial(Config(**SHORT, **knobs))
+    assert_trained(result)
+    assert result.nprocs == 2 and result.device == "cpu"
+    assert TrialResult.from_dict(result.to_dict()) == result
+
+
+def test_full_checkpointing_lowers_the_measured_peak() -> None:
+    knobs = {"seq_len": 128, "micro_batch": 8, "lora_rank": 8}
+    none = cpu_trial(Config(**knobs, checkpointing="none"), steps=1, warmup=0)
+    full = cpu_trial(Config(**knobs, checkpointing="full"), steps=1, warmup=0)
+    assert none.status == full.status == "ok", none.message + full.message
+    assert full.peak_bytes < none.peak_bytes
+
+
+def test_capacity_below_the_need_is_oom_and_the_caller_goes_on() -> None:
+    result = cpu_trial(Config(**SHORT), gpu_memory=4 * MiB, steps=1, warmup=0)
+    assert result.status == "oom", result.message
+    assert "out of memory" in result.message
+    assert result.capacity_bytes == 4 * MiB
+
+
+def test_hung_trial_times_out_and_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOFIT_TRIAL_TEST_HANG", "1")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    start = time.monotonic()
+    result = cpu_trial(Config(**SHORT), timeout_s=20)
+    assert result.status == "timeout"
+    assert time.monotonic() - start < 20 + 20
+    time.sleep(0.5)
+    leftover = [
+        p
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if "autofit.trial.worker" in " ".join(p.info["cmdline"] or []) and p.pid not in before
+    ]
+    assert not leftover
+
+
+def test_unknown_model_path_is_error_with_readable_message() -> None:
+    result = run_trial("/nonexistent/model/config.json", Config(**SHORT), device="cpu")
+    assert result.status == "error"
+    assert "Unknown model" in result.message
+
+
+def test_builder_failure_is_error_with_stderr_tail() -> None:
+    # 3 heads cannot split a hidden size of 256: the model builder rejects it in the worker.
+    bad = PRESETS["llama-debug"].__class__(
+        name="bad", hidden=256, layers=2, heads=3, kv_heads=3, intermediate=512, vocab=256
+    )
+    result = run_trial(bad, Config(**SHORT), nprocs=1, device="cpu", timeout_s=120)
+    assert result.status == "error"
+    assert "rank 0" in result.message and "stderr" in result.message
+
+
+def test_cuda_trial_without_gpu_is_error_not_crash() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    result = run_trial("llama-debug", Config(**SHORT), device="cuda")
+    assert result.status == "error"
+    assert "device='cpu'" in result.message
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_memory_cap_produces_real_oom() -> None:
+    result = run_trial(
+        "llama-debug", Config(seq_len=2048, micro_batch=64), device="cuda", gpu_memory=256 * MiB
+    )
+    assert result.status == "oom", result.message
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_qlora_trial_trains() -> None:
+    result = run_trial("llama-debug", Config(seq_len=128, lora_rank=8, quant="nf4"), device="cuda")
+    assert_trained(result)
+
+
+def test_tracker_counts_live_storages_and_raises_oom_past_its_cap() -> None:
+    with TensorTracker() as tracker:
+        a = torch.empty(1024, dtype=torch.float32)
+        view = a[:10]  # a view: same storage, no new bytes
+        assert tracker.current == 4096
+        del a, view
+        assert tracker.current == 0
+    assert tracker.peak == 4096
+    with pytest.raises(torch.OutOfMemoryError), TensorTracker(cap_bytes=1000):
+        torch.zeros(1000)
