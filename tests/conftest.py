@@ -1,0 +1,117 @@
+"""Shared fixtures: a fake `pynvml` injected at autofit's one NVML boundary.
+
+`autofit.hardware.nvml._pynvml()` does `import pynvml`; putting a module object in
+`sys.modules["pynvml"]` replaces NVML for the whole process without touching any other code.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+
+import pytest
+
+MiB = 1024**2
+
+
+class NVMLError(Exception):
+    """Stand-in for `pynvml.NVMLError`."""
+
+
+class NVMLError_DriverNotLoaded(NVMLError):  # noqa: N801 - pynvml's own spelling
+    def __str__(self) -> str:
+        return "Driver Not Loaded"
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801
+    def __str__(self) -> str:
+        return "Not Supported"
+
+
+@dataclass
+class FakeGPU:
+    name: str | bytes
+    total: int
+    free: int
+    cc: tuple[int, int]
+    gen: int
+    width: int
+    nvlinks: int  # active NVLink links; querying link >= this raises NotSupported
+
+
+@dataclass
+class FakeNVML:
+    gpus: list[FakeGPU]
+    nvlink_pairs: set[frozenset[int]] = field(default_factory=set)
+    fail_init: bool = False
+
+    def module(self) -> types.ModuleType:
+        mod = types.ModuleType("pynvml")
+        mod.NVMLError = NVMLError
+        mod.NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
+        mod.NVMLError_NotSupported = NVMLError_NotSupported
+        mod.NVML_NVLINK_MAX_LINKS = 18
+        mod.NVML_FEATURE_ENABLED = 1
+        mod.NVML_P2P_CAPS_INDEX_NVLINK = 3
+        mod.NVML_P2P_STATUS_OK = 0
+        mod.NVML_P2P_STATUS_NOT_SUPPORTED = 5
+        gpus, pairs, fail = self.gpus, self.nvlink_pairs, self.fail_init
+
+        def init() -> None:
+            if fail:
+                raise NVMLError_DriverNotLoaded()
+
+        def link_state(handle: int, link: int) -> int:
+            if link >= gpus[handle].nvlinks:
+                raise NVMLError_NotSupported()
+            return 1
+
+        def p2p(a: int, b: int, caps: int) -> int:
+            assert caps == 3, "autofit must ask for the NVLink P2P capability"
+            return 0 if frozenset((a, b)) in pairs else 5
+
+        mod.nvmlInit = init
+        mod.nvmlShutdown = lambda: None
+        mod.nvmlDeviceGetCount = lambda: len(gpus)
+        mod.nvmlDeviceGetHandleByIndex = lambda i: i
+        mod.nvmlDeviceGetName = lambda h: gpus[h].name
+        mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+            total=gpus[h].total, free=gpus[h].free, used=gpus[h].total - gpus[h].free
+        )
+        mod.nvmlDeviceGetCudaComputeCapability = lambda h: gpus[h].cc
+        mod.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: gpus[h].gen
+        mod.nvmlDeviceGetMaxPcieLinkWidth = lambda h: gpus[h].width
+        mod.nvmlDeviceGetNvLinkState = link_state
+        mod.nvmlDeviceGetP2PStatus = p2p
+        return mod
+
+
+def four_gpu_box() -> FakeNVML:
+    """GPUs 0-1: H100 SXM joined by NVLink (18 links each); 2: an RTX 3090 on PCIe gen4 x16;
+    3: a Tesla T4 (Turing, no bf16) on PCIe gen3 x8. Only the 0-1 pair talks over NVLink."""
+    return FakeNVML(
+        gpus=[
+            FakeGPU(b"NVIDIA H100 80GB HBM3", 81559 * MiB, 80000 * MiB, (9, 0), 5, 16, 18),
+            FakeGPU("NVIDIA H100 80GB HBM3", 81559 * MiB, 81000 * MiB, (9, 0), 5, 16, 18),
+            FakeGPU("NVIDIA GeForce RTX 3090", 24576 * MiB, 24000 * MiB, (8, 6), 4, 16, 0),
+            FakeGPU("Tesla T4", 15360 * MiB, 15000 * MiB, (7, 5), 3, 8, 0),
+        ],
+        nvlink_pairs={frozenset((0, 1))},
+    )
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNVML:
+    """Four fake GPUs (see `four_gpu_box`) behind the real `autofit.hardware.nvml` code."""
+    box = four_gpu_box()
+    monkeypatch.setitem(sys.modules, "pynvml", box.module())
+    return box
+
+
+@pytest.fixture
+def no_driver(monkeypatch: pytest.MonkeyPatch) -> FakeNVML:
+    """NVML present but the driver is not: `nvmlInit` raises an NVMLError subclass."""
+    box = FakeNVML(gpus=[], fail_init=True)
+    monkeypatch.setitem(sys.modules, "pynvml", box.module())
+    return box

@@ -1,0 +1,272 @@
+"""The whole napkin estimate: breakdown sums, sharding rules, the sanity bars users know."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from autofit.config import Config
+from autofit.estimate import BREAKDOWN_KEYS, estimate
+from autofit.estimate import memory as mem
+from autofit.hardware import resolve_gpus
+from autofit.models import PRESETS
+
+LLAMA_7B = PRESETS["llama-7b"]
+N_7B = 6_738_415_616
+GiB = 1024**3
+
+QLORA = dict(quant="nf4", lora_rank=64, micro_batch=1, seq_len=2048, checkpointing="full")
+
+
+def est(model: str, gpus: str, **knobs):  # type: ignore[no-untyped-def]
+    return estimate(PRESETS[model], resolve_gpus(gpus), Config(**knobs))
+
+
+# ----- sanity bars ------------------------------------------------------------------------------
+def test_full_fine_tune_of_llama_7b_does_not_fit_one_h100():
+    e = est("llama-7b", "1xh100-80gb", checkpointing="full")
+    assert not e.fits
+    assert e.peak_bytes > 16 * N_7B  # model states alone are 16 B/param, ~108 GB
+
+
+def test_full_fine_tune_of_llama_7b_fits_eight_h100s():
+    e = est("llama-7b", "8xh100-80gb", micro_batch=1, seq_len=2048)
+    assert e.fits
+    assert e.peak_bytes < e.usable_bytes
+
+
+def test_qlora_llama_7b_fits_one_rtx3090():
+    e = est("llama-7b", "1xrtx3090", **QLORA)
+    assert e.fits
+    assert e.capacity_bytes == 24 * GiB
+    assert e.peak_bytes < 16 * GiB  # QLoRA 7B at 2k tokens is comfortably under 24 GB
+
+
+def test_design_md_example_estimate_fits_two_rtx3090s():
+    e = est("llama-7b", "2xrtx3090", **{**QLORA, "micro_batch": 8})
+    assert e.fits and e.n_gpus == 2
+
+
+# ----- breakdown --------------------------------------------------------------------------------
+CONFIGS = [
+    {},
+    {"checkpointing": "full", "grad_accum": 4},
+    {"quant": "nf4", "lora_rank": 64, "micro_batch": 4, "checkpointing": "selective"},
+    {"quant": "int8", "lora_rank": 16, "wrap": "every-2", "reshard": False},
+    {"lora_rank": 16, "offload": "optimizer", "optimizer": "adamw8bit", "precision": "bf16"},
+    {"offload": "params", "wrap": "model", "optimizer": "adamw4bit"},
+    {"wrap": "none", "grad_accum": 2, "checkpointing": "every-2"},
+]
+
+
+@pytest.mark.parametrize("gpus", ["1xrtx3090", "2xa100-40gb", "8xh100-80gb"])
+@pytest.mark.parametrize("knobs", CONFIGS, ids=lambda k: Config(**k).short())
+def test_breakdown_sums_to_the_allocated_peak(gpus, knobs):
+    e = est("llama-7b", gpus, **knobs)
+    assert tuple(e.breakdown) == BREAKDOWN_KEYS
+    assert all(v >= 0 for v in e.breakdown.values())
+    assert sum(e.breakdown.values()) == e.peak_allocated_bytes
+    assert e.peak_bytes == e.peak_allocated_bytes + e.overhead["allocator"]
+    assert e.usable_bytes == e.capacity_bytes - e.overhead["cuda_context"]
+    assert e.fits == (
+        e.peak_bytes <= e.usable_bytes and e.host_bytes <= 0.8 * e.host_capacity_bytes
+    )
+
+
+def test_cpu_device_counts_tensor_bytes_only():
+    e = estimate(LLAMA_7B, resolve_gpus("1xrtx3090"), Config(**QLORA), device="cpu")
+    assert e.overhead == {"allocator": 0, "cuda_context": 0}
+    assert e.peak_bytes == e.peak_allocated_bytes
+    assert e.usable_bytes == e.capacity_bytes
+
+
+def test_full_fine_tune_model_states_are_16_bytes_per_param_sharded():
+    for n in (1, 8):
+        e = est("llama-7b", f"{n}xh100-80gb", checkpointing="full")
+        b = e.breakdown
+        assert b["trainable_weights"] == pytest.approx(4 * N_7B / n, abs=1)
+        assert b["optimizer_state"] == pytest.approx(8 * N_7B / n, abs=1)
+        if e.peak_phase == "optimizer":
+            unit = mem.unit_grad_bytes(LLAMA_7B, 0, "layer")
+            assert b["gradients"] == pytest.approx(4 * N_7B / n + unit, abs=1)
+
+
+def test_lora_trains_only_the_adapters():
+    e = est("llama-7b", "1xrtx3090", **QLORA)
+    lora = 159_907_840
+    assert e.breakdown["trainable_weights"] == 4 * lora
+    assert e.breakdown["optimizer_state"] == 8 * lora
+    assert e.breakdown["base_weights"] == pytest.approx(
+        mem.base_weight_bytes(LLAMA_7B, "nf4") + mem.frozen_other_bytes(LLAMA_7B), abs=1
+    )
+
+
+def test_nf4_base_is_sharded_across_gpus():
+    one = est("llama-7b", "1xa100-80gb", **QLORA).breakdown["base_weights"]
+    four = est("llama-7b", "4xa100-80gb", **QLORA).breakdown["base_weights"]
+    assert four == pytest.approx(one / 4, abs=1)
+
+
+def test_int8_base_is_replicated_not_divided_by_gpus():
+    knobs = {**QLORA, "quant": "int8"}
+    one = est("llama-7b", "1xa100-80gb", **knobs).breakdown["base_weights"]
+    four = est("llama-7b", "4xa100-80gb", **knobs).breakdown["base_weights"]
+    int8 = mem.base_weight_bytes(LLAMA_7B, "int8")
+    others = mem.frozen_other_bytes(LLAMA_7B)
+    assert one == pytest.approx(int8 + others, abs=1)
+    assert four == pytest.approx(int8 + others / 4, abs=1)  # only the bf16 rest is sharded
+    assert four > one / 2
+
+
+def test_offload_params_moves_model_states_to_the_host():
+    on_gpu = est("llama-7b", "8xh100-80gb", checkpointing="full")
+    off = est("llama-7b", "8xh100-80gb", checkpointing="full", offload="params")
+    for part in ("base_weights", "trainable_weights", "gradients", "optimizer_state"):
+        assert off.breakdown[part] == 0
+    # all ranks together hold fp32 params 4 + grads 4 + AdamW 8 = 16 B per parameter
+    assert off.host_bytes == pytest.approx(16 * N_7B, rel=1e-9)
+    assert on_gpu.host_bytes == 0
+    assert off.peak_bytes < on_gpu.peak_bytes
+
+
+def test_offload_optimizer_moves_optimizer_state_to_the_host():
+    e = est("llama-7b", "8xh100-80gb", checkpointing="full", offload="optimizer")
+    assert e.breakdown["optimizer_state"] == 0
+    assert e.breakdown["trainable_weights"] > 0
+    assert e.host_bytes >= 8 * N_7B  # at least the AdamW states
+
+
+def test_grad_accum_under_fsdp_keeps_unsharded_fp32_gradients():
+    one = est("llama-7b", "8xh100-80gb", micro_batch=1)
+    accum = est("llama-7b", "8xh100-80gb", micro_batch=1, grad_accum=2)
+    assert one.breakdown["gradients"] == 0 or one.peak_phase == "optimizer"
+    extra = accum.peak_allocated_bytes - one.peak_allocated_bytes
+    # unsharded (not / 8) fp32 gradients of every trainable parameter
+    assert extra >= 4 * N_7B * 0.99
+    assert accum.breakdown["gradients"] >= 4 * N_7B
+
+
+def test_grad_accum_raises_tokens_per_step_not_memory_per_micro_step():
+    one = est("llama-7b", "1xrtx3090", **QLORA)
+    four = est("llama-7b", "1xrtx3090", **{**QLORA, "grad_accum": 4})
+    assert four.step_time_s > one.step_time_s
+    assert four.breakdown["activations"] == one.breakdown["activations"]
+
+
+def test_tokens_per_s_is_tokens_per_step_over_step_time():
+    e = est("llama-7b", "2xrtx3090", **{**QLORA, "micro_batch": 4, "grad_accum": 2})
+    assert e.tokens_per_s == pytest.approx(4 * 2 * 2 * 2048 / e.step_time_s)
+    assert e.step_time_s == pytest.approx(sum(e.time_breakdown.values()))
+    assert all(v >= 0 for v in e.time_breakdown.values())
+
+
+def test_checkpointing_lowers_the_estimated_peak_and_costs_time():
+    peaks = {
+        c: est("llama-7b", "8xh100-80gb", micro_batch=4, checkpointing=c)
+        for c in ("none", "every-2", "full", "selective")
+    }
+    assert peaks["full"].peak_bytes < peaks["every-2"].peak_bytes < peaks["none"].peak_bytes
+    assert peaks["selective"].peak_bytes < peaks["none"].peak_bytes
+    assert peaks["full"].step_time_s > peaks["none"].step_time_s
+
+
+def test_to_dict_has_the_json_contract_fields():
+    d = est("llama-7b", "1xrtx3090", **QLORA).to_dict()
+    for key in (
+        "peak_bytes",
+        "peak_allocated_bytes",
+        "capacity_bytes",
+        "fits",
+        "breakdown",
+        "step_time_s",
+        "tokens_per_s",
+    ):
+        assert key in d
+    assert d["config"]["quant"] == "nf4"
+
+
+# ----- monotonicity over a grid -----------------------------------------------------------------
+GRID = list(
+    itertools.product(
+        [("none", 0), ("none", 16), ("int8", 16), ("nf4", 64)],
+        ["layer", "every-2", "model", "none"],
+        [True, False],
+        ["none", "optimizer", "params"],
+        ["adamw", "adamw8bit"],
+        ["bf16-mixed", "bf16"],
+        [1, 4],
+    )
+)
+HARDWARE = ["1xrtx3090", "2xa100-40gb", "8xh100-80gb"]
+MODELS = ["tinyllama-1.1b", "llama-7b", "llama-3-8b"]
+
+
+def _grid_configs(**fixed):  # type: ignore[no-untyped-def]
+    for (quant, rank), wrap, reshard, offload, opt, prec, ga in GRID:
+        base = dict(
+            quant=quant,
+            lora_rank=rank,
+            wrap=wrap,
+            reshard=reshard,
+            offload=offload,
+            optimizer=opt,
+            precision=prec,
+            grad_accum=ga,
+            seq_len=1024,
+        )
+        base.update(fixed)
+        try:
+            yield Config(**base)
+        except Exception:
+            continue  # combinations the rules forbid
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("gpus", HARDWARE)
+def test_larger_micro_batch_never_lowers_the_estimate(model, gpus):
+    spec, hw = PRESETS[model], resolve_gpus(gpus)
+    checked = grew = 0
+    for ckpt in ("none", "full", "every-2", "selective"):
+        for cfg in _grid_configs(checkpointing=ckpt):
+            peaks = [
+                estimate(spec, hw, cfg.replace(micro_batch=mb)).peak_bytes for mb in (1, 2, 4, 8)
+            ]
+            assert peaks == sorted(peaks), cfg.short()
+            checked += 1
+            grew += peaks[0] < peaks[-1]  # equal only when the optimizer-step peak dominates
+    assert checked > 500 and grew > checked // 2
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("gpus", HARDWARE)
+def test_less_checkpointing_never_lowers_the_estimate(model, gpus):
+    spec, hw = PRESETS[model], resolve_gpus(gpus)
+    checked = 0
+    for cfg in _grid_configs(micro_batch=2):
+        peak = {
+            c: estimate(spec, hw, cfg.replace(checkpointing=c)).peak_bytes
+            for c in ("full", "every-2", "none")
+        }
+        assert peak["full"] <= peak["every-2"] <= peak["none"], cfg.short()
+        if not cfg.is_lora:
+            sel = estimate(spec, hw, cfg.replace(checkpointing="selective")).peak_bytes
+            assert sel <= peak["none"], cfg.short()
+        checked += 1
+    assert checked > 100
+
+
+@pytest.mark.parametrize("gpus", HARDWARE)
+def test_longer_sequences_never_lower_the_estimate(gpus):
+    hw = resolve_gpus(gpus)
+    for cfg in _grid_configs(micro_batch=1, checkpointing="full"):
+        peaks = [estimate(LLAMA_7B, hw, cfg.replace(seq_len=s)).peak_bytes for s in (512, 2048)]
+        assert peaks[0] <= peaks[1], cfg.short()
+
+
+def test_more_gpus_never_raise_a_sharded_full_fine_tune_estimate():
+    cfg = Config(checkpointing="full", micro_batch=2)
+    peaks = [
+        estimate(LLAMA_7B, resolve_gpus(f"{n}xa100-80gb"), cfg).peak_bytes for n in (1, 2, 4, 8)
+    ]
+    assert peaks == sorted(peaks, reverse=True)

@@ -1,0 +1,173 @@
+"""Napkin memory terms checked against hand-worked numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.estimate import memory as mem
+from autofit.models import PRESETS
+
+LLAMA_7B = PRESETS["llama-7b"]
+
+
+def test_mixed_precision_adamw_full_fine_tune_is_16_bytes_per_param():
+    # fp32 master weights 4 + fp32 grads 4 + AdamW exp_avg and exp_avg_sq 4 + 4
+    assert mem.master_bytes("bf16-mixed") == 4
+    assert mem.grad_bytes("bf16-mixed") == 4
+    assert mem.optimizer_bytes_per_param("adamw", "bf16-mixed") == 8
+    per_param = (
+        mem.master_bytes("bf16-mixed")
+        + mem.grad_bytes("bf16-mixed")
+        + mem.optimizer_bytes_per_param("adamw", "bf16-mixed")
+    )
+    assert per_param == 16
+
+
+def test_zero_paper_seed_figure_1_5b_params_is_24_gb_of_model_states():
+    per_param = (
+        mem.master_bytes("bf16-mixed")
+        + mem.grad_bytes("bf16-mixed")
+        + mem.optimizer_bytes_per_param("adamw", "bf16-mixed")
+    )
+    assert 1.5e9 * per_param == pytest.approx(24e9)
+
+
+def test_pure_bf16_adamw_is_8_bytes_per_param():
+    assert mem.master_bytes("bf16") + mem.grad_bytes("bf16") == 4
+    assert mem.optimizer_bytes_per_param("adamw", "bf16") == 4
+
+
+def test_nf4_bytes_per_param_include_block_scales():
+    # 4-bit code + int8 scaler per 64 values + fp32 factor per 256 blocks of 64
+    assert mem.base_bytes_per_param("nf4") == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256))
+    assert mem.base_bytes_per_param("nf4") == pytest.approx(0.515869140625)
+
+
+def test_int8_and_bf16_base_widths():
+    assert mem.base_bytes_per_param("int8") == 1.0
+    assert mem.base_bytes_per_param("none") == 2.0
+
+
+def test_int8_base_adds_one_bf16_scale_per_output_row():
+    rows = 4096 + 4096 + 4096 + 4096 + 11008 + 11008 + 4096  # out rows of q k v o gate up down
+    expected = LLAMA_7B.linear_params * 1 + LLAMA_7B.layers * rows * 2
+    assert mem.base_weight_bytes(LLAMA_7B, "int8") == expected
+
+
+def test_nf4_base_of_llama_7b_by_hand():
+    assert mem.base_weight_bytes(LLAMA_7B, "nf4") == pytest.approx(
+        LLAMA_7B.linear_params * (0.5 + 1 / 64 + 4 / (64 * 256))
+    )
+
+
+def test_adamw8bit_state_is_two_bytes_plus_block_scales():
+    # exp_avg and exp_avg_sq: 1 B each + one fp32 scale per 256-value block
+    assert mem.optimizer_bytes_per_param("adamw8bit", "bf16-mixed") == pytest.approx(
+        2 * (1 + 4 / 256)
+    )
+    assert mem.optimizer_bytes_per_param("adamw8bit", "bf16-mixed") == pytest.approx(2.03125)
+
+
+def test_adamw4bit_state_is_one_byte_plus_block_scales():
+    # 0.5 B each + one fp32 scale per 128-value block
+    assert mem.optimizer_bytes_per_param("adamw4bit", "bf16-mixed") == pytest.approx(
+        2 * (0.5 + 4 / 128)
+    )
+    assert mem.optimizer_bytes_per_param("adamw4bit", "bf16-mixed") == pytest.approx(1.0625)
+
+
+def test_low_bit_optimizer_state_does_not_depend_on_precision():
+    for opt in ("adamw8bit", "adamw4bit"):
+        assert mem.optimizer_bytes_per_param(opt, "bf16") == mem.optimizer_bytes_per_param(
+            opt, "bf16-mixed"
+        )
+
+
+def test_lora_trainable_params_of_llama_7b_rank_64_by_hand():
+    # per layer, r * (in + out) for the 7 projections:
+    #   q, k, v, o: 4096 + 4096 each; gate, up: 4096 + 11008; down: 11008 + 4096
+    per_layer = 4 * (4096 + 4096) + 3 * (4096 + 11008)
+    assert per_layer == 78_080
+    assert mem.trainable_params(LLAMA_7B, 64) == 64 * per_layer * 32 == 159_907_840
+
+
+def test_full_fine_tune_trains_every_parameter():
+    assert mem.trainable_params(LLAMA_7B, 0) == 6_738_415_616
+
+
+def test_frozen_non_projection_weights_are_bf16():
+    # embeddings + LM head + final norm + 2 norms per layer, 2 bytes each
+    others = 32000 * 4096 * 2 + 4096 + 32 * 2 * 4096
+    assert mem.frozen_other_bytes(LLAMA_7B) == 2 * others
+
+
+def test_shard_degree_is_all_gpus_except_for_replicas():
+    assert mem.shard_degree("layer", 8) == 8
+    assert mem.shard_degree("model", 8) == 8
+    assert mem.shard_degree("none", 8) == 1
+
+
+def test_gathered_layers_with_reshard_hold_the_current_and_prefetched_unit():
+    root = LLAMA_7B.root_params * 2
+    layer = LLAMA_7B.layer_params * 2
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", True, 8) == root + 2 * layer
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "every-2", True, 8) == root + 4 * layer
+    # without reshard_after_forward every unit stays gathered: the whole model in bf16
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", False, 8) == root + 32 * layer
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "model", True, 8) == root + 32 * layer
+
+
+def test_int8_base_is_never_all_gathered():
+    nf4 = mem.gathered_layer_bytes(LLAMA_7B, "nf4", 16)
+    int8 = mem.gathered_layer_bytes(LLAMA_7B, "int8", 16)
+    assert int8 < nf4
+    assert int8 == pytest.approx(LLAMA_7B.lora_params(16) / 32 * 2 + LLAMA_7B.layer_norm_params * 2)
+
+
+def test_logits_and_loss_are_ten_bytes_per_token_per_vocab_entry():
+    assert mem.logits_loss_bytes(LLAMA_7B, 2, 1024) == 2 * 1024 * 10 * 32000
+
+
+def test_activation_per_token_formula_by_hand_for_llama_7b():
+    h, i, heads = 4096, 11008, 32
+    # norms 12h, attention 6q + 4kv + 4 x heads (q = kv = h here), MLP 8i
+    assert mem.layer_activation_bytes_per_token(LLAMA_7B, 0) == 12 * h + 10 * h + 4 * heads + 8 * i
+    assert mem.layer_activation_bytes_per_token(LLAMA_7B, 64) == pytest.approx(
+        mem.layer_activation_bytes_per_token(LLAMA_7B, 0) + 14 * 64
+    )
+
+
+@pytest.mark.parametrize("name", [n for n, m in PRESETS.items() if m.layers >= 4])
+@pytest.mark.parametrize("lora", [0, 16, 64])
+def test_checkpointing_full_below_every_2_below_none(name, lora):
+    model = PRESETS[name]
+
+    def act(ckpt: str) -> float:
+        return mem.activation_bytes(model, 2, 1024, lora, ckpt)
+
+    assert act("full") < act("every-2") < act("none")
+
+
+@pytest.mark.parametrize("name", [n for n, m in PRESETS.items() if m.layers >= 4])
+def test_selective_checkpointing_below_none_for_full_fine_tune(name):
+    model = PRESETS[name]
+    sel = mem.activation_bytes(model, 2, 1024, 0, "selective")
+    assert sel < mem.activation_bytes(model, 2, 1024, 0, "none")
+
+
+@pytest.mark.parametrize("name", ["llama-7b", "llama-13b", "llama-3-8b", "llama-70b"])
+def test_selective_checkpointing_below_none_with_lora(name):
+    model = PRESETS[name]
+    sel = mem.activation_bytes(model, 2, 1024, 64, "selective")
+    assert sel < mem.activation_bytes(model, 2, 1024, 64, "none")
+
+
+def test_activations_scale_linearly_with_tokens():
+    one = mem.activation_bytes(LLAMA_7B, 1, 2048, 0, "none")
+    assert mem.activation_bytes(LLAMA_7B, 4, 2048, 0, "none") == pytest.approx(4 * one)
+    assert mem.activation_bytes(LLAMA_7B, 1, 8192, 0, "none") == pytest.approx(4 * one)
+
+
+def test_allocator_overhead_grows_with_allocation():
+    assert mem.allocator_overhead(0) > 0
+    assert mem.allocator_overhead(10 * 1024**3) > mem.allocator_overhead(1024**3)

@@ -1,0 +1,266 @@
+"""The `autofit` command line through typer's CliRunner: output, JSON contract, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import autofit
+from autofit.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, list(args))
+
+
+def assert_clean_failure(result, *fragments: str) -> None:  # type: ignore[no-untyped-def]
+    text = result.output
+    assert result.exit_code == 2, text
+    assert "Traceback" not in text
+    assert isinstance(result.exception, SystemExit)
+    assert text.startswith("error:")
+    assert len([line for line in text.strip().splitlines() if line.strip()]) == 1  # one paragraph
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+QLORA_FLAGS = [
+    "--quant",
+    "nf4",
+    "--lora-rank",
+    "64",
+    "--micro-batch",
+    "8",
+    "--seq-len",
+    "2048",
+    "--checkpointing",
+    "full",
+]
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"autofit {autofit.__version__}"
+
+
+def test_hardware_without_a_driver_says_so_and_exits_zero(no_driver):
+    result = run("hardware")
+    assert result.exit_code == 0
+    assert "No NVIDIA GPU driver found (Driver Not Loaded)" in result.stdout
+    assert "--gpus 2xrtx3090" in result.stdout
+    assert "Traceback" not in result.output
+
+
+def test_hardware_json_without_a_driver_has_an_empty_gpu_list(no_driver):
+    result = run("hardware", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["gpus"] == [] and data["source"] == "none"
+    assert "Driver Not Loaded" in data["reason"]
+    assert data["host_ram_bytes"] > 0
+
+
+def test_hardware_lists_fake_nvml_gpus_and_pairs(fake_nvml):
+    result = run("hardware")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "NVIDIA H100 80GB HBM3" in out and "NVIDIA GeForce RTX 3090" in out
+    assert "gen5 x16" in out and "gen3 x8" in out
+    assert "0 <-> 1" in out and "NVLink" in out and "PCIe" in out
+
+
+def test_hardware_json_with_fake_nvml(fake_nvml):
+    data = json.loads(run("hardware", "--json").stdout)
+    assert [g["name"] for g in data["gpus"]][:2] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert data["gpus"][0]["compute_capability"] == "9.0"
+    assert data["gpus"][0]["nvlink_links"] == 18
+    assert data["gpus"][3]["bf16"] is False
+    assert {"a": 0, "b": 1, "link": "nvlink"} in data["pairs"]
+    assert {"a": 0, "b": 2, "link": "pcie"} in data["pairs"]
+
+
+def test_hardware_presets_lists_the_common_cards_with_figures():
+    result = run("hardware", "--presets")
+    assert result.exit_code == 0
+    out = result.stdout
+    for name in (
+        "rtx3090",
+        "rtx4090",
+        "a10g",
+        "l4",
+        "l40s",
+        "a100-40gb",
+        "a100-80gb",
+        "h100-80gb",
+        "h200",
+    ):
+        assert name in out
+    for header in ("memory", "bf16 TFLOP/s", "mem GB/s", "link GB/s"):
+        assert header in out
+    assert "989" in out and "3350" in out and "450" in out  # H100: TFLOP/s, HBM, NVLink
+
+
+def test_hardware_presets_json():
+    data = json.loads(run("hardware", "--presets", "--json").stdout)
+    h100 = next(p for p in data["presets"] if p["name"] == "h100-80gb")
+    assert h100["bf16_tflops"] == 989.0 and h100["mem_bw_gbs"] == 3350.0
+    assert h100["link_bw_gbs"] == 450.0 and h100["memory_bytes"] > 80 * 10**9
+
+
+def test_models_shows_exact_parameter_counts():
+    result = run("models")
+    assert result.exit_code == 0
+    assert "6,738,415,616" in result.stdout
+    assert "tinyllama-1.1b" in result.stdout
+
+
+def test_models_json():
+    data = json.loads(run("models", "--json").stdout)
+    counts = {m["name"]: m["n_params"] for m in data["models"]}
+    assert counts["llama-7b"] == 6_738_415_616 and counts["mistral-7b"] == 7_241_732_096
+
+
+def test_estimate_text_report():
+    result = run("estimate", "--model", "llama-7b", "--gpus", "2xrtx3090", *QLORA_FLAGS)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "Peak memory per GPU" in out
+    assert "frozen base weights" in out and "activations" in out
+    assert "fits" in out and "tokens/s" in out
+
+
+def test_estimate_json_is_exactly_one_object_with_the_contract_fields():
+    result = run("estimate", "-m", "llama-7b", "-g", "2xrtx3090", *QLORA_FLAGS, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # fails if anything else is on stdout
+    assert isinstance(data, dict)
+    for key in (
+        "peak_bytes",
+        "peak_allocated_bytes",
+        "capacity_bytes",
+        "fits",
+        "breakdown",
+        "step_time_s",
+        "tokens_per_s",
+    ):
+        assert key in data
+    assert sum(data["breakdown"].values()) == data["peak_allocated_bytes"]
+    assert data["fits"] is True
+
+
+def test_estimate_that_does_not_fit_suggests_next_steps():
+    result = run("estimate", "-m", "llama-7b", "-g", "1xh100-80gb")
+    assert result.exit_code == 0
+    assert "does not fit" in result.stdout and "--checkpointing full" in result.stdout
+
+
+def test_estimate_gpu_memory_caps_capacity():
+    data = json.loads(
+        run(
+            "estimate",
+            "-m",
+            "llama-7b",
+            "-g",
+            "1xh100-80gb",
+            "--gpu-memory",
+            "24GiB",
+            "--quant",
+            "nf4",
+            "--lora-rank",
+            "16",
+            "--json",
+        ).stdout
+    )
+    assert data["capacity_bytes"] == 24 * 1024**3
+
+
+def test_plan_no_trials_text():
+    result = run("plan", "-m", "llama-7b", "-g", "2xrtx3090", "--space", "qlora", "--no-trials")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "Ranked configs that fit" in out
+    assert "combinations considered" in out and "pruned" in out
+    assert "estimated peak above GPU memory" in out
+    assert "Winner (estimated)" in out
+    assert "Why: " in out
+
+
+def test_plan_no_trials_json():
+    result = run(
+        "plan", "-m", "llama-7b", "-g", "2xrtx3090", "--no-trials", "--json", "--global-batch", "32"
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["best"]["config"]["micro_batch"] * data["best"]["config"]["grad_accum"] * 2 == 32
+    assert data["pruned"] and all(v > 0 for v in data["pruned"].values())
+    assert data["trials"] == []
+
+
+def test_plan_with_a_space_file(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text("knobs:\n  quant: [nf4]\n  lora_rank: [16]\n  micro_batch: [1, 2]\n")
+    result = run(
+        "plan", "-m", "llama-7b", "-g", "1xrtx3090", "--space", str(path), "--no-trials", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["space"] == "tiny" and data["considered"] == 2
+
+
+def test_plan_with_a_bad_space_file_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("knobs:\n  quant: [fp3]\n")
+    result = run("plan", "-m", "llama-7b", "-g", "1xrtx3090", "--space", str(path), "--no-trials")
+    assert_clean_failure(result, str(path), "'quant'", "none, int8, nf4")
+
+
+def test_plan_where_nothing_fits_explains_and_exits_one():
+    result = run("plan", "-m", "llama-70b", "-g", "1xrtx3090", "--space", "full", "--no-trials")
+    assert result.exit_code == 1
+    assert "No config fits" in result.stdout and "What would make it fit" in result.stdout
+    assert "Traceback" not in result.output
+
+
+def test_plan_gpus_auto_without_gpus_explains_and_fails(no_driver):
+    result = run("plan", "-m", "llama-7b", "--gpus", "auto", "--no-trials")
+    assert_clean_failure(result, "needs NVIDIA GPUs", "--gpus 2xrtx3090")
+
+
+BAD_INPUTS = [
+    (["-m", "llama-7x", "-g", "1xrtx3090"], ["Unknown model 'llama-7x'", "llama-7b"]),
+    (["-m", "llama-7b", "-g", "1xrtx3090", "--quant", "fp3"], ["'fp3'", "none, int8, nf4"]),
+    (["-m", "llama-7b", "-g", "3xfoo"], ["Unknown GPU preset 'foo'", "rtx3090"]),
+    (["-m", "llama-7b", "-g", "2xrtx309"], ["Did you mean 'rtx3090'"]),
+    (["-m", "llama-7b", "-g", "1xrtx3090", "--gpu-memory", "24XB"], ["'24XB'", "24GiB"]),
+    (["-m", "llama-7b", "-g", "1xrtx3090", "--lora-rank", "-1"], ["'lora_rank'", ">= 0"]),
+    (
+        ["-m", "llama-7b", "-g", "1xrtx3090", "--quant", "nf4", "--lora-rank", "0"],
+        ["needs LoRA", "lora_rank > 0"],
+    ),
+    (["-m", "llama-7b", "-g", "1xrtx3090", "--reshard", "maybe"], ["true or false"]),
+    (["-m", "llama-7b", "-g", "1xrtx3090", "--device", "tpu"], ["--device"]),
+]
+KNOB_FLAGS = ("--quant", "--lora-rank", "--reshard")  # estimate/trial flags; plan searches them
+
+
+@pytest.mark.parametrize(("args", "fragments"), BAD_INPUTS)
+def test_bad_estimate_inputs_give_one_paragraph_and_exit_2(args, fragments):
+    assert_clean_failure(run("estimate", *args), *fragments)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"), [b for b in BAD_INPUTS if not set(KNOB_FLAGS) & set(b[0])]
+)
+def test_bad_plan_inputs_give_one_paragraph_and_exit_2(args, fragments):
+    assert_clean_failure(run("plan", *args, "--no-trials"), *fragments)
+
+
+def test_missing_model_is_a_usage_error():
+    result = run("estimate", "-g", "1xrtx3090")
+    assert result.exit_code == 2
+    assert "--model" in result.output

@@ -1,0 +1,131 @@
+"""Knobs, their allowed values, and the rules between them."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.config import KNOBS, Config, coerce_knob, derive_grad_accum, wrap_units
+from autofit.errors import ConfigError
+
+
+def test_knob_names_are_the_design_contract():
+    assert list(KNOBS) == [
+        "quant",
+        "lora_rank",
+        "micro_batch",
+        "grad_accum",
+        "wrap",
+        "reshard",
+        "checkpointing",
+        "offload",
+        "optimizer",
+        "precision",
+        "seq_len",
+    ]
+    assert KNOBS["quant"] == ("none", "int8", "nf4")
+    assert KNOBS["checkpointing"] == ("none", "full", "every-2", "selective")
+
+
+def test_defaults_are_a_plain_full_fine_tune():
+    cfg = Config()
+    assert (cfg.quant, cfg.lora_rank, cfg.optimizer, cfg.precision) == (
+        "none",
+        0,
+        "adamw",
+        "bf16-mixed",
+    )
+    assert not cfg.is_lora
+
+
+def test_bad_choice_names_the_knob_and_the_allowed_values():
+    with pytest.raises(ConfigError) as info:
+        coerce_knob("quant", "fp3")
+    text = str(info.value)
+    assert "'quant'" in text and "'fp3'" in text and "none, int8, nf4" in text
+
+
+def test_near_miss_choice_gets_did_you_mean():
+    with pytest.raises(ConfigError, match=r"Did you mean 'selective'"):
+        coerce_knob("checkpointing", "selectiv")
+
+
+def test_unknown_knob_gets_did_you_mean_and_the_knob_list():
+    with pytest.raises(ConfigError, match=r"Unknown knob 'micro_batches'.*'micro_batch'"):
+        coerce_knob("micro_batches", 4)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "abc", True, None, float("nan"), float("inf")])
+def test_lora_rank_must_be_a_whole_number_at_least_zero(value):
+    with pytest.raises(ConfigError, match=r"'lora_rank'.*whole number >= 0"):
+        coerce_knob("lora_rank", value)
+
+
+def test_micro_batch_must_be_positive():
+    with pytest.raises(ConfigError, match=r">= 1"):
+        coerce_knob("micro_batch", 0)
+
+
+def test_integer_knobs_accept_integral_strings_and_floats():
+    assert coerce_knob("micro_batch", "8") == 8
+    assert coerce_knob("seq_len", 2048.0) == 2048
+
+
+@pytest.mark.parametrize(("text", "value"), [("true", True), ("No", False), ("1", True)])
+def test_reshard_reads_booleans_from_text(text, value):
+    assert coerce_knob("reshard", text) is value
+
+
+def test_reshard_rejects_other_text():
+    with pytest.raises(ConfigError, match="true or false"):
+        coerce_knob("reshard", "maybe")
+
+
+def test_choices_are_case_insensitive():
+    assert Config(quant="NF4", lora_rank=16).quant == "nf4"
+
+
+def test_quantization_needs_lora():
+    with pytest.raises(ConfigError, match=r"quant=nf4 needs LoRA.*lora_rank > 0"):
+        Config(quant="nf4", lora_rank=0)
+
+
+def test_offload_params_with_int8_is_rejected():
+    with pytest.raises(ConfigError, match="offload=params cannot be combined with quant=int8"):
+        Config(quant="int8", lora_rank=16, offload="params")
+
+
+def test_offload_params_needs_sharding():
+    with pytest.raises(ConfigError, match="offload=params needs FSDP2 sharding"):
+        Config(wrap="none", offload="params")
+
+
+def test_round_trip_through_dict():
+    cfg = Config(quant="nf4", lora_rank=64, micro_batch=8, checkpointing="full", lora_alpha=32)
+    assert Config.from_dict(cfg.to_dict()) == cfg
+    assert cfg.alpha == 32
+    assert Config(lora_rank=16).alpha == 32  # 2 x rank by default
+
+
+def test_from_dict_rejects_unknown_keys_naming_the_place():
+    with pytest.raises(ConfigError, match=r"Unknown knob 'qaunt' in plan.yaml"):
+        Config.from_dict({"qaunt": "nf4"}, where="plan.yaml")
+
+
+def test_short_label_names_the_departures_from_defaults():
+    cfg = Config(quant="nf4", lora_rank=64, micro_batch=8, grad_accum=4, checkpointing="full")
+    assert cfg.short() == "nf4 r64 mb8x4 wrap=layer ckpt=full"
+    assert Config().short() == "full mb1x1 wrap=layer"
+
+
+def test_global_batch_divides_into_grad_accum_or_not_at_all():
+    assert derive_grad_accum(32, micro_batch=4, dp_size=2) == 4
+    assert derive_grad_accum(32, micro_batch=3, dp_size=2) is None
+    assert derive_grad_accum(8, micro_batch=16, dp_size=1) is None
+
+
+def test_wrap_units_group_decoder_layers():
+    assert wrap_units("layer", 4) == ((0,), (1,), (2,), (3,))
+    assert wrap_units("every-2", 5) == ((0, 1), (2, 3), (4,))
+    assert wrap_units("every-4", 8) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert wrap_units("model", 4) == ()
+    assert wrap_units("none", 4) == ()

@@ -1,0 +1,112 @@
+"""Estimate-only plans: prune what cannot fit, rank the rest, explain the winner."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.config import Config
+from autofit.hardware import GPU, Hardware, resolve_gpus
+from autofit.models import PRESETS
+from autofit.plan import (
+    PRUNE_NO_BF16,
+    PRUNE_OVER_CAPACITY,
+    estimate_space,
+    plan_estimates,
+    rank_key,
+)
+from autofit.space import load_space
+
+LLAMA_7B = PRESETS["llama-7b"]
+
+
+@pytest.fixture(scope="module")
+def qlora_plan():
+    return plan_estimates(LLAMA_7B, resolve_gpus("2xrtx3090"), load_space("qlora"))
+
+
+def test_plan_picks_a_winner_that_fits_with_headroom(qlora_plan):
+    best = qlora_plan.best
+    assert best is not None and best is qlora_plan.ranked[0]
+    assert best.estimate.fits
+    assert best.peak_bytes <= best.estimate.usable_bytes * (1 - qlora_plan.margin)
+    assert best.config.quant == "nf4"
+
+
+def test_every_ranked_candidate_fits_and_is_ordered(qlora_plan):
+    keys = [rank_key(c) for c in qlora_plan.ranked]
+    assert keys == sorted(keys)
+    assert all(c.estimate.fits for c in qlora_plan.ranked)
+
+
+def test_pruned_and_fitting_add_up_to_considered(qlora_plan):
+    assert len(qlora_plan.ranked) + sum(qlora_plan.pruned.values()) == qlora_plan.considered
+    assert qlora_plan.considered == load_space("qlora").size
+
+
+def test_winner_reason_names_the_comparison_and_the_memory(qlora_plan):
+    assert "tokens/s" in qlora_plan.reason and "GiB usable" in qlora_plan.reason
+
+
+def test_estimate_space_splits_fitting_and_pruned():
+    fitting, rejected, counts, considered = estimate_space(
+        LLAMA_7B, resolve_gpus("1xrtx3090"), load_space("full")
+    )
+    # a full fine-tune of 7B fits 24 GB only with its model states on the host
+    assert fitting and all(c.config.offload == "params" for c in fitting)
+    assert counts[PRUNE_OVER_CAPACITY] > 0
+    assert len(fitting) + len(rejected) + counts["quant needs LoRA"] <= considered
+
+
+def test_global_batch_is_honoured_by_the_winner():
+    plan = plan_estimates(LLAMA_7B, resolve_gpus("2xrtx3090"), load_space("qlora"), global_batch=32)
+    cfg = plan.best.config
+    assert cfg.micro_batch * cfg.grad_accum * 2 == 32
+
+
+def test_bigger_margin_never_admits_more_candidates():
+    hw, space = resolve_gpus("2xrtx3090"), load_space("qlora")
+    small = plan_estimates(LLAMA_7B, hw, space, margin=0.0)
+    big = plan_estimates(LLAMA_7B, hw, space, margin=0.3)
+    assert len(big.ranked) <= len(small.ranked)
+
+
+def test_nothing_fits_gives_advice_instead_of_a_winner():
+    plan = plan_estimates(PRESETS["llama-70b"], resolve_gpus("1xrtx3090"), load_space("full"))
+    assert plan.best is None and not plan.ranked
+    assert "Nothing in space 'full' fits" in plan.advice
+    assert "What would make it fit" in plan.advice
+    assert "--space qlora" in plan.advice
+
+
+def test_gpus_without_bf16_are_pruned_with_that_reason():
+    t4 = GPU(0, "Tesla T4", 15 * 1024**3, 65.0, 320.0, (7, 5))
+    hw = Hardware((t4,), host_ram_bytes=64 * 1024**3, cpu_cores=8)
+    plan = plan_estimates(PRESETS["llama-debug"], hw, load_space("qlora"))
+    assert plan.best is None
+    assert plan.pruned[PRUNE_NO_BF16] > 0
+    assert "no bf16 support" in plan.advice
+
+
+def test_plain_config_wins_ties():
+    plan = plan_estimates(LLAMA_7B, resolve_gpus("8xh100-80gb"), load_space("lora"))
+    best = plan.best.config
+    tied = [c for c in plan.ranked if rank_key(c)[0] == rank_key(plan.best)[0]]
+    from autofit.plan import complexity
+
+    assert complexity(best) == min(complexity(c.config) for c in tied)
+
+
+def test_plan_to_dict_has_best_and_pruned(qlora_plan):
+    d = qlora_plan.to_dict()
+    assert d["best"]["config"] == qlora_plan.best.config.to_dict()
+    assert d["pruned"] == dict(qlora_plan.pruned)
+    assert d["fitting"] == len(qlora_plan.ranked)
+    assert d["n_params"] == 6_738_415_616
+
+
+def test_candidate_falls_back_to_estimates_without_a_trial(qlora_plan):
+    c = qlora_plan.best
+    assert not c.measured
+    assert c.tokens_per_s == c.estimate.tokens_per_s
+    assert c.peak_bytes == c.estimate.peak_bytes
+    assert isinstance(c.config, Config)
