@@ -1,0 +1,426 @@
+"""The winner as files other tools read: an `autofit` YAML plan, an Accelerate FSDP2 config, or
+`transformers.TrainingArguments` JSON.
+
+Every format is rendered in full and parsed back before anything touches the disk; the file is
+then written to a temporary name in the same folder and moved into place (`os.replace`), so a
+crash never leaves half a file. An existing file is replaced only when autofit wrote it. What a
+format cannot say (quantization, LoRA, the allocator setting) goes into comments, and the
+`accelerate` and `trainer` exports come with a side file `<name>.autofit.yaml`: the full plan,
+which `autofit.load_plan` reads so the training script can `autofit.apply` the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autofit._version import __version__
+from autofit.config import Config
+from autofit.errors import AutofitError
+
+FORMATS = ("autofit", "accelerate", "trainer")
+SCHEMA = 1
+MARKER = "written by autofit"
+ALLOC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit"}
+
+
+# ----- the plan document (the `autofit` format) ---------------------------------------------------
+def decoder_layer_class(model_name: str) -> str:
+    """The HF decoder-layer class FSDP wraps: Mistral presets use Mistral's, the rest Llama's."""
+    return "MistralDecoderLayer" if "mistral" in model_name.lower() else "LlamaDecoderLayer"
+
+
+def plan_document(plan: Any) -> dict[str, Any]:
+    """Everything an export needs, as plain data: the `autofit` YAML is this document."""
+    if isinstance(plan, LoadedPlan):
+        return plan.document
+    best = plan.best
+    if best is None:
+        raise AutofitError(
+            "This plan has no winner, so there is nothing to export. "
+            + (plan.advice or "Widen the space, add GPUs or shorten --seq-len.")
+        )
+    cfg = best.config
+    trial = best.trial
+    return {
+        "autofit_plan": SCHEMA,
+        "autofit_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": plan.model.name,
+        "model_spec": asdict(plan.model),
+        "decoder_layer": decoder_layer_class(plan.model.name),
+        "hardware": {
+            "description": plan.hardware.describe(),
+            "n_gpus": plan.hardware.n_gpus,
+            "capacity_bytes": plan.hardware.capacity_bytes,
+            "device": plan.device,
+        },
+        "seq_len": plan.seq_len,
+        "global_batch": plan.global_batch,
+        "margin": plan.margin,
+        "config": cfg.to_dict(),
+        "label": cfg.short(),
+        "measured": best.measured,
+        "verified": best.verified,
+        "tokens_per_s": best.tokens_per_s,
+        "peak_bytes": best.peak_bytes,
+        "step_time_s": best.step_time_s,
+        "estimate": {
+            "peak_bytes": best.estimate.peak_bytes,
+            "tokens_per_s": best.estimate.tokens_per_s,
+        },
+        "trial": trial.to_dict() if trial is not None else None,
+        "reason": plan.reason,
+        "lora": (
+            {
+                "rank": cfg.lora_rank,
+                "alpha": cfg.alpha,
+                "dropout": 0.0,
+                "target_modules": LORA_TARGETS,
+            }
+            if cfg.is_lora
+            else None
+        ),
+        "env": dict(ALLOC_ENV),
+        "study": {"storage": plan.storage, "name": plan.study_name},
+        "trials": [
+            {
+                "label": c.config.short(),
+                "status": c.trial.status if c.trial is not None else None,
+                "peak_bytes": c.trial.peak_bytes if c.trial is not None else None,
+                "tokens_per_s": c.trial.tokens_per_s if c.trial is not None else None,
+                "estimated_peak_bytes": c.estimate.peak_bytes,
+            }
+            for c in plan.trials
+        ],
+    }
+
+
+@dataclass
+class LoadedBest:
+    config: Config
+    tokens_per_s: float | None = None
+    peak_bytes: int | None = None
+    step_time_s: float | None = None
+    measured: bool = False
+    verified: bool = False
+
+
+@dataclass
+class LoadedPlan:
+    """A plan read back from an `autofit` YAML: `.best.config` is what to `autofit.apply`."""
+
+    best: LoadedBest
+    model: str
+    seq_len: int
+    global_batch: int | None
+    n_gpus: int
+    env: dict[str, str]
+    reason: str
+    path: Path
+    document: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    def export(self, format: str, path: str | Path) -> list[Path]:
+        return export_plan(self, format, path)
+
+
+def load_plan(path: str | Path) -> LoadedPlan:
+    """Read an `autofit` plan YAML (from `--export PATH --format autofit`, or the side file
+    `<name>.autofit.yaml` of the other formats)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise AutofitError(
+            f"No plan file at {str(p)!r}. Write one with `autofit plan ... --export plan.yaml` "
+            "or `autofit export --storage URL --study NAME --format autofit --output plan.yaml`."
+        )
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise AutofitError(f"{p}: not a readable YAML plan ({exc}).") from None
+    if not isinstance(data, dict) or "autofit_plan" not in data:
+        raise AutofitError(
+            f"{p} is not an autofit plan (no `autofit_plan:` key). Pass the file written by "
+            "`--format autofit`, or the `.autofit.yaml` file next to an accelerate/trainer export."
+        )
+    if not isinstance(data.get("config"), dict):
+        raise AutofitError(f"{p}: the plan has no `config:` mapping with the winner's knobs.")
+    config = Config.from_dict(data["config"], where=str(p))  # ConfigError names the bad knob
+    best = LoadedBest(
+        config=config,
+        tokens_per_s=data.get("tokens_per_s"),
+        peak_bytes=data.get("peak_bytes"),
+        step_time_s=data.get("step_time_s"),
+        measured=bool(data.get("measured")),
+        verified=bool(data.get("verified")),
+    )
+    hw = data.get("hardware") or {}
+    return LoadedPlan(
+        best=best,
+        model=str(data.get("model", "")),
+        seq_len=int(data.get("seq_len") or config.seq_len),
+        global_batch=data.get("global_batch"),
+        n_gpus=int(hw.get("n_gpus") or 1),
+        env=dict(data.get("env") or ALLOC_ENV),
+        reason=str(data.get("reason", "")),
+        path=p,
+        document=data,
+    )
+
+
+# ----- renderers ---------------------------------------------------------------------------------
+def _header(doc: dict[str, Any], what: str) -> list[str]:
+    cfg = doc["config"]
+    lines = [
+        f"# {what}, {MARKER} {doc.get('autofit_version', __version__)} for {doc['model']} on "
+        f"{doc['hardware']['description']}.",
+        f"# Winner: {doc.get('label', '')}; {doc.get('reason', '')}".rstrip(),
+        f"# Trials ran with {_env_text(doc)}: set it for your run too.",
+    ]
+    if cfg.get("quant", "none") != "none":
+        lines.append(f"# Base weights quantized to {cfg['quant']} (torchao), frozen.")
+    if cfg.get("lora_rank", 0):
+        lora = doc.get("lora") or {}
+        lines.append(
+            f"# LoRA rank {cfg['lora_rank']}, alpha {lora.get('alpha', 2 * cfg['lora_rank'])} on "
+            f"{', '.join(lora.get('target_modules', LORA_TARGETS))}."
+        )
+    return lines
+
+
+def _env_text(doc: dict[str, Any]) -> str:
+    env = doc.get("env") or ALLOC_ENV
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def render_autofit(doc: dict[str, Any]) -> str:
+    head = _header(doc, "autofit plan")
+    head.append("# Read it back with autofit.load_plan(path); apply with autofit.apply(model, "
+                "plan.best.config).")  # fmt: skip
+    return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=100)
+
+
+def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
+    cfg = doc["config"]
+    n = int(doc["hardware"]["n_gpus"])
+    wrap = cfg["wrap"]
+    base: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": "bf16" if cfg["precision"] == "bf16-mixed" else "no",
+        "num_machines": 1,
+        "num_processes": n,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if wrap == "none":
+        base["distributed_type"] = "MULTI_GPU" if n > 1 else "NO"
+        return base
+    base["distributed_type"] = "FSDP"
+    base["fsdp_config"] = {
+        "fsdp_version": 2,
+        "fsdp_auto_wrap_policy": "NO_WRAP" if wrap == "model" else "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": doc.get("decoder_layer", "LlamaDecoderLayer"),
+        "fsdp_reshard_after_forward": bool(cfg["reshard"]),
+        "fsdp_offload_params": cfg["offload"] == "params",
+        "fsdp_activation_checkpointing": cfg["checkpointing"] != "none",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    }
+    if wrap == "model":
+        del base["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
+    return base
+
+
+def _accelerate_notes(doc: dict[str, Any]) -> list[str]:
+    cfg = doc["config"]
+    notes = [
+        f"# Per GPU: micro-batch {cfg['micro_batch']} x {cfg['grad_accum']} accumulation steps, "
+        f"seq_len {cfg['seq_len']} (set these in your script/dataloader).",
+    ]
+    if cfg["wrap"].startswith("every-"):
+        notes.append(
+            f"# autofit measured FSDP2 units of {cfg['wrap'][6:]} decoder layers; "
+            "Accelerate wraps each layer (autofit.apply groups them as measured)."
+        )
+    if cfg["checkpointing"] not in ("none", "full"):
+        notes.append(
+            f"# Checkpointing measured: {cfg['checkpointing']}; Accelerate's flag is "
+            "all-layer (full): autofit.apply sets the measured kind."
+        )
+    if cfg["offload"] == "optimizer":
+        notes.append(
+            "# Optimizer state and step on the CPU (torchao CPUOffloadOptimizer): "
+            "Accelerate cannot say this; build the optimizer as autofit does."
+        )
+    if cfg["optimizer"] != "adamw":
+        notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim).")
+    if cfg["precision"] == "bf16":
+        notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
+    return notes
+
+
+def render_accelerate(doc: dict[str, Any], side: Path) -> str:
+    head = _header(doc, "Accelerate FSDP2 config")
+    head += _accelerate_notes(doc)
+    head.append(f"# Quantization/LoRA and everything above: {side.name} "
+                "(autofit.load_plan + autofit.apply).")  # fmt: skip
+    head.append(f"# Launch: {launch_command(doc, 'accelerate', Path('THIS_FILE'))}")
+    return "\n".join(head) + "\n" + yaml.safe_dump(accelerate_config(doc), sort_keys=False)
+
+
+def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
+    cfg = doc["config"]
+    optim = TORCHAO_OPTIM.get(cfg["optimizer"], "adamw_torch_fused")
+    if cfg["offload"] != "none" and optim == "adamw_torch_fused":
+        optim = "adamw_torch"  # fused AdamW needs params on the GPU
+    args: dict[str, Any] = {
+        "output_dir": "autofit-output",
+        "per_device_train_batch_size": int(cfg["micro_batch"]),
+        "gradient_accumulation_steps": int(cfg["grad_accum"]),
+        "bf16": True,
+        "optim": optim,
+    }
+    ckpt = cfg["checkpointing"] != "none"
+    if cfg["wrap"] == "none":
+        if ckpt:
+            args["activation_checkpointing"] = True
+        return args
+    fsdp_config: dict[str, Any] = {
+        "version": 2,
+        "reshard_after_forward": bool(cfg["reshard"]),
+        "cpu_offload": cfg["offload"] == "params",
+        "activation_checkpointing": ckpt,
+    }
+    if cfg["wrap"] == "model":
+        fsdp_config["auto_wrap_policy"] = "NO_WRAP"
+    else:
+        fsdp_config["transformer_layer_cls_to_wrap"] = [
+            doc.get("decoder_layer", "LlamaDecoderLayer")
+        ]
+    args["fsdp"] = True
+    args["fsdp_config"] = fsdp_config
+    return args
+
+
+def launch_command(plan: Any, format: str, path: str | Path) -> str:
+    """The command that launches training with this export."""
+    doc = plan if isinstance(plan, dict) else plan_document(plan)
+    n = int(doc["hardware"]["n_gpus"])
+    env = _env_text(doc)
+    p = Path(path)
+    if format == "accelerate":
+        return f"{env} accelerate launch --config_file {p} train.py"
+    if format == "trainer":
+        return (f"{env} torchrun --nproc-per-node {n} train.py  # TrainingArguments(**json.load("
+                f"open('{p}'))); autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
+    return f"{env} torchrun --nproc-per-node {n} train.py --plan {p}"
+
+
+def side_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.autofit.yaml")
+
+
+# ----- writing -----------------------------------------------------------------------------------
+def check_format(format: str) -> str:
+    fmt = str(format).strip().lower()
+    if fmt not in FORMATS:
+        from autofit.errors import did_you_mean
+
+        raise AutofitError(
+            f"Unknown export format {format!r}.{did_you_mean(fmt, FORMATS)} Allowed formats: "
+            f"{', '.join(FORMATS)} (autofit: YAML plan for autofit.load_plan; accelerate: an "
+            "Accelerate FSDP2 config file; trainer: TrainingArguments JSON)."
+        )
+    return fmt
+
+
+def export_plan(plan: Any, format: str, path: str | Path) -> list[Path]:
+    """Write the winner of `plan` as `format` to `path`; returns every file written."""
+    fmt = check_format(format)
+    doc = plan_document(plan)
+    target = Path(path).expanduser()
+    outputs: list[tuple[Path, str]] = []
+    if fmt == "autofit":
+        outputs.append((target, render_autofit(doc)))
+    else:
+        side = side_path(target)
+        if fmt == "accelerate":
+            text = render_accelerate(doc, side).replace("THIS_FILE", str(target))
+        else:
+            text = json.dumps(trainer_arguments(doc), indent=2) + "\n"
+        outputs += [(target, text), (side, render_autofit(doc))]
+    for out_path, text in outputs:
+        _parse_back(out_path, text)
+        _check_replaceable(out_path)
+    for out_path, text in outputs:
+        atomic_write(out_path, text)
+    return [p for p, _ in outputs]
+
+
+def _parse_back(path: Path, text: str) -> None:
+    """Never write what cannot be read back."""
+    try:
+        json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:  # pragma: no cover - a renderer bug
+        raise AutofitError(
+            f"internal error: the export for {path} does not parse ({exc})."
+        ) from exc
+
+
+def _check_replaceable(path: Path) -> None:
+    if path.is_dir():
+        raise AutofitError(f"{path} is a folder; pass a file path to export to.")
+    if not path.exists():
+        return
+    try:
+        head = path.read_text(errors="replace")[:4000]
+    except OSError as exc:
+        raise AutofitError(f"Cannot read {path} to check it before replacing it: {exc}.") from None
+    side = side_path(path)
+    mine = MARKER in head or (
+        path.suffix == ".json"
+        and side.exists()
+        and MARKER in side.read_text(errors="replace")[:4000]
+    )
+    if not mine:
+        raise AutofitError(
+            f"{path} exists and was not written by autofit; it is left as it is. Choose another "
+            "path, or move that file away first."
+        )
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` via a temporary file in the same folder and `os.replace`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            with contextlib.suppress(OSError):
+                os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

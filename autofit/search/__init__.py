@@ -1,0 +1,11 @@
+"""The search: an Optuna study over the space that spends real trials only where the estimate
+says a candidate may fit and may be fast, and declares a verified winner.
+
+`search(...)` runs (or resumes) it and returns a `Plan`; `load_study_plan(storage, study)` rebuilds
+the plan of an existing study without running anything (`autofit export`).
+"""
+
+from autofit.search.candidates import ESTIMATE_ERROR
+from autofit.search.driver import load_study_plan, search
+
+__all__ = ["ESTIMATE_ERROR", "load_study_plan", "search"]

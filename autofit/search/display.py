@@ -1,0 +1,97 @@
+"""What the user watches during a search: a progress bar over trials and one line per trial."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autofit.plan import Candidate
+from autofit.units import GiB, MiB
+
+STATUS_STYLE = {"ok": "green", "oom": "yellow", "timeout": "magenta", "error": "red"}
+
+
+def fmt_mem(n: float | None, scale_ref: float) -> str:
+    """Bytes in GiB, or MiB when the capacity is small (CPU caps of a few MiB)."""
+    if n is None:
+        return "?"
+    if scale_ref < 4 * GiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / GiB:.1f} GiB"
+
+
+class SearchDisplay:
+    """Progress over real trials and a line per finished one; silent when `console` is None."""
+
+    def __init__(self, console: Console | None, total: int, done: int, allowed: float) -> None:
+        self.console = console
+        self.allowed = allowed
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self.total = total
+        self.done = done
+
+    def __enter__(self) -> SearchDisplay:
+        if self.console is not None:
+            self.progress = Progress(
+                TextColumn("[bold]trials"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=True,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("", total=self.total, completed=self.done)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text, soft_wrap=True, highlight=False)
+
+    def started(self, cand: Candidate) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=f"running {cand.config.short()}")
+
+    def finished(self, number: int, cand: Candidate, result: Any) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task)
+            self.progress.update(self.task, description="")
+        self.say(trial_line(number, cand, result, self.allowed))
+
+    def verifying(self, cand: Candidate, steps: int) -> None:
+        self.say(f"verifying the best: {cand.config.short()} with {steps} steps ...")
+
+    def verified(self, cand: Candidate, result: Any, ok: bool) -> None:
+        verdict = "[green]holds[/]" if ok else "[red]failed[/]"
+        peak = fmt_mem(result.peak_bytes, self.allowed)
+        speed = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else result.status
+        self.say(f"  verification {verdict}: peak {peak}, {speed}")
+
+
+def trial_line(number: int, cand: Candidate, result: Any, allowed: float) -> str:
+    """`#3 ok    full mb8x1 wrap=layer  peak 50.8 MiB (est 49.9) / 53.2  6,154 tok/s (est 3,669)`"""
+    style = STATUS_STYLE.get(result.status, "red")
+    est = cand.estimate
+    peak = (
+        f"peak {fmt_mem(result.peak_bytes, allowed)} (est {fmt_mem(est.peak_bytes, allowed)})"
+        if result.peak_bytes
+        else f"est peak {fmt_mem(est.peak_bytes, allowed)}"
+    )
+    speed = (
+        f"{result.tokens_per_s:,.0f} tokens/s (est {est.tokens_per_s:,.0f})"
+        if result.status == "ok" and result.tokens_per_s
+        else (result.message.splitlines()[0][:80] if result.message else "")
+    )
+    line = fmt_mem(allowed, allowed)
+    return (
+        f"#{number:<3} [{style}]{result.status:<7}[/] {cand.config.short():<40} "
+        f"{peak} / line {line}  {speed}"
+    )

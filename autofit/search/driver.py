@@ -1,0 +1,371 @@
+"""`search`: the Optuna study that turns estimates into a measured, verified winner.
+
+1. enumerate the space and estimate every candidate; rule out what cannot fit even if the
+   estimate is off by its known error (those never cost a trial);
+2. open (or resume) the study; enqueue the napkin's best distinct candidates not yet measured;
+3. let TPE propose the rest, one real trial at a time, until `trials` real trials are in the
+   study (all workers together) or `timeout` seconds have passed;
+4. verify the fastest candidate that fit with a longer run, then write the plan, the picture
+   and the YAML plan into the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autofit.config import Config
+from autofit.errors import AutofitError
+from autofit.hardware import Hardware
+from autofit.models import ModelSpec
+from autofit.plan import Candidate, Plan, infeasible_advice, winner_reason
+from autofit.search import study as st
+from autofit.search.candidates import (
+    Candidates,
+    Setting,
+    distinct_seeds,
+    enumerate_candidates,
+    n_seeds,
+)
+from autofit.search.display import SearchDisplay, fmt_mem
+from autofit.search.objective import Budget, Objective, TrialError
+from autofit.search.verify import measured_fits, verify_steps, verify_winner
+from autofit.space import Space
+
+# After this many proposals in a row that cost no trial (pruned, duplicate, invalid), the
+# napkin's best untried candidate is enqueued so a small or mostly-pruned space still progresses.
+MAX_CHEAP_STREAK = 25
+
+
+def search(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    *,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    trials: int = 20,
+    timeout: float | None = None,
+    trial_timeout: float = 600.0,
+    steps: int = 3,
+    margin: float = 0.05,
+    device: str = "cuda",
+    storage: str | None = None,
+    study: str | None = None,
+    run_dir: str | Path | None = None,
+    prune: bool = True,
+    console: Any = None,
+    gpu_memory: int | None = None,
+    seed: int | None = None,
+    run_trial: Callable[..., Any] | None = None,
+) -> Plan:
+    """Find the fastest config that fits by measuring it; see the module docstring.
+
+    `gpu_memory`: the cap trials are held to (bytes; None = the whole GPU). `run_trial`: the
+    function that measures a config (default `autofit.trial.run_trial`; tests may wrap it).
+    """
+    if steps < 1:
+        raise AutofitError(f"--steps must be at least 1; got {steps}.")
+    if trial_timeout <= 0:
+        raise AutofitError(f"--trial-timeout must be positive seconds; got {trial_timeout}.")
+    if run_trial is None:
+        from autofit.trial import run_trial
+    seq = seq_len or space.seq_len
+    setting = Setting(model, hardware, space, seq, global_batch, margin, device, prune)
+    cands = enumerate_candidates(setting)
+    name = study or st.default_study_name(model, hardware, space, seq, global_batch, device)
+    folder = Path(run_dir) if run_dir is not None else Path("autofit-runs") / name
+    folder.mkdir(parents=True, exist_ok=True)
+    url = storage or st.default_storage(folder)
+    store = st.open_storage(url)
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, constant_liar=True, n_startup_trials=5
+    )
+    with _quiet_optuna():
+        opt_study = optuna.create_study(
+            study_name=name, storage=store, direction="maximize", sampler=sampler,
+            load_if_exists=True,
+        )  # fmt: skip
+    meta = st.metadata(model, hardware, space, seq, global_batch, device, margin)
+    st.check_metadata(opt_study, meta)
+    budget = Budget(trials, steps, trial_timeout, gpu_memory)
+
+    finished = [t for t in st.real_trials(opt_study) if st.finished(t)]
+    display = SearchDisplay(console, trials, min(len(finished), trials), setting.allowed_bytes)
+    if console is not None:
+        _intro(display, setting, cands, name, url, folder, len(finished))
+
+    def measure(cand: Candidate, n_steps: int) -> Any:
+        return run_trial(
+            model, cand.config, nprocs=hardware.n_gpus, device=device, gpu_memory=gpu_memory,
+            steps=n_steps, timeout_s=trial_timeout,
+        )  # fmt: skip
+
+    with display:
+        if cands.trialable and len(finished) < trials:
+            _enqueue_seeds(opt_study, cands, n_seeds(trials))
+            objective = Objective(
+                cands, budget, run_trial,
+                on_result=lambda t, c, r: display.finished(t.number, c, r),
+                on_start=display.started,
+            )  # fmt: skip
+            start = time.monotonic()
+            with _quiet_optuna():
+                opt_study.optimize(
+                    objective,
+                    timeout=timeout,
+                    catch=(TrialError,),
+                    callbacks=[_Stopper(cands, objective, trials, start, timeout)],
+                    gc_after_trial=False,
+                )
+
+        trial_cands = rebuild_trials(opt_study, cands)
+        ranked = measured_fits(setting, trial_cands)
+        n_verify = verify_steps(steps)
+
+        def run_verification(cand: Candidate) -> Any:
+            display.verifying(cand, n_verify)
+            return measure(cand, n_verify)
+
+        best = verify_winner(
+            opt_study, setting, ranked, run_verification, n_verify, display.verified
+        )
+    plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder)
+    write_run_folder(plan, folder, setting)
+    return plan
+
+
+class _Stopper:
+    """Stops the study when the budget is spent, the time is up, or nothing is left to try."""
+
+    def __init__(
+        self, cands: Candidates, objective: Objective, trials: int, start: float, timeout: Any
+    ) -> None:
+        self.cands, self.objective, self.trials = cands, objective, trials
+        self.start, self.timeout = start, timeout
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        real = st.real_trials(study)
+        if len([t for t in real if st.finished(t)]) >= self.trials:
+            study.stop()
+            return
+        if self.timeout is not None and time.monotonic() - self.start >= self.timeout:
+            study.stop()
+            return
+        if self.objective.cheap_streak >= MAX_CHEAP_STREAK:
+            self.objective.cheap_streak = 0
+            untried = _untried(study, self.cands)
+            if not untried:
+                study.stop()  # every candidate that may fit has been measured
+                return
+            _enqueue(study, self.cands, untried[0], "fallback")
+
+
+def _untried(study: optuna.Study, cands: Candidates) -> list[Candidate]:
+    taken = _taken_configs(study)
+    return [c for c in cands.trialable if st.config_key(c.config) not in taken]
+
+
+def _taken_configs(study: optuna.Study) -> set[str]:
+    """Configs measured, being measured, or waiting in the queue."""
+    taken: set[str] = set()
+    for t in study.get_trials(deepcopy=False):
+        cfg = t.user_attrs.get("config")
+        if cfg is None:
+            continue
+        waiting = t.state == optuna.trial.TrialState.WAITING
+        running = t.state == optuna.trial.TrialState.RUNNING
+        if waiting or st.finished(t) or (running and t.user_attrs.get("outcome") == st.TRIAL):
+            taken.add(json.dumps(cfg, sort_keys=True))
+    return taken
+
+
+def _enqueue(study: optuna.Study, cands: Candidates, cand: Candidate, why: str) -> None:
+    study.enqueue_trial(
+        cands.params(cand.config),
+        user_attrs={"config": cand.config.to_dict(), "enqueued": why},
+    )
+
+
+def _enqueue_seeds(study: optuna.Study, cands: Candidates, n: int) -> None:
+    """The napkin's best distinct candidates first (skipping those measured or queued)."""
+    taken = _taken_configs(study)
+    # With pruning off the estimate's memory verdict is not trusted: seed by estimated speed.
+    pool = cands.predicted_fit if cands.setting.prune and cands.predicted_fit else cands.trialable
+    for cand in distinct_seeds(pool, n):
+        if st.config_key(cand.config) not in taken:
+            _enqueue(study, cands, cand, "napkin")
+
+
+def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
+    """A Candidate per finished real trial, in trial order (estimates recomputed: pure math)."""
+    from autofit.trial import TrialResult
+
+    s = cands.setting
+    out: list[Candidate] = []
+    for t in st.real_trials(study):
+        if not st.finished(t):
+            continue
+        cfg = Config.from_dict(t.user_attrs["config"])
+        cand = cands.all.get(cfg)
+        if cand is None:
+            from autofit.estimate import estimate
+
+            cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device))
+        out.append(Candidate(cfg, cand.estimate, TrialResult.from_dict(t.user_attrs["result"])))
+    return out
+
+
+def assemble(
+    setting: Setting,
+    cands: Candidates,
+    study: optuna.Study,
+    trial_cands: list[Candidate],
+    best: Candidate | None,
+    storage: str,
+    folder: Path | None,
+) -> Plan:
+    s = setting
+    ranked = measured_fits(s, trial_cands)
+    if best is not None:
+        ranked = [best] + [c for c in ranked if c.config != best.config]
+    plan = Plan(
+        model=s.model, hardware=s.hardware, space=s.space, seq_len=s.seq_len,
+        global_batch=s.global_batch, margin=s.margin, device=s.device, best=best,
+        ranked=ranked, trials=trial_cands, pruned=cands.counts, considered=cands.considered,
+        storage=storage, study_name=study.study_name,
+        run_dir=str(folder) if folder is not None else None,
+    )  # fmt: skip
+    if best is not None:
+        plan.reason = winner_reason(best, ranked[1:], s.hardware, measured=True)
+        from autofit.search.verify import stored_verification
+
+        check = stored_verification(study, best)
+        if check:
+            speed = check.get("tokens_per_s") or 0
+            plan.reason += (
+                f" Verified by a {check.get('steps', '?')}-step re-run: peak "
+                f"{fmt_mem(check.get('peak_bytes'), s.allowed_bytes)}, {speed:,.0f} tokens/s."
+            )
+    else:
+        plan.advice = no_winner_advice(s, cands, trial_cands)
+    return plan
+
+
+def no_winner_advice(s: Setting, cands: Candidates, trial_cands: list[Candidate]) -> str:
+    """Nothing measured fits: what bound hardest, the nearest candidate, what would help."""
+    rejected = list(cands.all.values()) if not cands.trialable else []
+    rejected += [c for c in trial_cands if c.trial.status in ("ok", "oom")]
+    text = infeasible_advice(s.model, s.hardware, s.space, rejected, s.seq_len, s.global_batch,
+                             s.margin, s.device)  # fmt: skip
+    if not trial_cands:
+        return text
+    by_status: dict[str, int] = {}
+    for c in trial_cands:
+        by_status[c.trial.status] = by_status.get(c.trial.status, 0) + 1
+    over = [c for c in trial_cands if c.trial.status == "ok"]
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(by_status.items()))
+    line = fmt_mem(s.allowed_bytes, s.allowed_bytes)
+    lines = [f"{len(trial_cands)} trials ran ({summary}); none stayed under the {line} line."]
+    if over:
+        near = min(over, key=lambda c: c.trial.peak_bytes or 0)
+        lines.append(
+            f"Nearest measured: '{near.config.short()}' peaked at "
+            f"{fmt_mem(near.trial.peak_bytes, s.allowed_bytes)}."
+        )
+    errors = [c for c in trial_cands if c.trial.status == "error"]
+    if errors:
+        lines.append(f"First error: {errors[0].trial.message.splitlines()[0][:200]}")
+    return " ".join(lines) + " " + text
+
+
+def write_run_folder(plan: Plan, folder: Path, setting: Setting) -> None:
+    """plan.json (everything), plan.yaml (the autofit export) and trials.png."""
+    from autofit.export import atomic_write
+    from autofit.search.plot import plot_trials
+
+    atomic_write(folder / "plan.json", json.dumps(plan.to_dict(), indent=2, default=str) + "\n")
+    if plan.best is not None:
+        plan.export("autofit", folder / "plan.yaml")
+    plot_trials(plan, folder / "trials.png", setting.allowed_bytes)
+
+
+def load_study_plan(storage: str, study: str) -> Plan:
+    """The plan of an existing study, from storage alone (no trial runs)."""
+    opt_study = st.load_study(storage, study)
+    meta = opt_study.user_attrs.get(st.META_KEY)
+    if not meta:
+        raise AutofitError(
+            f"Study {study!r} in {storage} was not made by `autofit plan` (it has no autofit "
+            "metadata), so there is no plan to export."
+        )
+    setting = Setting(
+        model=ModelSpec(**meta["model"]),
+        hardware=st.hardware_from_dict(meta["hardware"]),
+        space=st.space_from_dict(meta["space"]),
+        seq_len=meta["seq_len"],
+        global_batch=meta["global_batch"],
+        margin=meta["margin"],
+        device=meta["device"],
+    )
+    cands = enumerate_candidates(setting)
+    trial_cands = rebuild_trials(opt_study, cands)
+    ranked = measured_fits(setting, trial_cands)
+    best = None
+    from autofit.search.verify import fits, stored_verification
+    from autofit.trial import TrialResult
+
+    for cand in ranked:
+        stored = stored_verification(opt_study, cand)
+        if stored is not None and fits(setting, TrialResult.from_dict(stored)):
+            cand.verified = True
+            best = cand
+            break
+    if best is None and ranked:
+        best = ranked[0]  # measured but not yet verified: say so in the reason
+    plan = assemble(setting, cands, opt_study, trial_cands, best, storage, None)
+    if best is not None and not best.verified:
+        plan.reason += " Not yet verified with a longer run: run `autofit plan` again to verify."
+    return plan
+
+
+def _intro(
+    display: SearchDisplay,
+    setting: Setting,
+    cands: Candidates,
+    name: str,
+    url: str,
+    folder: Path,
+    done: int,
+) -> None:
+    s = setting
+    skipped = sum(cands.counts.values())
+    display.say(
+        f"[bold]{s.model.name}[/] on {s.hardware.describe()}: {cands.considered:,} combinations, "
+        f"{len(cands.trialable):,} may fit, {skipped:,} ruled out without a trial; headroom line "
+        f"{fmt_mem(s.allowed_bytes, s.allowed_bytes)} per GPU."
+    )
+    resumed = f", resuming with {done} trial(s) done" if done else ""
+    display.say(f"study [bold]{name}[/] in {url}{resumed}; run folder {folder}")
+
+
+class _quiet_optuna:
+    """Optuna logs every trial at INFO and failed ones with a traceback; autofit shows its own
+    lines, so Optuna says only errors while a search runs."""
+
+    def __enter__(self) -> None:
+        self.level = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        self.catch = warnings.catch_warnings()
+        self.catch.__enter__()
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self.catch.__exit__(*exc)
+        optuna.logging.set_verbosity(self.level)

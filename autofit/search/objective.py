@@ -1,0 +1,143 @@
+"""The objective: one Optuna trial = one candidate, measured only when that can teach something.
+
+The sampler proposes knob values; the objective maps them to a candidate and
+- records it at no cost when it breaks a rule (`invalid`), the estimate rules it out (`pruned`,
+  infeasible by the estimated overshoot) or a finished trial already measured it (`duplicate`,
+  with that trial's value and constraint);
+- otherwise runs the real trial and reports measured tokens/s (0 for oom or timeout) with the
+  constraint `memory` = measured peak / headroom line - 1, so an OOM is a completed, infeasible
+  trial that the sampler learns from (Optuna's `Trial.set_constraint`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from autofit.config import Config
+from autofit.plan import Candidate
+from autofit.search import study as st
+from autofit.search.candidates import Candidates
+
+MEMORY = "memory"  # the constraint's name
+
+
+class TrialError(Exception):
+    """A trial that failed for a reason other than memory (recorded as a FAIL trial)."""
+
+
+@dataclass
+class Budget:
+    trials: int
+    steps: int
+    trial_timeout: float
+    gpu_memory: int | None
+
+
+def estimate_attrs(cand: Candidate) -> dict[str, Any]:
+    e = cand.estimate
+    return {
+        "peak_bytes": e.peak_bytes,
+        "peak_allocated_bytes": e.peak_allocated_bytes,
+        "usable_bytes": e.usable_bytes,
+        "tokens_per_s": e.tokens_per_s,
+        "step_time_s": e.step_time_s,
+    }
+
+
+def memory_constraint(cands: Candidates, cand: Candidate, result: Any) -> float:
+    """> 0: over the headroom line (infeasible). An OOM's peak is unknown: at least capacity."""
+    allowed = cands.setting.allowed_bytes
+    if result.status == "ok" and result.peak_bytes is not None:
+        return result.peak_bytes / allowed - 1
+    if result.status == "oom":
+        over = max(cand.estimate.peak_bytes, cands.setting.hardware.capacity_bytes)
+        return max(over / allowed - 1, 1e-3)
+    return 0.0
+
+
+class Objective:
+    def __init__(
+        self,
+        cands: Candidates,
+        budget: Budget,
+        run_trial: Callable[..., Any],
+        on_result: Callable[[optuna.Trial, Candidate, Any], None] | None = None,
+        on_start: Callable[[Candidate], None] | None = None,
+    ) -> None:
+        self.cands = cands
+        self.budget = budget
+        self.run_trial = run_trial
+        self.on_result = on_result
+        self.on_start = on_start
+        self.cheap_streak = 0  # proposals in a row that cost no trial
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        params = {n: trial.suggest_categorical(n, d.choices)
+                  for n, d in self.cands.distributions.items()}  # fmt: skip
+        cfg = self.cands.config(params)
+        if cfg is None:
+            return self._cheap(trial, st.INVALID, 1.0, 0.0)
+        cand = self.cands.all[cfg]
+        trial.set_user_attr("config", cfg.to_dict())
+        trial.set_user_attr("label", cfg.short())
+        trial.set_user_attr("estimate", estimate_attrs(cand))
+        reason = self.cands.pruned.get(cfg)
+        if reason is not None:
+            trial.set_user_attr("reason", reason)
+            return self._cheap(trial, st.PRUNED, max(self.cands.overshoot(cand), 1e-3), 0.0)
+        same = self._same_config(trial, cfg)
+        done = [t for t in same if st.finished(t)]
+        if done:
+            first = done[0]
+            trial.set_user_attr("duplicate_of", first.number)
+            value = first.value if first.value is not None else 0.0
+            return self._cheap(trial, st.DUPLICATE, first.constraints.get(MEMORY, 0.0), value)
+        if any(t.state == optuna.trial.TrialState.RUNNING for t in same):
+            self.cheap_streak += 1
+            trial.set_user_attr("outcome", st.BUSY)
+            raise optuna.TrialPruned("another worker is measuring this config")
+        trial.set_user_attr("outcome", st.TRIAL)
+        if st.spent(trial.study) > self.budget.trials:
+            self.cheap_streak += 1
+            trial.set_user_attr("outcome", st.SKIPPED)
+            trial.study.stop()
+            raise optuna.TrialPruned("the trial budget is spent")
+        return self._measure(trial, cand)
+
+    def _measure(self, trial: optuna.Trial, cand: Candidate) -> float:
+        self.cheap_streak = 0
+        s = self.cands.setting
+        if self.on_start:
+            self.on_start(cand)
+        result = self.run_trial(
+            s.model, cand.config, nprocs=s.hardware.n_gpus, device=s.device,
+            gpu_memory=self.budget.gpu_memory, steps=self.budget.steps,
+            timeout_s=self.budget.trial_timeout,
+        )  # fmt: skip
+        trial.set_user_attr("result", result.to_dict())
+        if self.on_result:
+            self.on_result(trial, cand, result)
+        if result.status == "error":
+            raise TrialError(result.message.splitlines()[0] if result.message else "error")
+        trial.set_constraint(MEMORY, memory_constraint(self.cands, cand, result))
+        if result.status == "ok" and result.tokens_per_s:
+            return float(result.tokens_per_s)
+        return 0.0  # oom, timeout: nothing measured, the worst value
+
+    def _cheap(self, trial: optuna.Trial, outcome: str, constraint: float, value: float) -> float:
+        self.cheap_streak += 1
+        trial.set_user_attr("outcome", outcome)
+        trial.set_constraint(MEMORY, float(constraint))
+        return float(value)
+
+    def _same_config(self, trial: optuna.Trial, cfg: Config) -> list[optuna.trial.FrozenTrial]:
+        want = cfg.to_dict()
+        return [
+            t
+            for t in st.real_trials(trial.study)
+            if t.number != trial.number and t.user_attrs.get("config") == want
+        ]

@@ -1,0 +1,223 @@
+"""The Optuna study behind a search: its name, its storage, and what each trial records.
+
+Every trial stores its config, the napkin estimate and the measured `TrialResult` as user attrs,
+and the study stores the model, hardware and space it was made for. That is enough to rebuild the
+whole plan from storage alone (`load_study_plan`, `autofit export`) and to resume without
+repeating a finished trial, after Ctrl-C, a killed process, or on another machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autofit.config import Config
+from autofit.errors import AutofitError
+from autofit.hardware import GPU, Hardware
+from autofit.models import ModelSpec
+from autofit.space import Space
+
+SCHEMA = 1
+META_KEY = "autofit"
+# A worker that stops sending heartbeats for GRACE_S (killed, machine lost) has its running trial
+# marked FAIL by the next worker that starts a trial; that config may then be tried again.
+HEARTBEAT_S = 10
+GRACE_S = 60
+
+# Trial outcomes (user attr "outcome"). Only "trial" spends a real trial.
+TRIAL = "trial"  # a real trial ran (or is running)
+PRUNED = "pruned"  # the estimate rules it out: recorded as infeasible, no trial
+DUPLICATE = "duplicate"  # a finished trial already measured this config
+INVALID = "invalid"  # the sampler combined knobs that break a rule or the global batch
+BUSY = "busy"  # another worker is measuring this config right now
+SKIPPED = "skipped"  # the trial budget was spent by another worker
+
+
+def config_key(cfg: Config) -> str:
+    return json.dumps(cfg.to_dict(), sort_keys=True)
+
+
+def default_study_name(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    seq_len: int,
+    global_batch: int | None,
+    device: str,
+) -> str:
+    """Stable, readable and unique per setting: the same command always finds the same study."""
+    ident = {
+        "model": asdict(model),
+        "gpus": [hardware.gpu.name, hardware.n_gpus, hardware.capacity_bytes, hardware.link],
+        "device": device,
+        "space": {k: list(v) for k, v in space.knobs.items()},
+        "seq_len": seq_len,
+        "global_batch": global_batch,
+    }
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    gpu = re.sub(r"[^a-z0-9]+", "-", hardware.gpu.name.lower()).strip("-")
+    batch = f"-gb{global_batch}" if global_batch else ""
+    return f"{model.name}-{hardware.n_gpus}x{gpu}-{space.name}-s{seq_len}{batch}-{digest}"
+
+
+def default_storage(run_dir: Path) -> str:
+    return f"sqlite:///{run_dir.resolve() / 'study.db'}"
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage with heartbeats (so a killed worker's trial is failed, not stuck)."""
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        # the heartbeat thread writes while the main thread reads: wait for the lock, don't fail
+        kwargs["connect_args"] = {"timeout": 60}
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=kwargs,
+                    heartbeat_interval=HEARTBEAT_S,
+                    grace_period=GRACE_S,
+                )
+        except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable DB
+            # two workers creating the schema of a new database at once: one loses, retries
+            racing = ("already exists", "UNIQUE constraint", "database is locked")
+            if attempt < 2 and any(r in str(exc) for r in racing):
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            error = exc
+            break
+    raise AutofitError(
+        f"Cannot open the Optuna storage {url!r} ({type(error).__name__}: {error}). Pass an "
+        "Optuna RDB URL such as sqlite:///autofit.db or "
+        "postgresql://user:password@host/db (install its driver, e.g. psycopg2)."
+    ) from None
+
+
+def metadata(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    seq_len: int,
+    global_batch: int | None,
+    device: str,
+    margin: float,
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "model": asdict(model),
+        "hardware": hardware.to_dict(),
+        "space": {**space.to_dict(), "description": space.description},
+        "seq_len": seq_len,
+        "global_batch": global_batch,
+        "device": device,
+        "margin": margin,
+    }
+
+
+def check_metadata(study: optuna.Study, meta: dict[str, Any]) -> None:
+    """A study made for another model, hardware or space cannot be resumed with these settings."""
+    old = study.user_attrs.get(META_KEY)
+    if old is None:
+        study.set_user_attr(META_KEY, meta)
+        return
+    for key in ("model", "seq_len", "global_batch", "device"):
+        if old.get(key) != meta.get(key):
+            raise AutofitError(
+                f"Study {study.study_name!r} was made for another setting ({key} differs: "
+                f"{_short(old.get(key))} there, {_short(meta.get(key))} now). Drop --study to get "
+                "a study named for these settings, or pass a new --study name."
+            )
+    if old["space"]["knobs"] != meta["space"]["knobs"]:
+        raise AutofitError(
+            f"Study {study.study_name!r} was made for a different search space. Drop --study, "
+            "or pass a new --study name."
+        )
+    if old.get("margin") != meta.get("margin"):
+        study.set_user_attr(META_KEY, {**old, "margin": meta["margin"]})
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict) and "name" in value:
+        return repr(value["name"])
+    return repr(value)
+
+
+def hardware_from_dict(data: dict[str, Any]) -> Hardware:
+    gpus = []
+    for g in data["gpus"]:
+        fields = {k: v for k, v in g.items() if k not in ("bf16", "fp8")}
+        cc = str(fields["compute_capability"]).split(".")
+        fields["compute_capability"] = (int(cc[0]), int(cc[1]))
+        gpus.append(GPU(**fields))
+    return Hardware(
+        gpus=tuple(gpus),
+        link=data["link"],
+        link_bw_gbs=data["link_bw_gbs"],
+        host_ram_bytes=data["host_ram_bytes"],
+        cpu_cores=data["cpu_cores"],
+        source=data["source"],
+        pairs=tuple((p["a"], p["b"], p["link"]) for p in data.get("pairs", [])),
+    )
+
+
+def space_from_dict(data: dict[str, Any]) -> Space:
+    return Space(
+        name=data["name"],
+        path=data["path"],
+        knobs={k: tuple(v) for k, v in data["knobs"].items()},
+        seq_len=data["seq_len"],
+        description=data.get("description", ""),
+    )
+
+
+def load_study(storage: str | optuna.storages.BaseStorage, name: str) -> optuna.Study:
+    """An existing study; a clear error naming the studies that exist when it is not there."""
+    store = open_storage(storage) if isinstance(storage, str) else storage
+    try:
+        return optuna.load_study(study_name=name, storage=store)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(store)]
+        listed = ", ".join(names[:10]) if names else "none"
+        raise AutofitError(
+            f"No study named {name!r} in {storage}. Studies there: {listed}."
+        ) from None
+
+
+def real_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that spent (or are spending) a real trial, in order."""
+    return [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("outcome") == TRIAL
+        and t.state
+        in (
+            optuna.trial.TrialState.RUNNING,
+            optuna.trial.TrialState.COMPLETE,
+            optuna.trial.TrialState.FAIL,
+        )
+    ]
+
+
+def finished(t: optuna.trial.FrozenTrial) -> bool:
+    """A real trial that reported a result (ok, oom, timeout or error): never run again."""
+    return t.user_attrs.get("outcome") == TRIAL and "result" in t.user_attrs
+
+
+def verify_key(cfg: Config) -> str:
+    return "verify:" + hashlib.sha1(config_key(cfg).encode()).hexdigest()[:16]
+
+
+def spent(study: optuna.Study) -> int:
+    """Real trials that count against the budget: finished, or running now (any worker)."""
+    running = optuna.trial.TrialState.RUNNING
+    return sum(1 for t in real_trials(study) if finished(t) or t.state == running)

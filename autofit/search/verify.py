@@ -1,0 +1,70 @@
+"""Declare a winner only after it survives a second, longer run under the headroom line.
+
+Short trials can miss a late peak (an allocator that grows, a slow first optimizer step), so the
+best measured candidate is re-run with more steps; if that run fails or crosses the line, the next
+best is verified instead. Results are kept in the study (user attr `verify:<config hash>`), so
+resumed and parallel workers reuse them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from autofit.plan import Candidate, rank_key
+from autofit.search import study as st
+from autofit.search.candidates import Setting
+
+MAX_VERIFY = 3  # candidates to try before giving up on verification
+
+
+def verify_steps(steps: int) -> int:
+    return max(2 * steps, steps + 2)
+
+
+def fits(setting: Setting, result: Any) -> bool:
+    return (
+        result is not None
+        and result.status == "ok"
+        and result.peak_bytes is not None
+        and result.peak_bytes <= setting.allowed_bytes
+    )
+
+
+def measured_fits(setting: Setting, trials: list[Candidate]) -> list[Candidate]:
+    """Candidates whose trial ran and stayed under the headroom line, fastest first."""
+    return sorted((c for c in trials if fits(setting, c.trial)), key=rank_key)
+
+
+def stored_verification(study: optuna.Study, cand: Candidate) -> dict[str, Any] | None:
+    return study.user_attrs.get(st.verify_key(cand.config))
+
+
+def verify_winner(
+    study: optuna.Study,
+    setting: Setting,
+    ranked: list[Candidate],
+    run: Callable[[Candidate], Any],
+    steps: int,
+    on_verified: Callable[[Candidate, Any, bool], None] | None = None,
+) -> Candidate | None:
+    """The first of `ranked` whose longer re-run still fits; None when none does."""
+    from autofit.trial import TrialResult
+
+    for cand in ranked[:MAX_VERIFY]:
+        stored = stored_verification(study, cand)
+        if stored is not None:
+            result = TrialResult.from_dict(stored)
+        else:
+            result = run(cand)
+            record = {**result.to_dict(), "steps": steps}
+            study.set_user_attr(st.verify_key(cand.config), record)
+        ok = fits(setting, result)
+        if on_verified and stored is None:
+            on_verified(cand, result, ok)
+        if ok:
+            cand.verified = True
+            return cand
+    return None

@@ -1,0 +1,97 @@
+"""Search tests without real trials: a fake `run_trial` that "measures" from the estimate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autofit.config import Config
+from autofit.estimate import estimate
+from autofit.hardware import resolve_hardware
+from autofit.models import resolve_model
+from autofit.space import load_space, parse_space
+from autofit.trial import TrialResult
+
+TINY_SPACE = Path(__file__).with_name("tiny_space.yaml")
+
+
+@dataclass
+class FakeTrials:
+    """Measures peak = estimate x `peak_factor(config)`, tokens/s = estimate x `speed_factor`;
+    an OOM when the peak is above the cap. Records every config it was asked to run."""
+
+    peak_factor: Callable[[Config], float] = lambda cfg: 1.0
+    speed_factor: Callable[[Config], float] = lambda cfg: 1.0
+    interrupt_at: int | None = None  # raise KeyboardInterrupt on this call (1-based)
+    calls: list[tuple[Config, int]] = field(default_factory=list)
+
+    def __call__(self, model: Any, config: Config, *, nprocs: int, device: str,
+                 gpu_memory: int | None, steps: int, timeout_s: float) -> TrialResult:  # fmt: skip
+        self.calls.append((config, steps))
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        hw = resolve_hardware(str(nprocs), device="cpu", gpu_memory=gpu_memory)
+        est = estimate(model, hw, config, device="cpu")
+        peak = int(est.peak_bytes * self.peak_factor(config))
+        result = TrialResult(status="ok", config=config.to_dict(), model=model.name,
+                             device=device, nprocs=nprocs, capacity_bytes=gpu_memory)  # fmt: skip
+        if gpu_memory is not None and peak > gpu_memory:
+            result.status = "oom"
+            result.message = "CPU trial out of memory (fake)"
+            return result
+        result.peak_bytes = result.peak_allocated_bytes = peak
+        result.tokens_per_s = est.tokens_per_s * self.speed_factor(config)
+        result.step_time_s = 1.0
+        result.losses = [2.0] * (steps + 1)
+        return result
+
+    @property
+    def search_configs(self) -> list[Config]:
+        """Configs measured by search trials (not verification re-runs, which use more steps)."""
+        return [cfg for cfg, steps in self.calls if steps == 2]
+
+
+@pytest.fixture
+def fake() -> FakeTrials:
+    return FakeTrials()
+
+
+@pytest.fixture
+def search_kwargs(tmp_path: Path) -> dict[str, Any]:
+    """A 2-process CPU search of llama-debug over the tiny space under a 56 MiB cap."""
+    from autofit.units import MiB
+
+    return {
+        "model": resolve_model("llama-debug"),
+        "hardware": resolve_hardware("2", device="cpu", gpu_memory=56 * MiB),
+        "space": load_space(TINY_SPACE),
+        "seq_len": 64,
+        "trials": 4,
+        "steps": 2,
+        "device": "cpu",
+        "gpu_memory": 56 * MiB,
+        "run_dir": tmp_path / "run",
+        "seed": 0,
+    }
+
+
+def wide_space() -> Any:
+    """LoRA and full fine-tune, 48 candidates: enough for the sampler to have choices."""
+    return parse_space(
+        {
+            "seq_len": 64,
+            "knobs": {
+                "lora_rank": [0, 8],
+                "micro_batch": [1, 2, 4, 8],
+                "wrap": ["layer", "none"],
+                "checkpointing": ["none", "full"],
+                "precision": ["bf16-mixed", "bf16"],
+            },
+        },
+        "wide",
+        name="wide",
+    )

@@ -1,0 +1,259 @@
+"""The search's logic with a fake trial runner (no processes): what gets measured, in what order,
+how OOMs and interruptions are recorded, and what resuming repeats (nothing finished)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import optuna
+import pytest
+
+from autofit.errors import AutofitError
+from autofit.models import resolve_model
+from autofit.search import load_study_plan, search
+from autofit.search import study as st
+from autofit.search.candidates import (
+    Setting,
+    distinct_seeds,
+    enumerate_candidates,
+    n_seeds,
+)
+from autofit.units import MiB
+
+from .conftest import FakeTrials, wide_space
+
+
+def run(fake: FakeTrials, **kwargs: Any):  # type: ignore[no-untyped-def]
+    return search(run_trial=fake, **kwargs)
+
+
+def setting_of(kw: dict[str, Any], **changes: Any) -> Setting:
+    s = Setting(kw["model"], kw["hardware"], kw["space"], kw["seq_len"], None, 0.05, "cpu")
+    return replace(s, **changes)
+
+
+def study_of(plan) -> optuna.Study:  # type: ignore[no-untyped-def]
+    return st.load_study(plan.storage, plan.study_name)
+
+
+def test_candidates_the_estimate_rules_out_never_cost_a_trial(fake, search_kwargs):
+    kw = {**search_kwargs, "space": wide_space(), "trials": 10}
+    plan = run(fake, **kw)
+    cands = enumerate_candidates(setting_of(kw))
+    assert cands.pruned, "the 56 MiB cap must rule some candidates out"
+    assert not [c for c, _ in fake.calls if c in cands.pruned]
+    assert sum(plan.pruned.values()) >= len(cands.pruned)
+    limit = cands.setting.allowed_bytes * 1.10
+    assert all(cands.all[c].estimate.peak_bytes <= limit for c, _ in fake.calls)
+
+
+def test_first_trials_are_the_napkins_best_distinct_candidates(fake, search_kwargs):
+    kw = {**search_kwargs, "space": wide_space(), "trials": 6}
+    run(fake, **kw)
+    cands = enumerate_candidates(setting_of(kw))
+    seeds = [c.config for c in distinct_seeds(cands.predicted_fit, n_seeds(6))]
+    assert len(seeds) == n_seeds(6) == 4
+    assert fake.search_configs[: len(seeds)] == seeds
+
+
+def test_an_oom_is_a_completed_trial_with_its_constraint_violated(search_kwargs):
+    # the estimate says everything fits; reality is 60% bigger for micro-batch 8
+    fake = FakeTrials(peak_factor=lambda cfg: 1.6 if cfg.micro_batch == 8 else 1.0)
+    plan = run(fake, **{**search_kwargs, "trials": 4})
+    ooms = [c for c in plan.trials if c.trial.status == "oom"]
+    assert ooms, "micro-batch 8 must OOM"
+    for t in study_of(plan).get_trials():
+        if t.user_attrs.get("result", {}).get("status") == "oom":
+            assert t.state == optuna.trial.TrialState.COMPLETE
+            assert t.value == 0.0
+            assert t.constraints["memory"] > 0
+    assert plan.best is not None and plan.best.config.micro_batch != 8
+    assert plan.best.trial.peak_bytes <= 56 * MiB * 0.95
+
+
+def test_winner_is_verified_with_more_steps_and_next_best_when_it_fails(search_kwargs):
+    # the fastest candidate grows past the line when run longer; the next best holds
+    fastest: list[Any] = []
+
+    def grows(cfg):  # type: ignore[no-untyped-def]
+        return 1.0
+
+    fake = FakeTrials(peak_factor=grows)
+    original = fake.__call__
+
+    def runner(model, config, **kw):  # type: ignore[no-untyped-def]
+        result = original(model, config, **kw)
+        if kw["steps"] > 2 and not fastest:
+            fastest.append(config)
+            result.peak_bytes = 55 * MiB  # over the 53.2 MiB line, under capacity
+        return result
+
+    plan = search(run_trial=runner, **search_kwargs)
+    assert fastest and plan.best is not None
+    assert plan.best.config != fastest[0]
+    assert plan.best.verified
+    verify_steps = [s for _, s in fake.calls if s > 2]
+    assert verify_steps == [4, 4]
+    assert "Verified by a 4-step re-run" in plan.reason
+
+
+def test_interrupted_search_resumes_without_repeating_a_finished_trial(search_kwargs):
+    fake = FakeTrials(interrupt_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        run(fake, **search_kwargs)
+    first = [c for c, _ in fake.calls[:2]]
+    fake.interrupt_at = None
+    fake.calls.clear()
+    plan = run(fake, **search_kwargs)
+    again = fake.search_configs
+    assert not set(first) & set(again), "a finished trial ran again"
+    assert len(plan.trials) == search_kwargs["trials"]
+    measured = [c.config for c in plan.trials]
+    assert len(set(measured)) == len(measured)
+    states = [t.state for t in study_of(plan).get_trials()]
+    assert optuna.trial.TrialState.FAIL in states  # the interrupted one, tried again later
+
+
+def test_rerunning_a_finished_study_spends_no_trial(fake, search_kwargs):
+    plan = run(fake, **search_kwargs)
+    fake.calls.clear()
+    again = run(fake, **search_kwargs)
+    assert fake.calls == []
+    assert again.best is not None and again.best.config == plan.best.config
+    assert again.best.verified
+
+
+def test_a_killed_workers_trial_is_failed_after_its_heartbeat_stops(
+    fake, search_kwargs, monkeypatch
+):
+    monkeypatch.setattr(st, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(st, "GRACE_S", 1)
+    kw = {**search_kwargs, "trials": 2}
+    plan = run(fake, **kw)
+    study = study_of(plan)
+    # a worker that died mid-trial: RUNNING, outcome "trial", last heartbeat long ago
+    zombie = study.ask()
+    zombie.set_user_attr("outcome", st.TRIAL)
+    zombie.set_user_attr("config", plan.trials[0].config.replace(micro_batch=2).to_dict())
+    study._storage.record_heartbeat(zombie._trial_id)  # type: ignore[attr-defined]
+    time.sleep(2.5)
+    fake.calls.clear()
+    run(fake, **{**kw, "trials": 3})
+    state = study._storage.get_trial(zombie._trial_id).state
+    assert state == optuna.trial.TrialState.FAIL
+    assert len(fake.search_configs) == 1
+
+
+def test_trial_budget_counts_real_trials_only(fake, search_kwargs):
+    kw = {**search_kwargs, "space": wide_space(), "trials": 3}
+    plan = run(fake, **kw)
+    assert len(fake.search_configs) == 3 and len(plan.trials) == 3
+    outcomes = [t.user_attrs.get("outcome") for t in study_of(plan).get_trials()]
+    assert outcomes.count(st.TRIAL) == 3
+
+
+def test_search_timeout_stops_new_trials(fake, search_kwargs):
+    def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.5)
+        return fake(*args, **kwargs)
+
+    plan = search(run_trial=slow, **{**search_kwargs, "trials": 10, "timeout": 0.3})
+    assert len(fake.search_configs) == 1  # the first starts; none after the time is up
+    assert plan.best is not None and plan.best.verified  # the winner is still verified
+
+
+def test_nothing_fits_names_the_nearest_candidate_and_what_would_help(fake, search_kwargs):
+    kw = {**search_kwargs, "gpu_memory": 8 * MiB}
+    kw["hardware"] = kw["hardware"].with_capacity(8 * MiB)
+    plan = run(fake, **kw)
+    assert fake.calls == []
+    assert plan.best is None
+    assert "Nearest" in plan.advice and "What would make it fit" in plan.advice
+
+
+def test_measured_failures_are_explained_when_nothing_fits(search_kwargs):
+    fake = FakeTrials(peak_factor=lambda cfg: 3.0)
+    plan = run(fake, **{**search_kwargs, "trials": 3})
+    assert plan.best is None
+    assert "3 trials ran (3 oom)" in plan.advice
+
+
+def test_the_study_rebuilds_the_plan_without_running_anything(fake, search_kwargs):
+    plan = run(fake, **search_kwargs)
+    fake.calls.clear()
+    loaded = load_study_plan(plan.storage, plan.study_name)
+    assert fake.calls == []
+    assert loaded.best.config == plan.best.config and loaded.best.verified
+    assert [c.config for c in loaded.trials] == [c.config for c in plan.trials]
+    assert loaded.pruned == plan.pruned
+
+
+def test_unknown_study_lists_the_studies_there(fake, search_kwargs):
+    plan = run(fake, **search_kwargs)
+    with pytest.raises(AutofitError, match=plan.study_name):
+        load_study_plan(plan.storage, "no-such-study")
+
+
+def test_a_study_for_another_model_is_not_resumed(fake, search_kwargs):
+    plan = run(fake, **search_kwargs)
+    other = replace(resolve_model("llama-debug"), name="other", layers=2)
+    with pytest.raises(AutofitError, match="another setting"):
+        run(fake, **{**search_kwargs, "model": other, "study": plan.study_name})
+
+
+def test_run_folder_keeps_study_plan_and_picture(fake, search_kwargs):
+    plan = run(fake, **search_kwargs)
+    folder = search_kwargs["run_dir"]
+    assert (folder / "study.db").is_file()
+    data = json.loads((folder / "plan.json").read_text())
+    assert data["best"]["config"] == plan.best.config.to_dict()
+    assert "pruned" in data and data["trials"]
+    assert (folder / "plan.yaml").read_text().startswith("# autofit plan")
+    assert (folder / "trials.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_default_study_name_is_stable_and_names_the_setting(search_kwargs):
+    kw = search_kwargs
+    a = st.default_study_name(kw["model"], kw["hardware"], kw["space"], 64, None, "cpu")
+    b = st.default_study_name(kw["model"], kw["hardware"], kw["space"], 64, None, "cpu")
+    c = st.default_study_name(kw["model"], kw["hardware"], kw["space"], 128, None, "cpu")
+    assert a == b != c
+    assert a.startswith("llama-debug-2xcpu-gloo-tiny_space-s64-")
+
+
+def test_two_workers_on_one_storage_share_the_work(search_kwargs, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    kw = {**search_kwargs, "space": wide_space(), "trials": 6, "storage": storage,
+          "study": "shared"}  # fmt: skip
+    fakes = [FakeTrials(), FakeTrials()]
+    plans: list[Any] = [None, None]
+    errors: list[BaseException] = []
+
+    def slow(fake: FakeTrials):  # type: ignore[no-untyped-def]
+        def runner(*args, **kwargs):  # type: ignore[no-untyped-def]
+            time.sleep(0.3)
+            return fake(*args, **kwargs)
+
+        return runner
+
+    def worker(i: int) -> None:
+        try:
+            plans[i] = search(run_trial=slow(fakes[i]), **{**kw, "run_dir": tmp_path / f"w{i}"})
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    measured = fakes[0].search_configs + fakes[1].search_configs
+    assert len(measured) == len(set(measured)), "two workers measured the same config"
+    assert 6 <= len(measured) <= 7  # a race at the very end may start one more
+    assert all(fakes), "both workers ran trials"
+    assert plans[0].best.config == plans[1].best.config
