@@ -116,14 +116,17 @@ def plan(
         )
     from autofit.search import search
 
+    # trials are held to the capacity the user named (--gpu-memory) or, on CPU, the CPU cap
+    cap = hw.capacity_bytes if (gpu_memory is not None or device == "cpu") else None
     return search(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, trials=trials,
         timeout=timeout, trial_timeout=trial_timeout, steps=steps, margin=margin, device=device,
         storage=storage, study=study, run_dir=run_dir, prune=prune, console=console,
+        gpu_memory=cap,
     )  # fmt: skip
 
 
-def trial(
+def _run_trial_api(
     model: str,
     gpus: str = "auto",
     *,
@@ -147,6 +150,9 @@ def trial(
         spec, _config(knobs), nprocs=hw.n_gpus, device=device, gpu_memory=cap, steps=steps,
         timeout_s=timeout,
     )  # fmt: skip
+
+
+trial = _run_trial_api  # `autofit.trial(...)`; the `autofit.trial` package stays callable too
 
 
 def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any) -> Any:

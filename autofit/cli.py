@@ -194,11 +194,7 @@ def estimate(
 ) -> None:
     """Napkin estimate of one config: peak memory per GPU with a breakdown, and step time."""
     try:
-        knobs = _knobs(
-            quant=quant, lora_rank=lora_rank, micro_batch=micro_batch, grad_accum=grad_accum,
-            wrap=wrap, reshard=reshard, checkpointing=checkpointing, offload=offload,
-            optimizer=optimizer, precision=precision, seq_len=seq_len,
-        )  # fmt: skip
+        knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
         est = autofit.estimate(model, gpus, gpu_memory=gpu_memory, device=device, **knobs)
     except AutofitError as exc:
         _fail(exc)
@@ -236,11 +232,7 @@ def trial(
 ) -> None:
     """Run one real trial: a few FSDP2 training steps in their own processes, measured."""
     try:
-        knobs = _knobs(
-            quant=quant, lora_rank=lora_rank, micro_batch=micro_batch, grad_accum=grad_accum,
-            wrap=wrap, reshard=reshard, checkpointing=checkpointing, offload=offload,
-            optimizer=optimizer, precision=precision, seq_len=seq_len,
-        )  # fmt: skip
+        knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
         if not json_out:
             err.print(f"Running a trial of {model} on {gpus} ({device}) ...")
         result = autofit.trial(
@@ -304,6 +296,10 @@ def plan(
 ) -> None:
     """Plan: estimate every candidate, prune what cannot fit, trial the best, pick the winner."""
     try:
+        if export_path is not None:
+            from autofit.export import check_format
+
+            check_format(fmt)  # a typo fails before any trial runs, not after
         n_trials = 0 if no_trials else trials
         console = err if json_out else out
         result = autofit.plan(
@@ -317,10 +313,20 @@ def plan(
             written = result.export(fmt, export_path)
     except AutofitError as exc:
         _fail(exc)
+    except KeyboardInterrupt:
+        err.print(
+            "\n[yellow]Interrupted.[/] Finished trials are kept in the study: run the same "
+            "command again to resume (no finished trial is repeated)."
+        )
+        raise typer.Exit(130) from None
     if json_out:
         _emit_json(result.to_dict())
     else:
         report.plan_report(out, result, written)
+        if written:
+            from autofit.export import launch_command
+
+            out.print(f"launch: {launch_command(result, fmt, written[0])}", soft_wrap=True)
     if result.best is None:
         raise typer.Exit(1)
 
@@ -340,8 +346,11 @@ def export(
         written = result.export(fmt, output)
     except AutofitError as exc:
         _fail(exc)
+    from autofit.export import launch_command
+
     for path in written:
         out.print(f"wrote {path}")
+    out.print(f"launch: {launch_command(result, fmt, written[0])}", soft_wrap=True)
 
 
 def main() -> None:

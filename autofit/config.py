@@ -100,7 +100,7 @@ def coerce_knob(name: str, value: Any, where: str = "") -> Any:
             if isinstance(value, bool) or float(value) != int(float(value)):
                 raise ValueError
             number = int(float(value))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: inf (e.g. YAML .inf)
             number = None
         if number is None or number < low:
             raise ConfigError(

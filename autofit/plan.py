@@ -237,7 +237,8 @@ def winner_reason(
     """One line on why `best` won, e.g. '1.8x the tokens/s of the next config; 21.3 of 24 GiB'."""
     what = "measured" if measured else "estimated"
     cap = best.estimate.usable_bytes
-    mem = f"peak {best.peak_bytes / GiB:.1f} of {cap / GiB:.1f} GiB usable"
+    unit, scale = ("MiB", 1024**2) if cap < 4 * GiB else ("GiB", GiB)  # CPU caps are small
+    mem = f"peak {best.peak_bytes / scale:.1f} of {cap / scale:.1f} {unit} usable"
     if not others:
         return f"the only config that fits ({what} {best.tokens_per_s:,.0f} tokens/s; {mem})."
     ties = [c for c in others if c.tokens_per_s >= best.tokens_per_s / 1.005]

@@ -191,6 +191,38 @@ def trial_report(console: Console, result: Any) -> None:
         console.print(f"  {result.message}")
 
 
+def mem(n: float | None, capacity: float) -> str:
+    """Bytes in GiB, or in MiB when the capacity is small (CPU trials capped at a few MiB)."""
+    if n is None:
+        return "-"
+    if capacity < 4 * GiB:
+        return f"{n / 1024**2:.1f} MiB"
+    return f"{n / GiB:.1f} GiB"
+
+
+def trials_table(plan: Any) -> Table:
+    """Every real trial of a search: estimate beside measurement, the winner marked."""
+    cap = plan.hardware.capacity_bytes
+    table = Table(title=f"Trials (capacity {mem(cap, cap)} per GPU)", title_justify="left")
+    for col in ("#", "status", "config", "peak", "est. peak", "tokens/s", "est. tokens/s"):
+        table.add_column(col, justify="left" if col in ("status", "config") else "right")
+    best = plan.best.config if plan.best is not None else None
+    for i, c in enumerate(plan.trials):
+        t = c.trial
+        style = {"ok": "green", "oom": "yellow"}.get(t.status, "red")
+        mark = " [bold]<- winner[/]" if c.config == best else ""
+        table.add_row(
+            str(i),
+            f"[{style}]{t.status}[/]",
+            c.config.short() + mark,
+            mem(t.peak_bytes, cap) if t.peak_bytes else "-",
+            mem(c.estimate.peak_bytes, cap),
+            f"{t.tokens_per_s:,.0f}" if t.status == "ok" and t.tokens_per_s else "-",
+            f"{c.estimate.tokens_per_s:,.0f}",
+        )
+    return table
+
+
 def plan_report(console: Console, plan: Any, written: list[Any] | None = None) -> None:
     hw = plan.hardware
     console.print(
@@ -199,7 +231,9 @@ def plan_report(console: Console, plan: Any, written: list[Any] | None = None) -
         + (f", global batch {plan.global_batch}" if plan.global_batch else "")
         + f", space '{plan.space.name}'"
     )
-    if plan.ranked:
+    if plan.trials:
+        console.print(trials_table(plan))
+    elif plan.ranked:
         console.print(plan_table(plan))
     for line in pruned_lines(plan):
         console.print(line)
@@ -208,9 +242,11 @@ def plan_report(console: Console, plan: Any, written: list[Any] | None = None) -
         return
     best = plan.best
     how = "measured" if best.measured else "estimated"
+    if best.verified:
+        how += ", verified"
     console.print(
         f"[bold green]Winner[/] ({how}): {best.config.short()}  -> "
-        f"{best.tokens_per_s:,.0f} tokens/s, peak {gib(best.peak_bytes)} GiB"
+        f"{best.tokens_per_s:,.0f} tokens/s, peak {mem(best.peak_bytes, hw.capacity_bytes)}"
     )
     console.print(f"Why: {plan.reason}")
     if not best.measured and hw.source != "cpu":
@@ -218,5 +254,7 @@ def plan_report(console: Console, plan: Any, written: list[Any] | None = None) -
             "[dim]Estimates only. On the real GPUs, run without --no-trials to measure the top "
             "candidates before you launch.[/]"
         )
+    if plan.run_dir:
+        console.print(f"Run folder: {plan.run_dir} (study, plan.json, plan.yaml, trials.png)")
     for path in written or []:
         console.print(f"wrote {path}")

@@ -85,7 +85,7 @@ def estimate(
     shard = mem.shard_degree(config.wrap, n)
     lora = config.lora_rank
     trainable = mem.trainable_params(model, lora)
-    pb = mem.master_bytes(config.precision)
+    pb = mem.master_bytes(config.precision, config.optimizer)
 
     # --- persistent state, per GPU -------------------------------------------------------------
     if lora:
@@ -98,7 +98,7 @@ def estimate(
     else:
         base = 0.0
     weights = trainable * pb / shard
-    grads = trainable * mem.grad_bytes(config.precision) / shard
+    grads = trainable * mem.grad_bytes(config.precision, config.optimizer) / shard
     opt = trainable * mem.optimizer_bytes_per_param(config.optimizer, config.precision) / shard
 
     host = 0.0
@@ -114,18 +114,18 @@ def estimate(
 
     # --- transient state --------------------------------------------------------------------
     gathered = mem.gathered_bytes(model, config.quant, lora, config.wrap, config.reshard, n)
-    if shard == 1 and config.wrap != "none" and config.precision == "bf16" and not lora:
-        gathered = gathered  # a 1-GPU FSDP2 still copies into its all-gather buffer
     unit_grads = mem.unit_grad_bytes(model, lora, config.wrap)
     acts = mem.activation_bytes(
         model, config.micro_batch, config.seq_len, lora, config.checkpointing
     )
+    if config.quant == "int8":
+        acts += mem.int8_saved_weight_bytes(model, config.checkpointing)
     logits = mem.logits_loss_bytes(model, config.micro_batch, config.seq_len)
     # With grad_accum > 1, FSDP2 skips the reduce-scatter on all but the last micro-step and
     # keeps unsharded gradients (in reduce_dtype fp32) on every GPU across micro-steps.
     accum = 0.0
     if config.grad_accum > 1 and shard > 1:
-        accum = trainable * mem.FP32
+        accum = trainable * mem.accumulated_grad_bytes(config.precision)
     elif config.grad_accum > 1:
         accum = grads if config.offload != "params" else 0.0
 
@@ -138,6 +138,12 @@ def estimate(
         "activations": acts,
         "logits_loss": logits,
     }
+    # FSDP2 reshards a unit before reducing its gradients, so with one unit of everything
+    # (`model`) nothing is gathered while its gradients are reduced (FSDPMemTracker at 7B).
+    # On CPU trials gloo's reduce-scatter path keeps a buffer of that size instead (measured).
+    gathered_at_reduce = gathered
+    if config.wrap == "model" and device != "cpu":
+        gathered_at_reduce = 0.0
     # Optimizer step: sharded grads exist, activations are gone. Backward's tail (last unit's
     # unsharded grads + root still gathered) is folded in here.
     optimizer_phase = {
@@ -145,7 +151,7 @@ def estimate(
         "trainable_weights": weights,
         "gradients": grads + accum + unit_grads,
         "optimizer_state": opt,
-        "gathered_params": gathered if config.wrap != "none" else 0.0,
+        "gathered_params": gathered_at_reduce,
         "activations": 0.0,
         "logits_loss": 0.0,
     }
@@ -228,7 +234,7 @@ def step_time(
     offload = 0.0
     on_cpu = config.offload in ("params", "optimizer")
     per_gpu = trainable / shard
-    pb = mem.master_bytes(config.precision)
+    pb = mem.master_bytes(config.precision, config.optimizer)
     if config.offload == "params":
         h2d = (
             spd.comm_bytes_per_micro_step(

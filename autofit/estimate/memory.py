@@ -35,16 +35,26 @@ def base_bytes_per_param(quant: str) -> float:
     return float(BF16)
 
 
-def master_bytes(precision: str) -> int:
+def master_bytes(precision: str, optimizer: str = "adamw") -> int:
     """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
-    `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32), else bf16."""
-    return FP32 if precision == "bf16-mixed" else BF16
+    `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32), else bf16.
+    torchao's low-bit AdamW fails on bf16 params under FSDP2, so with adamw8bit/adamw4bit the
+    trainable params stay fp32 even under `bf16` (autofit/trial/dtypes.py)."""
+    if precision == "bf16-mixed" or optimizer != "adamw":
+        return FP32
+    return BF16
 
 
-def grad_bytes(precision: str) -> int:
+def grad_bytes(precision: str, optimizer: str = "adamw") -> int:
     """Sharded gradients live in the parameter's dtype (FSDP2 reduce-scatters in fp32 with
     `reduce_dtype=fp32` and casts to the sharded param's dtype)."""
-    return master_bytes(precision)
+    return master_bytes(precision, optimizer)
+
+
+def accumulated_grad_bytes(precision: str) -> int:
+    """Unsharded gradients kept across micro-steps without sync: FSDP2 converts them to
+    `reduce_dtype` (fp32 under bf16-mixed); under pure bf16 they stay bf16."""
+    return FP32 if precision == "bf16-mixed" else BF16
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str) -> float:
@@ -57,7 +67,7 @@ def optimizer_bytes_per_param(optimizer: str, precision: str) -> float:
         return 2 * (1 + 4 / 256)
     if optimizer == "adamw4bit":
         return 2 * (0.5 + 4 / 128)
-    return 2 * master_bytes(precision)
+    return 2 * master_bytes(precision, optimizer)
 
 
 # ----- parameter groups -------------------------------------------------------------------------
@@ -107,26 +117,39 @@ def gathered_bytes(
     backward (it does not reshard the root after forward). With layer units and
     reshard_after_forward=True, at most the current unit and the prefetched next one are gathered
     (FSDP2 implicit prefetching); with reshard=False every unit stays gathered from its forward to
-    its backward. `model` wraps everything in the root unit; `none` gathers nothing.
+    its backward. `model` wraps everything in the root unit. `none` is FSDP2 over a mesh whose
+    shard dimension is 1 (HSDP): one root unit that still gathers (casts and copies) the whole
+    model into bf16 unsharded buffers, like `model` with no communication.
     """
-    if wrap == "none":
-        return 0.0
     layer = gathered_layer_bytes(model, quant, lora_rank)
     root = model.root_params * BF16
     k = wrap_group_size(wrap, model.layers)
-    if wrap == "model" or k >= model.layers or not reshard:
+    if wrap in ("model", "none") or k >= model.layers or not reshard:
         return root + model.layers * layer
     return root + 2 * k * layer
 
 
 def unit_grad_bytes(model: ModelSpec, lora_rank: int, wrap: str) -> float:
-    """Unsharded gradients of the unit being reduce-scattered: bf16 from backward plus the fp32
-    copy FSDP2 makes for `reduce_dtype=fp32` (6 B per trainable parameter of one unit)."""
+    """Unsharded gradients of the unit being reduced at the end of its backward: bf16 from
+    autograd plus the fp32 copy FSDP2 makes for `reduce_dtype=fp32` (6 B per trainable parameter
+    of the unit, or of the root unit when that is larger). `model` is one unit of everything,
+    root included. `none` (shard size 1) reduces
+    straight into the sharded gradient, so only the bf16 unsharded gradients are extra (2 B).
+    Calibrated on CPU trials (docs/accuracy.md)."""
+    if lora_rank:
+        per_layer = model.lora_params(lora_rank) / model.layers
+        root = 0.0
+    else:
+        per_layer = model.layer_params
+        root = model.root_params
     if wrap == "none":
-        return 0.0
+        return (model.layers * per_layer + root) * BF16
+    if wrap == "model":
+        return (model.layers * per_layer + root) * (BF16 + FP32)
+    # The root unit (embeddings, LM head) is reduced last, after the last layer unit: whichever
+    # of the two is larger sets the peak at the end of backward.
     k = max(1, min(wrap_group_size(wrap, model.layers), model.layers))
-    per_layer = model.lora_params(lora_rank) / model.layers if lora_rank else model.layer_params
-    return k * per_layer * (BF16 + FP32)
+    return max(k * per_layer, root) * (BF16 + FP32)
 
 
 # ----- activations ------------------------------------------------------------------------------
@@ -152,11 +175,15 @@ def selective_layer_bytes_per_token(model: ModelSpec, lora_rank: int) -> float:
     """Op-level selective checkpointing keeps matmul and attention outputs and recomputes the
     pointwise ops (torch `create_selective_checkpoint_contexts` with a policy that saves mm/SDPA
     outputs, as torchtitan's `op_sac_save_list`): the checkpointed layer input (2h), the seven
-    projection outputs, the SDPA output and LSE, and with LoRA the lora_A/lora_B outputs."""
+    projection outputs, the SDPA output and LSE. With LoRA, the rank-r lora_A outputs (2r each)
+    are saved; lora_B's r -> d expansions are recomputed unless d < 8r (autofit/trial/checkpoint.py
+    LOW_RANK_RATIO), in which case their outputs are saved too."""
     h, q, kv, i = model.hidden, model.q_dim, model.kv_dim, model.intermediate
-    proj_out = 2 * (q + kv + kv + h + i + i + h)
-    lora = (14 * lora_rank + proj_out) if lora_rank > 0 else 0
-    return 2 * h + proj_out + 2 * q + 4 * model.heads + lora
+    outs = (q, kv, kv, h, i, i, h)
+    lora = 0
+    if lora_rank > 0:
+        lora = 14 * lora_rank + sum(2 * d for d in outs if lora_rank * 8 > d)
+    return 2 * h + 2 * sum(outs) + 2 * q + 4 * model.heads + lora
 
 
 def activation_bytes(model: ModelSpec, cfg_micro_batch: int, seq_len: int, lora_rank: int,
@@ -178,6 +205,18 @@ def activation_bytes(model: ModelSpec, cfg_micro_batch: int, seq_len: int, lora_
         per_token = n * full
     final_norm = 6 * model.hidden  # fp32 input + bf16 output of the last RMSNorm
     return tokens * (per_token + final_norm)
+
+
+def int8_saved_weight_bytes(model: ModelSpec, checkpointing: str) -> float:
+    """torchao's int8 weight-only linear computes `mm(x, qdata.t().to(bf16)) * scale`
+    (torchao `Int8Tensor` linear, per-row path), so autograd saves the bf16 copy of every
+    projection weight for the input gradient: 2 B per base weight of every layer whose
+    activations are kept (one layer at a time inside checkpointed layers). Measured on CPU trials
+    (docs/accuracy.md): without this term int8 runs were under-estimated by 20-28%."""
+    kept = {"full": 1, "every-2": model.layers // 2 + 1, "selective": 1}.get(
+        checkpointing, model.layers
+    )
+    return min(kept, model.layers) * model.layer_linear_params * BF16
 
 
 def logits_loss_bytes(model: ModelSpec, micro_batch: int, seq_len: int) -> float:

@@ -130,7 +130,7 @@ def optimizer_step_time(
     On the GPU that is bytes / HBM bandwidth; on the CPU (offload) a measured update rate."""
     if on_cpu:
         return trainable_per_gpu / CPU_ADAM_PARAMS_PER_S
-    pb = master_bytes(precision)
+    pb = master_bytes(precision, optimizer)
     state = {"adamw8bit": 1.0, "adamw4bit": 0.5}.get(optimizer, float(pb))
     touched = trainable_per_gpu * (2 * pb + pb + 4 * state)
     return touched / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)

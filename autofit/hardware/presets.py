@@ -8,6 +8,7 @@ bandwidth of the usual box (NVLink on SXM parts, PCIe for the rest).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MiB = 1024**2
@@ -95,7 +96,8 @@ def match_preset_by_name(nvml_name: str, memory_bytes: int) -> GPUPreset | None:
     scored: list[tuple[int, int, GPUPreset]] = []
     for p in GPU_PRESETS.values():
         names = [p.name.split("-")[0], *p.aliases] if p.name[:3] != "rtx" else [p.name]
-        if squash(p.full_name) in text:
+        # the full name must not run on into more digits: 'l4' is not 'l40'/'l40s'
+        if re.search(re.escape(squash(p.full_name)) + r"(?![0-9])", text):
             score = 2
         elif any(len(squash(n)) >= 3 and squash(n) in text for n in names):
             score = 1
