@@ -11,7 +11,7 @@ from rich.table import Table
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
-from autofit.units import GiB, fmt_bytes, fmt_count
+from autofit.units import GiB, fmt_bytes, fmt_count, fmt_mem
 
 
 def gib(n: float) -> str:
@@ -191,13 +191,7 @@ def trial_report(console: Console, result: Any) -> None:
         console.print(f"  {result.message}")
 
 
-def mem(n: float | None, capacity: float) -> str:
-    """Bytes in GiB, or in MiB when the capacity is small (CPU trials capped at a few MiB)."""
-    if n is None:
-        return "-"
-    if capacity < 4 * GiB:
-        return f"{n / 1024**2:.1f} MiB"
-    return f"{n / GiB:.1f} GiB"
+mem = fmt_mem
 
 
 def trials_table(plan: Any) -> Table:

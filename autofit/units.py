@@ -59,3 +59,12 @@ def fmt_count(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g}{suffix}"
     return f"{n:g}"
+
+
+def fmt_mem(n: float | None, capacity: float) -> str:
+    """Bytes in GiB, or in MiB when the capacity is small (CPU trials capped at a few MiB)."""
+    if n is None:
+        return "-"
+    if capacity < 4 * GiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / GiB:.1f} GiB"

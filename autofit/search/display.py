@@ -8,18 +8,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autofit.plan import Candidate
-from autofit.units import GiB, MiB
+from autofit.units import fmt_mem
 
 STATUS_STYLE = {"ok": "green", "oom": "yellow", "timeout": "magenta", "error": "red"}
-
-
-def fmt_mem(n: float | None, scale_ref: float) -> str:
-    """Bytes in GiB, or MiB when the capacity is small (CPU caps of a few MiB)."""
-    if n is None:
-        return "?"
-    if scale_ref < 4 * GiB:
-        return f"{n / MiB:.1f} MiB"
-    return f"{n / GiB:.1f} GiB"
 
 
 class SearchDisplay:
