@@ -241,7 +241,8 @@ def winner_reason(
     mem = f"peak {best.peak_bytes / scale:.1f} of {cap / scale:.1f} {unit} usable"
     if not others:
         return f"the only config that fits ({what} {best.tokens_per_s:,.0f} tokens/s; {mem})."
-    ties = [c for c in others if c.tokens_per_s >= best.tokens_per_s / 1.005]
+    faster = [c for c in others if c.tokens_per_s > best.tokens_per_s * 1.005]
+    ties = [c for c in others if c not in faster and c.tokens_per_s >= best.tokens_per_s / 1.005]
     slower = [c for c in others if c.tokens_per_s < best.tokens_per_s / 1.005]
     text = ""
     if slower:
@@ -252,7 +253,12 @@ def winner_reason(
     if ties:
         tie = f"ties within 0.5% with {len(ties)} other config(s) and is the plainest of them"
         text = f"{text}; {tie}" if text else tie
-    return f"{text}; {mem}."
+    if faster and measured:
+        text += (
+            f"; {len(faster)} faster config(s) fit in their first trial but failed verification "
+            "(over the headroom line or not ok when re-run with more steps)"
+        )
+    return f"{text.lstrip('; ')}; {mem}."
 
 
 def infeasible_advice(

@@ -10,9 +10,11 @@ from autofit.models import PRESETS
 from autofit.plan import (
     PRUNE_NO_BF16,
     PRUNE_OVER_CAPACITY,
+    Candidate,
     estimate_space,
     plan_estimates,
     rank_key,
+    winner_reason,
 )
 from autofit.space import load_space
 
@@ -110,3 +112,35 @@ def test_candidate_falls_back_to_estimates_without_a_trial(qlora_plan):
     assert c.tokens_per_s == c.estimate.tokens_per_s
     assert c.peak_bytes == c.estimate.peak_bytes
     assert isinstance(c.config, Config)
+
+
+def test_gpu_memory_cap_never_raises_a_presets_capacity():
+    hw = resolve_gpus("1xrtx3090", gpu_memory=100 * 1024**3)
+    assert hw.capacity_bytes == resolve_gpus("1xrtx3090").capacity_bytes
+    assert resolve_gpus("1xrtx3090", gpu_memory=16 * 1024**3).capacity_bytes == 16 * 1024**3
+
+
+def test_winner_reason_explains_faster_configs_that_failed_verification():
+    from dataclasses import dataclass
+
+    from autofit.estimate import estimate
+
+    @dataclass
+    class Measured:
+        tokens_per_s: float
+        peak_bytes: int = 10 * 1024**3
+        step_time_s: float = 1.0
+        status: str = "ok"
+
+    hw = resolve_gpus("1xrtx3090")
+    model = PRESETS["llama-7b"]
+
+    def cand(speed: float, **knobs) -> Candidate:
+        cfg = Config(quant="nf4", lora_rank=16, **knobs)
+        return Candidate(cfg, estimate(model, hw, cfg), trial=Measured(speed))
+
+    best, faster, slower = cand(1000.0), cand(1500.0, micro_batch=4), cand(500.0, micro_batch=2)
+    text = winner_reason(best, [faster, slower], hw, measured=True)
+    assert "2.00x the measured tokens/s" in text
+    assert "1 faster config(s)" in text and "failed verification" in text
+    assert "ties" not in text

@@ -132,9 +132,8 @@ def resolve_gpus(spec: str | Hardware, gpu_memory: int | None = None) -> Hardwar
     else:
         hw = _resolve(str(spec).strip())
     if gpu_memory is not None:
-        hw = hw.with_capacity(
-            min(gpu_memory, hw.capacity_bytes) if hw.source == "nvml" else gpu_memory
-        )
+        # a cap never raises capacity: --gpu-memory emulates a smaller card on a bigger one
+        hw = hw.with_capacity(min(gpu_memory, hw.capacity_bytes))
     return hw
 
 
