@@ -134,22 +134,38 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         )
 
 
+# Knobs that make a recipe different to a reader; configs that differ only in the others
+# (reshard, offload, optimizer, precision) are folded into one row with a count of variants.
+RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "checkpointing")
+
+
 def plan_table(plan: Any, limit: int = 15) -> Table:
+    """The best `limit` distinct recipes, each the best-ranked (and plainest) of its variants."""
     cap = plan.hardware.capacity_bytes
-    measured = any(c.measured for c in plan.ranked[:limit])
+    rows: dict[tuple[Any, ...], list[Any]] = {}
+    for rank, c in enumerate(plan.ranked, 1):
+        key = tuple(getattr(c.config, k) for k in RECIPE_KNOBS)
+        if key in rows:
+            rows[key][2] += 1
+        elif len(rows) < limit:
+            rows[key] = [rank, c, 0]
+    measured = any(c.measured for _, c, _ in rows.values())
     title = "Ranked configs that fit" + (
         " (measured where a trial ran)" if measured else " (estimates)"
     )
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", caption_justify="left")
+    table.caption = "variants: other configs of the same recipe that differ only in reshard, "
+    table.caption += "offload, optimizer or precision and rank lower"
     cols = ["#", "tokens/s", f"peak / {gib(cap)} GiB", "quant", "lora", "mb x acc", "wrap",
-            "reshard", "ckpt", "offload", "optim", "precision"]  # fmt: skip
+            "reshard", "ckpt", "offload", "optim", "precision", "variants"]  # fmt: skip
     for col in cols:
-        table.add_column(col, justify="right" if col in ("#", "tokens/s", "lora") else "left")
-    for i, c in enumerate(plan.ranked[:limit], 1):
+        right = col in ("#", "tokens/s", "lora", "variants")
+        table.add_column(col, justify="right" if right else "left")
+    for rank, c, variants in rows.values():
         cfg = c.config
         tag = "" if not c.measured else " [green]m[/]"
         table.add_row(
-            str(i),
+            str(rank),
             f"{c.tokens_per_s:,.0f}{tag}",
             f"{gib(c.peak_bytes)}{tag}",
             cfg.quant,
@@ -161,6 +177,7 @@ def plan_table(plan: Any, limit: int = 15) -> Table:
             cfg.offload,
             cfg.optimizer,
             cfg.precision,
+            f"+{variants}" if variants else "",
         )
     return table
 

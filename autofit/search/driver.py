@@ -117,13 +117,22 @@ def search(
             )  # fmt: skip
             start = time.monotonic()
             with _quiet_optuna():
-                opt_study.optimize(
-                    objective,
-                    timeout=timeout,
-                    catch=(TrialError,),
-                    callbacks=[_Stopper(cands, objective, trials, start, timeout)],
-                    gc_after_trial=False,
-                )
+                for _ in range(MAX_LOST_RACES + 1):
+                    left = None if timeout is None else timeout - (time.monotonic() - start)
+                    if left is not None and left <= 0:
+                        break
+                    try:
+                        opt_study.optimize(
+                            objective,
+                            timeout=left,
+                            catch=(TrialError,),
+                            callbacks=[_Stopper(cands, objective, trials, start, timeout)],
+                            gc_after_trial=False,
+                        )
+                        break
+                    except (ValueError, RuntimeError) as exc:
+                        if not _lost_race(exc):
+                            raise
 
         trial_cands = rebuild_trials(opt_study, cands)
         ranked = measured_fits(setting, trial_cands)
@@ -139,6 +148,17 @@ def search(
     plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder)
     write_run_folder(plan, folder, setting)
     return plan
+
+
+# SQLite has no row locks, so two workers can pop the same enqueued trial (optuna issue #4621);
+# the slower one's `tell` then fails although the other finished the trial. That is a lost race,
+# not an error: the worker goes on with the next trial. PostgreSQL/MySQL storages lock the row.
+MAX_LOST_RACES = 5
+
+
+def _lost_race(exc: BaseException) -> bool:
+    text = str(exc)
+    return "Cannot tell a" in text or "has already finished and can not be updated" in text
 
 
 class _Stopper:

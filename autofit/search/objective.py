@@ -89,6 +89,10 @@ class Objective:
         if reason is not None:
             trial.set_user_attr("reason", reason)
             return self._cheap(trial, st.PRUNED, max(self.cands.overshoot(cand), 1e-3), 0.0)
+        # Claim the config before looking for others measuring it: two workers that propose the
+        # same config at once then both see each other's claim and at most one measures it (at
+        # worst both step back and a later proposal measures it), never both.
+        trial.set_user_attr("outcome", st.TRIAL)
         same = self._same_config(trial, cfg)
         done = [t for t in same if st.finished(t)]
         if done:
@@ -100,7 +104,6 @@ class Objective:
             self.cheap_streak += 1
             trial.set_user_attr("outcome", st.BUSY)
             raise optuna.TrialPruned("another worker is measuring this config")
-        trial.set_user_attr("outcome", st.TRIAL)
         if st.spent(trial.study) > self.budget.trials:
             self.cheap_streak += 1
             trial.set_user_attr("outcome", st.SKIPPED)

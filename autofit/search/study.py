@@ -72,6 +72,27 @@ def default_storage(run_dir: Path) -> str:
     return f"sqlite:///{run_dir.resolve() / 'study.db'}"
 
 
+def _serialize_sqlite(engine: Any) -> None:
+    """Make every SQLite transaction take the write lock when it begins.
+
+    pysqlite starts a transaction only at its first write, so two workers can both read an
+    enqueued trial as WAITING and both run it (optuna issue #4621: SQLite has no row locks).
+    SQLAlchemy's documented pysqlite recipe (driver autocommit off, `BEGIN IMMEDIATE` on begin)
+    makes the read-then-claim atomic; workers then wait for each other's short transactions.
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened while the schema was created predate the listeners
+
+
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage with heartbeats (so a killed worker's trial is failed, not stuck)."""
     kwargs: dict[str, Any] = {}
@@ -82,12 +103,15 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
+                storage = optuna.storages.RDBStorage(
                     url,
                     engine_kwargs=kwargs,
                     heartbeat_interval=HEARTBEAT_S,
                     grace_period=GRACE_S,
                 )
+                if url.startswith("sqlite"):
+                    _serialize_sqlite(storage.engine)
+                return storage
         except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable DB
             # two workers creating the schema of a new database at once: one loses, retries
             racing = ("already exists", "UNIQUE constraint", "database is locked")
