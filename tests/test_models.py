@@ -158,3 +158,17 @@ def test_hf_config_round_trip_keeps_the_architecture():
     assert cfg.num_key_value_heads == spec.kv_heads
     assert cfg.intermediate_size == spec.intermediate
     assert cfg.vocab_size == spec.vocab
+
+
+def test_unsupported_architectures_are_refused_with_the_supported_list(tmp_path):
+    import json
+
+    from autofit.errors import ModelError
+    from autofit.models import resolve_model
+
+    path = tmp_path / "config.json"
+    cfg = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 100}  # fmt: skip
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="llama, mistral"):
+        resolve_model(str(path))
