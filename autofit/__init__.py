@@ -143,9 +143,7 @@ def _run_trial_api(
 
     spec = resolve_model(model)
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
-    cap = hw.capacity_bytes if (gpu_memory is not None or device == "cpu") else None
-    if device == "cpu" and gpu_memory is None:
-        cap = None
+    cap = hw.capacity_bytes if gpu_memory is not None else None
     return run_trial(
         spec, _config(knobs), nprocs=hw.n_gpus, device=device, gpu_memory=cap, steps=steps,
         timeout_s=timeout,

@@ -167,6 +167,22 @@ def prune_reason(est: Estimate, margin: float, hardware: Hardware) -> str | None
     return None
 
 
+def estimate_all(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    *,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    device: str = "cuda",
+) -> tuple[list[Candidate], Counter[str], int]:
+    """Every valid config of the space with its estimate (space order), the combinations the
+    space's rules skipped (by reason), and how many combinations were considered in all."""
+    configs, skipped = space.candidates(hardware.n_gpus, seq_len=seq_len, global_batch=global_batch)
+    cands = [Candidate(cfg, estimate(model, hardware, cfg, device=device)) for cfg in configs]
+    return cands, Counter(skipped), len(configs) + sum(skipped.values())
+
+
 def estimate_space(
     model: ModelSpec,
     hardware: Hardware,
@@ -178,20 +194,20 @@ def estimate_space(
     device: str = "cuda",
 ) -> tuple[list[Candidate], list[Candidate], Counter[str], int]:
     """(fitting candidates ranked best first, pruned candidates, prune counts, considered)."""
-    configs, skipped = space.candidates(hardware.n_gpus, seq_len=seq_len, global_batch=global_batch)
-    pruned_counts: Counter[str] = Counter(skipped)
+    cands, pruned_counts, considered = estimate_all(
+        model, hardware, space, seq_len=seq_len, global_batch=global_batch, device=device
+    )
     fitting: list[Candidate] = []
     rejected: list[Candidate] = []
-    for cfg in configs:
-        est = estimate(model, hardware, cfg, device=device)
-        reason = prune_reason(est, margin, hardware)
+    for cand in cands:
+        reason = prune_reason(cand.estimate, margin, hardware)
         if reason:
             pruned_counts[reason] += 1
-            rejected.append(Candidate(cfg, est))
+            rejected.append(cand)
         else:
-            fitting.append(Candidate(cfg, est))
+            fitting.append(cand)
     fitting.sort(key=rank_key)
-    return fitting, rejected, pruned_counts, len(configs) + sum(skipped.values())
+    return fitting, rejected, pruned_counts, considered
 
 
 def plan_estimates(

@@ -89,12 +89,12 @@ def estimate(
 
     # --- persistent state, per GPU -------------------------------------------------------------
     if lora:
-        base_int8 = config.quant == "int8"
-        base_total = mem.base_weight_bytes(model, config.quant) + mem.frozen_other_bytes(model)
-        if base_int8:  # torchao Int8Tensor cannot be FSDP2-sharded: replicated on each GPU
-            base = mem.base_weight_bytes(model, "int8") + mem.frozen_other_bytes(model) / shard
+        projections = mem.base_weight_bytes(model, config.quant)
+        other = mem.frozen_other_bytes(model)
+        if config.quant == "int8":  # torchao Int8Tensor cannot be FSDP2-sharded: replicated
+            base = projections + other / shard
         else:
-            base = base_total / shard
+            base = (projections + other) / shard
     else:
         base = 0.0
     weights = trainable * pb / shard
@@ -162,16 +162,13 @@ def estimate(
     )
     breakdown = {k: int(round(v)) for k, v in parts.items()}
     allocated = sum(breakdown.values())
-    if device == "cpu":
-        overhead = {"allocator": 0, "cuda_context": 0}
-    else:
-        overhead = {
-            "allocator": int(mem.allocator_overhead(allocated)),
-            "cuda_context": mem.CUDA_CONTEXT_BYTES,
-        }
+    overhead = {
+        "allocator": 0 if device == "cpu" else int(mem.allocator_overhead(allocated)),
+        "cuda_context": mem.cuda_context_bytes(device),
+    }
     reserved = allocated + overhead["allocator"]
     capacity = gpu.memory_bytes
-    usable = capacity - overhead["cuda_context"]
+    usable = mem.usable_bytes(capacity, device)
     host_cap = hardware.host_ram_bytes
     fits = reserved <= usable and (host <= 0.8 * host_cap if host else True)
 
@@ -213,10 +210,11 @@ def step_time(
     if config.checkpointing == "selective":
         compute *= 1.03  # pointwise recompute: no matmuls, a few % of layer time (assumed)
 
+    gathered = spd.comm_bytes_per_micro_step(
+        model, config.quant, config.lora_rank, config.wrap, config.reshard
+    )
     gather = spd.ring_time(
-        spd.comm_bytes_per_micro_step(
-            model, config.quant, config.lora_rank, config.wrap, config.reshard
-        ),
+        gathered,
         shard,
         hardware.link_bw_gbs,
     )
@@ -236,13 +234,7 @@ def step_time(
     per_gpu = trainable / shard
     pb = mem.master_bytes(config.precision, config.optimizer)
     if config.offload == "params":
-        h2d = (
-            spd.comm_bytes_per_micro_step(
-                model, config.quant, config.lora_rank, config.wrap, config.reshard
-            )
-            / shard
-            * (pb / mem.BF16 if not config.lora_rank else 1.0)
-        )
+        h2d = gathered / shard * (pb / mem.BF16 if not config.lora_rank else 1.0)
         offload = spd.offload_traffic_time(h2d, per_gpu * pb, config.grad_accum, gpu.pcie_bw_gbs)
     elif config.offload == "optimizer":
         offload = spd.offload_traffic_time(0.0, per_gpu * (pb + pb), 1, gpu.pcie_bw_gbs)

@@ -239,3 +239,13 @@ CUDA_CONTEXT_BYTES = 512 * MiB
 """CUDA context, cuBLAS workspaces and NCCL buffers outside PyTorch's allocator: ~300-600 MiB on
 Ampere/Hopper with CUDA 12 lazy loading (PyTorch CUDA semantics notes; NCCL docs). Counted against
 capacity but not in `max_memory_reserved`."""
+
+
+def cuda_context_bytes(device: str) -> int:
+    """The CUDA context on a GPU; nothing on CPU trials, which count tensor bytes only."""
+    return 0 if device == "cpu" else CUDA_CONTEXT_BYTES
+
+
+def usable_bytes(capacity: float, device: str) -> float:
+    """What `max_memory_reserved` may reach on a GPU of `capacity`: capacity minus context."""
+    return capacity - cuda_context_bytes(device)

@@ -7,7 +7,13 @@ says so and docs/accuracy.md tracks them.
 from __future__ import annotations
 
 from autofit.config import wrap_units
-from autofit.estimate.memory import BF16, FP32, base_bytes_per_param, master_bytes
+from autofit.estimate.memory import (
+    BF16,
+    FP32,
+    base_bytes_per_param,
+    gathered_layer_bytes,
+    master_bytes,
+)
 from autofit.models import ModelSpec
 
 # Fraction of peak bf16 tensor throughput a well-fed dense transformer step reaches: 40-55% MFU
@@ -100,19 +106,8 @@ def comm_bytes_per_micro_step(
     after forward (the root is not). int8 weights are never gathered (replicated)."""
     if wrap == "none":
         return 0.0
-    lora_layer = model.lora_params(lora_rank) / model.layers * BF16 if lora_rank else 0.0
-    if lora_rank == 0:
-        layer = model.layer_params * BF16
-    elif quant == "int8":
-        layer = lora_layer + model.layer_norm_params * BF16
-    else:
-        layer = (
-            model.layer_linear_params * base_bytes_per_param(quant)
-            + lora_layer
-            + model.layer_norm_params * BF16
-        )
     root = model.root_params * BF16
-    layers = model.layers * layer
+    layers = model.layers * gathered_layer_bytes(model, quant, lora_rank)
     regather = layers if (reshard and wrap_units(wrap, model.layers)) else 0.0
     return root + layers + regather
 

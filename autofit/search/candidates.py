@@ -17,13 +17,14 @@ from optuna.distributions import CategoricalDistribution
 
 from autofit.config import KNOBS, Config, derive_grad_accum
 from autofit.errors import ConfigError
-from autofit.estimate import estimate
+from autofit.estimate.memory import usable_bytes
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan import (
     PRUNE_OVER_CAPACITY,
     PRUNE_OVER_MARGIN,
     Candidate,
+    estimate_all,
     prune_reason,
     rank_key,
 )
@@ -59,12 +60,7 @@ class Setting:
     @property
     def allowed_bytes(self) -> float:
         """The headroom line: the winner's measured peak must stay at or below it."""
-        usable = self.hardware.capacity_bytes
-        if self.device != "cpu":
-            from autofit.estimate.memory import CUDA_CONTEXT_BYTES
-
-            usable -= CUDA_CONTEXT_BYTES
-        return usable * (1 - self.margin)
+        return usable_bytes(self.hardware.capacity_bytes, self.device) * (1 - self.margin)
 
 
 @dataclass
@@ -106,17 +102,17 @@ class Candidates:
 
 def enumerate_candidates(setting: Setting) -> Candidates:
     s = setting
-    configs, skipped = s.space.candidates(
-        s.hardware.n_gpus, seq_len=s.seq_len, global_batch=s.global_batch
-    )
-    counts: Counter[str] = Counter(skipped)
+    all_cands, counts, considered = estimate_all(
+        s.model, s.hardware, s.space, seq_len=s.seq_len, global_batch=s.global_batch,
+        device=s.device,
+    )  # fmt: skip
     every: dict[Config, Candidate] = {}
     trialable: list[Candidate] = []
     predicted: list[Candidate] = []
     pruned: dict[Config, str] = {}
     limit = s.allowed_bytes * (1 + ESTIMATE_ERROR)
-    for cfg in configs:
-        cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device))
+    for cand in all_cands:
+        cfg = cand.config
         every[cfg] = cand
         reason = prune_reason(cand.estimate, s.margin, s.hardware)
         if reason in (PRUNE_OVER_CAPACITY, PRUNE_OVER_MARGIN):
@@ -137,7 +133,7 @@ def enumerate_candidates(setting: Setting) -> Candidates:
         predicted_fit=predicted,
         pruned=pruned,
         counts=counts,
-        considered=len(configs) + sum(skipped.values()),
+        considered=considered,
     )
     _make_params(cands)
     return cands
