@@ -7,6 +7,7 @@ validation and the exports all read it. `Config` is one point of the space.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -33,7 +34,8 @@ KNOB_HELP: dict[str, str] = {
     "lora_rank": "0 = full fine-tune; r = LoRA on all attention and MLP projections",
     "micro_batch": "sequences per GPU per forward/backward",
     "grad_accum": "micro-steps per optimizer step (derived from global_batch when given)",
-    "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit, or none (replicas)",
+    "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one GPU: "
+    "the plain module; several: DDP replicas)",
     "reshard": "reshard_after_forward (false keeps gathered params until backward)",
     "checkpointing": "activation checkpointing of decoder layers",
     "offload": "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
@@ -61,15 +63,50 @@ def wrap_group_size(wrap: str, n_layers: int) -> int:
 def wrap_units(wrap: str, n_layers: int) -> tuple[tuple[int, ...], ...]:
     """The FSDP2 units `wrap` produces, as lists of decoder-layer indices.
 
-    The root unit (embeddings, final norm, LM head and whatever no unit claims) is implicit and
-    always last. `model` and `none` give no layer units: everything lives in the root. The trial
-    builder calls `fully_shard` on exactly these groups, and the estimator sizes the all-gather
-    buffers from them, so the two cannot disagree.
+    Besides these, FSDP2 runs shard the token embeddings and `[final norm, LM head]` as units of
+    their own (torchtitan's `apply_fsdp`), and the root unit takes whatever no unit claims (with
+    `model`, every decoder layer). `none` is not FSDP2 at all (`sharding_for`). The trial builder
+    calls `fully_shard` on exactly these groups, and the estimator sizes the all-gather buffers
+    from them, so the two cannot disagree.
     """
     k = wrap_group_size(wrap, n_layers)
     if k == 0 or k >= n_layers:
         return ()
     return tuple(tuple(range(i, min(i + k, n_layers))) for i in range(0, n_layers, k))
+
+
+class Sharding(str, enum.Enum):
+    """How a run holds the model across its GPUs (what a trial reports as `sharding`)."""
+
+    NONE = "none"  # one GPU, the plain module (train.py, torchtune single-device, HF Trainer)
+    DDP = "ddp"  # replicas holding the weights once, gradients all-reduced (PyTorch DDP)
+    FSDP2 = "fsdp2"  # `fully_shard` units laid out as torchtitan does
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def sharding_for(wrap: str, n_gpus: int) -> Sharding:
+    """`wrap: none` is the plain module on one GPU and DDP replicas on several; any other wrap is
+    FSDP2 (on one GPU a one-rank mesh, which only param offload or a measured win justifies).
+    The builder and the estimator both read this rule."""
+    if wrap == "none":
+        return Sharding.NONE if n_gpus <= 1 else Sharding.DDP
+    return Sharding.FSDP2
+
+
+def fp32_trainable(precision: str, optimizer: str) -> bool:
+    """Trainable (master) params in fp32: under bf16-mixed, and always with torchao's low-bit AdamW
+    (its compiled step fails on bf16 params under FSDP2: `lerp`/`view(dtype)` on the quantized
+    state), whose compute is still bf16. Otherwise bf16. The builder and the estimator read this."""
+    return precision == "bf16-mixed" or optimizer != "adamw"
+
+
+def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
+    """bf16 autocast runs where fp32 trainable params are held by the plain module or DDP (HF
+    Trainer's `bf16=True`, torchtune's single-device recipes); FSDP2 casts the gathered params
+    through its `MixedPrecisionPolicy` instead, and bf16 params need no cast."""
+    return sharding is not Sharding.FSDP2 and fp32_trainable(precision, optimizer)
 
 
 def _coerce_bool(value: Any) -> bool:
@@ -222,8 +259,9 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
     if cfg.offload == "params" and cfg.wrap == "none":
         return (
             "offload=params without sharding",
-            "offload=params needs FSDP2 sharding (wrap=layer, every-2, every-4 or model); "
-            "wrap=none keeps full replicas on each GPU.",
+            "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
+            "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
+            "replicas, which keep the weights on the GPU.",
         )
     return None
 

@@ -25,12 +25,13 @@ import yaml
 from autofit._version import __version__
 from autofit.config import Config
 from autofit.errors import AutofitError
+from autofit.models import PROJECTIONS
 
 FORMATS = ("autofit", "accelerate", "trainer")
 SCHEMA = 1
 MARKER = "written by autofit"
 ALLOC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS = list(PROJECTIONS)
 TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit"}
 
 

@@ -14,6 +14,11 @@ from typing import Any
 
 from autofit.errors import ModelError, closest
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear projections of a decoder layer (HF Llama names): what LoRA targets and quantization
+touches. The builder (LoRA, quantize), the estimator (`projection_shapes`) and the exports
+(`target_modules`) all read this one tuple."""
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -49,7 +54,7 @@ class ModelSpec:
     @cached_property
     def _shapes(self) -> dict[str, tuple[int, int]]:
         h, i = self.hidden, self.intermediate
-        return {
+        shapes = {
             "q_proj": (h, self.q_dim),
             "k_proj": (h, self.kv_dim),
             "v_proj": (h, self.kv_dim),
@@ -58,6 +63,7 @@ class ModelSpec:
             "up_proj": (h, i),
             "down_proj": (i, h),
         }
+        return {name: shapes[name] for name in PROJECTIONS}
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
         """(in_features, out_features) of each linear in one decoder layer (HF Llama names)."""

@@ -71,6 +71,10 @@ class Space:
         out: list[Config] = []
         seen: set[Config] = set()
         skipped: Counter[str] = Counter()
+        # One GPU trains the plain module (`wrap: none`); where the space offers it, a one-rank
+        # FSDP2 mesh (which only adds gathered copies and DTensor overhead) is kept for param
+        # offload alone.
+        plain_only = n_gpus == 1 and "none" in self.knobs["wrap"]
         for combo in itertools.product(*value_lists):
             values = dict(zip(names, combo, strict=True))
             if values["quant"] != "none" and values["lora_rank"] == 0:
@@ -90,11 +94,17 @@ class Space:
                 if broken:
                     skipped[broken[0]] += 1
                     continue
+                if plain_only and cfg.wrap != "none" and cfg.offload != "params":
+                    skipped[ONE_GPU_FSDP] += 1
+                    continue
                 if cfg in seen:
                     continue
                 seen.add(cfg)
                 out.append(cfg)
         return out, skipped
+
+
+ONE_GPU_FSDP = "one GPU: FSDP2 only with offload=params"
 
 
 def _fast_config(values: dict[str, Any], grad_accum: int, seq_len: int) -> Config:

@@ -95,7 +95,7 @@ def test_offload_params_with_int8_is_rejected():
 
 
 def test_offload_params_needs_sharding():
-    with pytest.raises(ConfigError, match="offload=params needs FSDP2 sharding"):
+    with pytest.raises(ConfigError, match="offload=params needs FSDP2"):
         Config(wrap="none", offload="params")
 
 

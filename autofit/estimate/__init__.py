@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.config import Config, wrap_units
+from autofit.config import Config, Sharding, sharding_for, uses_autocast, wrap_units
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.hardware import Hardware
@@ -82,7 +82,10 @@ def estimate(
     """
     n = max(hardware.n_gpus, 1)
     gpu = hardware.gpu
-    shard = mem.shard_degree(config.wrap, n)
+    sharding = sharding_for(config.wrap, n)
+    shard = mem.shard_degree(sharding, n)
+    ddp = sharding is Sharding.DDP
+    autocast = uses_autocast(config.precision, config.optimizer, sharding)
     lora = config.lora_rank
     trainable = mem.trainable_params(model, lora)
     pb = mem.master_bytes(config.precision, config.optimizer)
@@ -91,21 +94,23 @@ def estimate(
     if lora:
         projections = mem.base_weight_bytes(model, config.quant)
         other = mem.frozen_other_bytes(model)
-        if config.quant == "int8":  # torchao Int8Tensor cannot be FSDP2-sharded: replicated
-            base = projections + other / shard
-        else:
-            base = (projections + other) / shard
+        # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh
+        # (autofit/trial/fsdp.py `unshardable_params`): those projections stay whole.
+        whole = config.quant == "int8" or (config.quant == "nf4" and shard == 1)
+        base = projections + other / shard if whole else (projections + other) / shard
     else:
-        base = 0.0
+        projections, whole, base = 0.0, False, 0.0
     weights = trainable * pb / shard
     grads = trainable * mem.grad_bytes(config.precision, config.optimizer) / shard
     opt = trainable * mem.optimizer_bytes_per_param(config.optimizer, config.precision) / shard
 
     host = 0.0
     if config.offload == "params":
-        # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host.
-        host = (base + weights + grads + opt) * n
-        base = weights = grads = opt = 0.0
+        # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host;
+        # parameters FSDP2 leaves whole stay on the GPU.
+        kept = projections if whole else 0.0
+        host = (base - kept + weights + grads + opt) * n
+        base, weights, grads, opt = kept, 0.0, 0.0, 0.0
     elif config.offload == "optimizer":
         # torchao CPUOffloadOptimizer: states + an fp32 param copy + grads on the host; device
         # grads are freed as soon as they are copied off (offload_gradients).
@@ -113,44 +118,55 @@ def estimate(
         opt = 0.0
 
     # --- transient state --------------------------------------------------------------------
-    gathered = mem.gathered_bytes(model, config.quant, lora, config.wrap, config.reshard, n)
-    unit_grads = mem.unit_grad_bytes(model, lora, config.wrap)
+    gathered = mem.gathered_bytes(model, config.quant, lora, config.wrap, config.reshard, sharding)
+    gathered += mem.autocast_copy_bytes(model, lora, autocast)
+    unit_grads = mem.unit_grad_bytes(model, lora, config.wrap, sharding)
     acts = mem.activation_bytes(
         model, config.micro_batch, config.seq_len, lora, config.checkpointing
+    )
+    kept_layers = mem.layers_keeping_activations(model, config.checkpointing)
+    acts += (
+        config.micro_batch
+        * config.seq_len
+        * kept_layers
+        * mem.fp32_residual_bytes_per_token(model, lora, autocast)
     )
     if config.quant == "int8":
         acts += mem.int8_saved_weight_bytes(model, config.checkpointing)
     logits = mem.logits_loss_bytes(model, config.micro_batch, config.seq_len)
-    # With grad_accum > 1, FSDP2 skips the reduce-scatter on all but the last micro-step and
-    # keeps unsharded gradients (in reduce_dtype fp32) on every GPU across micro-steps.
+    # Gradients alive during forward. FSDP2 with grad_accum > 1 skips the reduce-scatter on all
+    # but the last micro-step and keeps unsharded gradients (in reduce_dtype fp32) on every GPU.
+    # DDP allocates its all-reduce buckets (which the gradients are views of) when it wraps the
+    # model, and under `no_sync` autograd accumulates into separate `.grad` tensors besides.
+    # The plain module accumulates into `.grad` from the first micro-step on.
     accum = 0.0
     if config.grad_accum > 1 and shard > 1:
         accum = trainable * mem.accumulated_grad_bytes(config.precision)
     elif config.grad_accum > 1:
-        accum = grads if config.offload != "params" else 0.0
+        accum = grads  # 0 under offload=params: the gradients live on the host
+    buckets = grads if ddp else 0.0
 
     forward_phase = {
         "base_weights": base,
         "trainable_weights": weights,
-        "gradients": accum,
+        "gradients": buckets + accum,
         "optimizer_state": opt,
         "gathered_params": gathered,
         "activations": acts,
         "logits_loss": logits,
     }
-    # FSDP2 reshards a unit before reducing its gradients, so with one unit of everything
-    # (`model`) nothing is gathered while its gradients are reduced (FSDPMemTracker at 7B).
-    # On CPU trials gloo's reduce-scatter path keeps a buffer of that size instead (measured).
-    gathered_at_reduce = gathered
-    if config.wrap == "model" and device != "cpu":
-        gathered_at_reduce = 0.0
-    # Optimizer step: sharded grads exist, activations are gone. Backward's tail (last unit's
-    # unsharded grads + root still gathered) is folded in here.
+    gathered_at_reduce = mem.gathered_at_reduce_bytes(
+        model, config.wrap, sharding, device, gathered
+    )
+    # Optimizer step: the gradients exist, activations are gone. Backward's tail (last unit's
+    # unsharded grads + the embedding unit gathered) is folded in here, and on CPU trials the
+    # single-tensor AdamW's temporaries.
     optimizer_phase = {
         "base_weights": base,
         "trainable_weights": weights,
         "gradients": grads + accum + unit_grads,
-        "optimizer_state": opt,
+        "optimizer_state": opt
+        + mem.optimizer_temp_bytes(model, lora, config.precision, config.optimizer, device, shard),
         "gathered_params": gathered_at_reduce,
         "activations": 0.0,
         "logits_loss": 0.0,

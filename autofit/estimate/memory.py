@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from autofit.config import wrap_group_size
+from autofit.config import Sharding, fp32_trainable, wrap_group_size
 from autofit.models import ModelSpec
 
 BF16 = 2
@@ -37,12 +37,10 @@ def base_bytes_per_param(quant: str) -> float:
 
 def master_bytes(precision: str, optimizer: str = "adamw") -> int:
     """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
-    `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32), else bf16.
-    torchao's low-bit AdamW fails on bf16 params under FSDP2, so with adamw8bit/adamw4bit the
-    trainable params stay fp32 even under `bf16` (autofit/trial/dtypes.py)."""
-    if precision == "bf16-mixed" or optimizer != "adamw":
-        return FP32
-    return BF16
+    `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32; the plain module
+    and DDP keep fp32 params under bf16 autocast), else bf16; the rule is
+    `autofit.config.fp32_trainable`, which the builder reads too."""
+    return FP32 if fp32_trainable(precision, optimizer) else BF16
 
 
 def grad_bytes(precision: str, optimizer: str = "adamw") -> int:
@@ -89,9 +87,9 @@ def frozen_other_bytes(model: ModelSpec) -> int:
     return (model.root_params + model.layers * model.layer_norm_params) * BF16
 
 
-def shard_degree(wrap: str, n_gpus: int) -> int:
-    """FSDP2 shards over all GPUs; `wrap=none` keeps a full replica on each."""
-    return 1 if wrap == "none" else n_gpus
+def shard_degree(sharding: Sharding, n_gpus: int) -> int:
+    """FSDP2 shards over all GPUs; the plain module and DDP replicas hold everything."""
+    return n_gpus if sharding is Sharding.FSDP2 else 1
 
 
 # ----- all-gather buffers -----------------------------------------------------------------------
@@ -108,48 +106,117 @@ def gathered_layer_bytes(model: ModelSpec, quant: str, lora_rank: int) -> float:
     return model.layer_linear_params * base_bytes_per_param(quant) + lora + norms
 
 
+def embed_unit_bytes(model: ModelSpec) -> float:
+    """The token-embedding unit gathered in bf16 (its own FSDP2 unit, as torchtitan shards it)."""
+    return model.embedding_params * BF16
+
+
+def head_unit_bytes(model: ModelSpec) -> float:
+    """The `[final norm, LM head]` unit gathered in bf16 (a tied head is the embedding's weight,
+    which then stays in the root unit with the embedding)."""
+    return (model.lm_head_params + model.hidden) * BF16
+
+
 def gathered_bytes(
-    model: ModelSpec, quant: str, lora_rank: int, wrap: str, reshard: bool, n_gpus: int
+    model: ModelSpec, quant: str, lora_rank: int, wrap: str, reshard: bool, sharding: Sharding
 ) -> float:
-    """Peak bytes of unsharded (all-gathered) parameters held at once on a GPU.
+    """Peak bytes of unsharded (all-gathered) parameters held at once on a GPU, at the end of
+    forward, for FSDP2 laid out as torchtitan does (autofit/trial/fsdp.py):
 
-    FSDP2 keeps the root unit (embeddings, final norm, LM head) gathered from forward through
-    backward (it does not reshard the root after forward). With layer units and
-    reshard_after_forward=True, at most the current unit and the prefetched next one are gathered
-    (FSDP2 implicit prefetching); with reshard=False every unit stays gathered from its forward to
-    its backward. `model` wraps everything in the root unit. `none` is FSDP2 over a mesh whose
-    shard dimension is 1 (HSDP): one root unit that still gathers (casts and copies) the whole
-    model into bf16 unsharded buffers, like `model` with no communication.
+    - `[norm, head]` is not resharded after forward (backward needs it first): gathered;
+    - the embedding unit is resharded after forward when `reshard` (else kept);
+    - with layer units and reshard_after_forward=True, at most the current unit and the
+      prefetched next one are gathered (FSDP2 implicit prefetching); with reshard=False every
+      unit stays gathered from its forward to its backward; `model` puts every layer in the root
+      unit, which FSDP2 never reshards after forward.
+
+    The plain module and DDP gather nothing (their bf16 working copies under autocast are
+    `autocast_copy_bytes`).
     """
+    if sharding is not Sharding.FSDP2:
+        return 0.0
     layer = gathered_layer_bytes(model, quant, lora_rank)
-    root = model.root_params * BF16
     k = wrap_group_size(wrap, model.layers)
-    if wrap in ("model", "none") or k >= model.layers or not reshard:
-        return root + model.layers * layer
-    return root + 2 * k * layer
+    if wrap == "model" or k >= model.layers or not reshard:
+        layers = model.layers * layer
+    else:
+        layers = 2 * k * layer
+    if model.tied_embeddings:  # embedding, norm and the tied head live in the root unit
+        return embed_unit_bytes(model) + model.hidden * BF16 + layers
+    embed = 0.0 if reshard else embed_unit_bytes(model)
+    return head_unit_bytes(model) + embed + layers
 
 
-def unit_grad_bytes(model: ModelSpec, lora_rank: int, wrap: str) -> float:
+def gathered_at_reduce_bytes(model: ModelSpec, wrap: str, sharding: Sharding, device: str,
+                             gathered: float) -> float:  # fmt: skip
+    """Gathered params while the last gradients are reduced (end of backward). The embedding unit
+    is unsharded for its backward, the last to run; every other unit was resharded after its own
+    backward. With `model` on CUDA the root reshards before it reduces (FSDPMemTracker at 7B); on
+    CPU trials gloo's reduce-scatter path keeps the forward's buffers (measured)."""
+    if sharding is not Sharding.FSDP2:
+        return 0.0
+    if wrap == "model" and device == "cpu":
+        return gathered
+    return embed_unit_bytes(model)
+
+
+def unit_grad_bytes(model: ModelSpec, lora_rank: int, wrap: str, sharding: Sharding) -> float:
     """Unsharded gradients of the unit being reduced at the end of its backward: bf16 from
     autograd plus the fp32 copy FSDP2 makes for `reduce_dtype=fp32` (6 B per trainable parameter
-    of the unit, or of the root unit when that is larger). `model` is one unit of everything,
-    root included. `none` (shard size 1) reduces
-    straight into the sharded gradient, so only the bf16 unsharded gradients are extra (2 B).
+    of the unit; the largest unit sets the peak). `model` is one unit of every layer; the
+    embedding and `[norm, head]` are units of their own. The plain module and DDP accumulate
+    straight into `.grad` (DDP's bucket views): nothing extra.
     Calibrated on CPU trials (docs/accuracy.md)."""
+    if sharding is not Sharding.FSDP2:
+        return 0.0
     if lora_rank:
         per_layer = model.lora_params(lora_rank) / model.layers
-        root = 0.0
+        edges = 0.0
     else:
         per_layer = model.layer_params
-        root = model.root_params
-    if wrap == "none":
-        return (model.layers * per_layer + root) * BF16
-    if wrap == "model":
-        return (model.layers * per_layer + root) * (BF16 + FP32)
-    # The root unit (embeddings, LM head) is reduced last, after the last layer unit: whichever
-    # of the two is larger sets the peak at the end of backward.
+        edges = max(model.embedding_params, model.lm_head_params + model.hidden)
     k = max(1, min(wrap_group_size(wrap, model.layers), model.layers))
-    return max(k * per_layer, root) * (BF16 + FP32)
+    if wrap == "model":
+        k = model.layers
+    return max(k * per_layer, edges) * (BF16 + FP32)
+
+
+def autocast_copy_bytes(model: ModelSpec, lora_rank: int, autocast: bool) -> float:
+    """bf16 copies autocast makes of fp32 trainable weights for its matmuls, cached for the whole
+    autocast region and then kept by autograd for backward (torch.amp autocast weight cache): every
+    projection and the LM head of a full fine-tune (the embedding lookup is not autocast), or the
+    LoRA adapters. Only the plain module and DDP autocast (`autofit.config.uses_autocast`)."""
+    if not autocast:
+        return 0.0
+    if lora_rank:
+        return model.lora_params(lora_rank) * BF16
+    return (model.linear_params + model.lm_head_params) * BF16
+
+
+def fp32_residual_bytes_per_token(model: ModelSpec, lora_rank: int, autocast: bool) -> float:
+    """Extra bytes per token per layer when the residual stream is fp32: a full fine-tune under
+    autocast keeps fp32 embeddings, so each HF RMSNorm saves its fp32 input and fp32 normalised
+    output (4h + 4h instead of 4h + 2h), and autocast casts that fp32 output to bf16 once per
+    consuming projection (q, k, v after the first norm, gate and up after the second: 5 x 2h saved
+    instead of 2 x 2h). 2 x 2h + 3 x 2h = 10h. A LoRA base is bf16, so its stream is bf16."""
+    if not autocast or lora_rank:
+        return 0.0
+    return 10 * model.hidden
+
+
+def optimizer_temp_bytes(model: ModelSpec, lora_rank: int, precision: str, optimizer: str,
+                         device: str, shard: int) -> float:  # fmt: skip
+    """Transient tensors of the optimizer step. On CUDA torch AdamW is fused (none); CPU trials run
+    the single-tensor AdamW, which allocates two temporaries the size of each (local) parameter in
+    turn, so the largest trainable tensor's shard sets them (measured: 2 x the fp32 embedding of
+    llama-mini on the plain module)."""
+    if device != "cpu":
+        return 0.0
+    if lora_rank:
+        largest = max(max(shape) for shape in model.projection_shapes().values()) * lora_rank
+    else:
+        largest = model.embedding_params
+    return 2 * largest * master_bytes(precision, optimizer) / shard
 
 
 # ----- activations ------------------------------------------------------------------------------
@@ -213,10 +280,17 @@ def int8_saved_weight_bytes(model: ModelSpec, checkpointing: str) -> float:
     projection weight for the input gradient: 2 B per base weight of every layer whose
     activations are kept (one layer at a time inside checkpointed layers). Measured on CPU trials
     (docs/accuracy.md): without this term int8 runs were under-estimated by 20-28%."""
+    return layers_keeping_activations(model, checkpointing) * model.layer_linear_params * BF16
+
+
+def layers_keeping_activations(model: ModelSpec, checkpointing: str) -> int:
+    """Decoder layers whose every saved tensor is alive at once: all without checkpointing, the
+    uncheckpointed half plus the one being recomputed with `every-2`, only the one being
+    recomputed with `full` or op-level `selective` (which recomputes the pointwise ops)."""
     kept = {"full": 1, "every-2": model.layers // 2 + 1, "selective": 1}.get(
         checkpointing, model.layers
     )
-    return min(kept, model.layers) * model.layer_linear_params * BF16
+    return min(kept, model.layers)
 
 
 def logits_loss_bytes(model: ModelSpec, micro_batch: int, seq_len: int) -> float:

@@ -1,24 +1,78 @@
 """The builder: a config applied to a model in the order it must happen.
 
-dtypes, quantize, LoRA, checkpoint, shard: the trial builds its random-weight model with exactly
-these steps, and `autofit.apply` runs them on a user's model, so a user's run is what was measured.
+dtypes, LoRA, checkpoint, then layer by layer materialise, quantize and shard, then the optimizer:
+the trial builds its random-weight model with exactly these steps, and `autofit.apply` runs them
+on a user's model, so a user's run is what was measured. How the model is held follows
+`sharding_for(wrap, world size)`: the plain module on one GPU (`wrap: none`), DDP replicas on
+several, FSDP2 laid out as torchtitan does otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
-from autofit.config import Config
+from autofit.config import Config, Sharding, sharding_for
 from autofit.models import ModelSpec
-from autofit.trial.build import build_meta_model, has_meta, init_weights, materialize
+from autofit.trial.build import build_meta_model, materialize, model_parts
 from autofit.trial.checkpoint import apply_checkpointing
-from autofit.trial.dtypes import base_dtype, train_dtype
-from autofit.trial.fsdp import apply_fsdp, make_mesh
+from autofit.trial.ddp import apply_ddp
+from autofit.trial.dtypes import autocast_dtype, base_dtype, train_dtype
+from autofit.trial.fsdp import apply_fsdp, fsdp_root, make_mesh
 from autofit.trial.lora import apply_lora
-from autofit.trial.quantize import quantize_base
+from autofit.trial.optim import LR, build_optimizer
+from autofit.trial.quantize import quantize_layer
+
+
+@dataclass
+class Applied:
+    """A model set up for training as a trial measured it, with what its training loop needs.
+
+    ```
+    run = autofit.apply(model, plan.best.config)
+    for micro, batch in enumerate(batches):
+        last = (micro + 1) % run.config.grad_accum == 0
+        with run.gradient_sync(last):
+            with run.autocast():
+                loss = run.model(**batch).loss / run.config.grad_accum
+            loss.backward()
+        if last:
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+    ```
+    """
+
+    model: nn.Module  # the module to call: plain (peft) model, DDP wrapper, or FSDP2 root
+    optimizer: torch.optim.Optimizer | None
+    config: Config
+    sharding: Sharding
+    device: torch.device
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        """bf16 autocast where the plain module or DDP hold fp32 trainable params (bf16-mixed);
+        FSDP2 casts through its `MixedPrecisionPolicy` instead, pure bf16 needs nothing."""
+        dtype = autocast_dtype(self.config, self.sharding)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    @contextlib.contextmanager
+    def gradient_sync(self, enabled: bool) -> Iterator[None]:
+        """Wrap forward and backward of a micro-step: sync gradients only when `enabled` (the last
+        micro-step of an optimizer step). DDP `no_sync`; FSDP2 `set_requires_gradient_sync`."""
+        if self.sharding is Sharding.DDP and not enabled:
+            with self.model.no_sync():  # type: ignore[operator]
+                yield
+            return
+        root = fsdp_root(self.model) if self.sharding is Sharding.FSDP2 else None
+        if root is not None:
+            root.set_requires_gradient_sync(enabled)
+        yield
 
 
 def cast_base(model: nn.Module, config: Config) -> None:
@@ -38,59 +92,84 @@ def cast_trainable(model: nn.Module, config: Config) -> None:
             p.data = p.data.to(dtype)
 
 
-def parallelize(model: nn.Module, config: Config, mesh: DeviceMesh | None) -> nn.Module:
-    """dtypes, quantize (already materialised weights), LoRA, checkpoint, then FSDP2."""
-    model = apply_lora(model, config.lora_rank, config.alpha)
-    cast_trainable(model, config)
-    apply_checkpointing(model, config.checkpointing)
-    if mesh is not None:
-        apply_fsdp(model, config, mesh)
-    return model
-
-
-def apply(model: nn.Module, config: Config, *, mesh: DeviceMesh | None = None) -> nn.Module:
-    """Apply `config` to a user's model: quantize, LoRA, checkpointing, FSDP2, as trials do.
-
-    `mesh`: the FSDP2 device mesh; when None and torch.distributed is initialised, one is made
-    over all ranks (per `config.wrap`); without a process group the model is not sharded.
-    Returns the model to train (a peft model when `lora_rank > 0`). Build the optimizer over its
-    parameters that require grad.
-    """
+def prepare(
+    model: nn.Module, config: Config, device: torch.device, world: int
+) -> tuple[nn.Module, Sharding]:
+    """dtypes, LoRA, checkpointing, then layer by layer: materialise (if on meta), quantize,
+    shard; then the rest. No rank ever holds more than its shards plus one unit of layers."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
     cast_base(model, config)
-    device = next(model.parameters()).device
-    quantize_base(model, config.quant, device)
-    if mesh is None and dist.is_available() and dist.is_initialized():
-        device_type = "cuda" if device.type == "cuda" else "cpu"
-        mesh = make_mesh(device_type, dist.get_world_size(), config.wrap)
-    return parallelize(model, config, mesh)
+    model = apply_lora(model, config.lora_rank, config.alpha)
+    cast_trainable(model, config)
+    sharding = sharding_for(config.wrap, world)
+    if autocast_dtype(config, sharding) is not None:
+        keep_lora_inputs(model)
+    apply_checkpointing(model, config.checkpointing)
+    parts = model_parts(model)
 
+    def build_layers(layers: list[nn.Module]) -> None:
+        if config.quant == "none":
+            return  # left on meta: `fully_shard` first, so only shards are ever allocated
+        for layer in layers:
+            materialize(layer, device)
+            quantize_layer(layer, config.quant)
 
-def build_for_trial(
-    spec: ModelSpec, config: Config, device: torch.device, mesh: DeviceMesh
-) -> nn.Module:
-    """The trial's model: meta build, then the same steps as `apply`, then materialise shards.
-
-    Without quantization nothing is allocated until after `fully_shard`, so each rank allocates
-    only its shards. With quantization, each decoder layer is materialised and quantized in turn
-    (the base must hold real values to be quantized), then sharded.
-    """
-    model = build_meta_model(spec)
-    cast_base(model, config)
-    if config.quant != "none":
-        quantize_base(model, config.quant, device)
-        materialize_rest(model, device)
-    model = parallelize(model, config, mesh)
-    if has_meta(model):
+    if sharding is Sharding.FSDP2:
+        apply_fsdp(model, parts, config, make_mesh(device.type, world), before_unit=build_layers)
         materialize(model, device)
-    return model
+        return model, sharding
+    for layer in parts.layers:
+        materialize(layer, device)
+        layer.to(device)  # a user's model may arrive on the host
+        quantize_layer(layer, config.quant)
+    materialize(model, device)
+    model.to(device)
+    if sharding is Sharding.DDP:
+        return apply_ddp(model, device), sharding
+    return model, sharding
 
 
-def materialize_rest(model: nn.Module, device: torch.device) -> None:
-    """Materialise the modules still on meta (embeddings, norms, head, rotary)."""
+def keep_lora_inputs(model: nn.Module) -> None:
+    """Under autocast, stop peft casting each adapter's input to the adapter's fp32 dtype
+    (`cast_input_dtype_enabled`, peft's `disable_input_dtype_casting`): autocast casts it back to
+    bf16 for the matmul anyway, and autograd would keep that extra bf16 copy of every adapted
+    layer's input for backward (+40% activations at 7B). The adapter then saves the very input
+    tensor the base projection saves."""
     for mod in model.modules():
-        own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
-        if any(t.is_meta for t in own):
-            mod.to_empty(device=device, recurse=False)
-            init_weights(mod)
+        if hasattr(mod, "lora_A"):
+            mod.cast_input_dtype_enabled = False
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def apply(
+    model: nn.Module,
+    config: Config,
+    *,
+    lr: float = LR,
+    device: torch.device | str | None = None,
+) -> Applied:
+    """Apply `config` to a user's model as trials do: LoRA, checkpointing, quantization, then the
+    plain module, DDP or FSDP2 (inside an initialised process group of several ranks), and the
+    optimizer (torch AdamW, torchao low-bit AdamW, or CPU-offloaded).
+
+    `device`: where the model trains (default: where its parameters are; a model on meta is
+    materialised there with random weights, as trials do). Returns `Applied`:
+    `.model` to call, `.optimizer`, `.autocast()` and `.gradient_sync(last_micro_step)`.
+    """
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    built, sharding = prepare(model, config, dev, _world())
+    optimizer = build_optimizer(
+        built, config, dev.type, keep_gradients=sharding is Sharding.DDP, lr=lr
+    )
+    return Applied(model=built, optimizer=optimizer, config=config, sharding=sharding, device=dev)
+
+
+def build_for_trial(spec: ModelSpec, config: Config, device: torch.device) -> Applied:
+    """The trial's model: a meta build of `spec`, then exactly what `apply` does."""
+    return apply(build_meta_model(spec), config, device=device)

@@ -1,14 +1,16 @@
 """The model at its real size with random weights, never materialised full-size on the host.
 
 `build_meta_model` creates HF `LlamaForCausalLM` on the meta device (no memory). The builder then
-casts dtypes on meta, and `materialize` gives a module real (empty) storage on the target device
-with `to_empty` and initialises it. With FSDP2 this runs after `fully_shard`, so each rank only
-ever allocates its own shards.
+casts dtypes, adds LoRA and checkpointing on meta, and `materialize` gives modules real (empty)
+storage on the target device with `to_empty` and initialises them: a quantized decoder layer just
+before it is quantized and sharded, everything else after `fully_shard`, so each rank only ever
+allocates its own shards plus one layer.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -34,33 +36,44 @@ def has_meta(module: nn.Module) -> bool:
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
-def materialize(module: nn.Module, device: torch.device) -> nn.Module:
-    """`to_empty` on `device`, then initialise (normal(0.02) linears and embeddings, unit norms,
-    LoRA A kaiming / B zero, RoPE frequencies recomputed)."""
-    module.to_empty(device=device)
-    init_weights(module)
+def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") -> nn.Module:
+    """Give every submodule still on meta real storage on `device` (`to_empty`) and initialise it
+    (normal(0.02) linears and embeddings, unit norms, LoRA A kaiming / B zero, RoPE frequencies
+    recomputed). Modules already materialised (quantized layers, say) are left as they are, and
+    after `fully_shard` `to_empty` allocates only this rank's shards. `prefix` is the module's
+    name in its model, so a LoRA adapter is recognised by its path."""
+    for name, mod in module.named_modules(prefix=prefix):
+        own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
+        if any(t.is_meta for t in own):
+            mod.to_empty(device=device, recurse=False)
+            _init_module(name, mod)
     return module
 
 
 @torch.no_grad()
-def init_weights(module: nn.Module) -> None:
-    for name, mod in module.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        parent = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
-        if hasattr(mod, "inv_freq") and hasattr(mod, "compute_default_rope_parameters"):
-            _init_rope(mod)
-            continue
-        weight = getattr(mod, "weight", None)
-        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-            continue
-        if parent == "lora_A" or leaf == "lora_A":
-            nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
-        elif parent == "lora_B" or leaf == "lora_B":
-            nn.init.zeros_(weight)
-        elif isinstance(mod, nn.Linear | nn.Embedding):
-            nn.init.normal_(weight, mean=0.0, std=INIT_STD)
-        elif "norm" in type(mod).__name__.lower():
-            nn.init.ones_(weight)
+def init_weights(module: nn.Module, prefix: str = "") -> None:
+    """Initialise every submodule of a materialised `module` as `materialize` does."""
+    for name, mod in module.named_modules(prefix=prefix):
+        _init_module(name, mod)
+
+
+@torch.no_grad()
+def _init_module(name: str, mod: nn.Module) -> None:
+    parts = name.split(".")
+    if hasattr(mod, "inv_freq") and hasattr(mod, "compute_default_rope_parameters"):
+        _init_rope(mod)
+        return
+    weight = getattr(mod, "weight", None)
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        return
+    if "lora_A" in parts[-2:]:
+        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    elif "lora_B" in parts[-2:]:
+        nn.init.zeros_(weight)
+    elif isinstance(mod, nn.Linear | nn.Embedding):
+        nn.init.normal_(weight, mean=0.0, std=INIT_STD)
+    elif "norm" in type(mod).__name__.lower():
+        nn.init.ones_(weight)
 
 
 def _init_rope(mod: nn.Module) -> None:
@@ -69,6 +82,39 @@ def _init_rope(mod: nn.Module) -> None:
     if hasattr(mod, "original_inv_freq"):
         mod.original_inv_freq.copy_(inv_freq.to(mod.original_inv_freq.device))
     mod.attention_scaling = scaling
+
+
+@dataclass
+class ModelParts:
+    """The pieces of a HF causal LM that the builder treats apart (torchtitan's layout)."""
+
+    embed: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module | None
+    head: nn.Module | None
+    tied: bool  # the LM head shares the embedding's weight
+
+
+def model_parts(model: nn.Module) -> ModelParts:
+    """Token embeddings, decoder layers, final norm and LM head (also under a peft wrapper)."""
+    layers = decoder_layers(model)
+    embed = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    norm = None
+    for mod in model.modules():
+        if getattr(mod, "layers", None) is layers:
+            norm = getattr(mod, "norm", None)
+            break
+    tied = head is not None and head.weight is embed.weight
+    return ModelParts(embed=embed, layers=layers, norm=norm, head=head, tied=tied)
+
+
+def module_name(model: nn.Module, target: nn.Module) -> str:
+    """The dotted name of `target` inside `model`."""
+    for name, mod in model.named_modules():
+        if mod is target:
+            return name
+    raise ValueError(f"{type(target).__name__} is not part of {type(model).__name__}")
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

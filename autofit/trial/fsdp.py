@@ -1,12 +1,16 @@
-"""FSDP2: `fully_shard` each unit of `wrap_units(config.wrap)`, then the root.
+"""FSDP2 laid out as torchtitan's `apply_fsdp`: token embeddings, each unit of
+`wrap_units(config.wrap)`, `[final norm, LM head]`, then the root.
 
 bf16-mixed: fp32 (trainable) params sharded, gathered in bf16, gradients reduced in fp32
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`). bf16: everything bf16, no policy.
-`wrap=none`: one root unit over a 2-D mesh (replicate x shard of size 1): HSDP with no sharding,
-i.e. a full replica per GPU with gradients all-reduced (DDP semantics).
+`[norm, head]` is not resharded after forward: backward needs it first (torchtitan's default).
+With `wrap: model` every decoder layer lives in the root unit. A tied LM head shares the
+embedding's weight, so both stay in the root unit.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,16 +24,13 @@ from torch.distributed.fsdp import (
 )
 
 from autofit.config import Config, wrap_units
-from autofit.trial.build import decoder_layers
+from autofit.trial.build import ModelParts
 from autofit.trial.dtypes import train_dtype
 from autofit.trial.quantize import int8_params
 
 
-def make_mesh(device_type: str, world_size: int, wrap: str) -> DeviceMesh:
-    if wrap == "none":
-        return init_device_mesh(
-            device_type, (world_size, 1), mesh_dim_names=("dp_replicate", "dp_shard")
-        )
+def make_mesh(device_type: str, world_size: int) -> DeviceMesh:
+    """The 1-D data-parallel mesh FSDP2 shards over (one rank on one GPU)."""
     return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
 
 
@@ -47,21 +48,65 @@ def offload_policy(offload: str, device_type: str) -> OffloadPolicy:
     return OffloadPolicy()
 
 
-def apply_fsdp(model: nn.Module, config: Config, mesh: DeviceMesh) -> nn.Module:
-    """Shard `model` per `config.wrap`, `reshard`, `offload` and `precision`; returns the root."""
+def apply_fsdp(
+    model: nn.Module,
+    parts: ModelParts,
+    config: Config,
+    mesh: DeviceMesh,
+    *,
+    before_unit: Callable[[list[nn.Module]], None] | None = None,
+) -> nn.Module:
+    """Shard `model` per `config.wrap`, `reshard`, `offload` and `precision`; returns the root.
+
+    `before_unit(modules)` runs just before each unit of decoder layers is sharded: the builder
+    materialises and quantizes those layers there, so a rank holds its shards plus one unit.
+    """
     kwargs = {
         "mesh": mesh,
-        "reshard_after_forward": config.reshard,
         "mp_policy": mp_policy(config),
         "offload_policy": offload_policy(config.offload, mesh.device_type),
-        "ignored_params": int8_params(model) or None,
     }
-    layers = decoder_layers(model)
-    for unit in wrap_units(config.wrap, len(layers)):
-        modules = [layers[i] for i in unit]
-        fully_shard(modules if len(modules) > 1 else modules[0], **kwargs)
-    fully_shard(model, **kwargs)
+
+    def kept_whole() -> set[nn.Parameter]:
+        return unshardable_params(model, mesh.size())
+
+    ignored = kept_whole()
+
+    def shard(modules: nn.Module | list[nn.Module], reshard: bool) -> None:
+        group = modules if isinstance(modules, list) else [modules]
+        own = {p for m in group for p in m.parameters()} & ignored
+        fully_shard(modules, reshard_after_forward=reshard, ignored_params=own or None, **kwargs)
+
+    if not parts.tied:
+        shard(parts.embed, config.reshard)
+    for unit in wrap_units(config.wrap, len(parts.layers)):
+        modules = [parts.layers[i] for i in unit]
+        if before_unit is not None:
+            before_unit(modules)
+            ignored = kept_whole()
+        shard(modules if len(modules) > 1 else modules[0], config.reshard)
+    if before_unit is not None and not wrap_units(config.wrap, len(parts.layers)):
+        before_unit(list(parts.layers))  # `model`: the layers belong to the root unit
+        ignored = kept_whole()
+    if not parts.tied and parts.head is not None:
+        shard([m for m in (parts.norm, parts.head) if m is not None], False)
+    shard(model, config.reshard)
     return model
+
+
+def unshardable_params(model: nn.Module, world: int) -> set[nn.Parameter]:
+    """Parameters FSDP2 must leave alone (`ignored_params`): they stay whole on every GPU.
+
+    - torchao `Int8Tensor` weights: no `aten.split`, so FSDP2 cannot shard them.
+    - NF4 weights on a one-rank mesh: torch 2.13's one-rank shortcut in `FSDPParamGroup.
+      wait_for_unshard` assumes one all-gather input per parameter, and `NF4Tensor`'s
+      `fsdp_pre_all_gather` has three (codes, scalers, factors), so `fsdp_post_all_gather` fails
+      to unpack. On one rank there is nothing to shard, so they lose nothing but CPU offload.
+    """
+    kept = int8_params(model)
+    if world == 1:
+        kept |= {p for p in model.parameters() if type(p.data).__name__ == "NF4Tensor"}
+    return kept
 
 
 def fsdp_root(model: nn.Module) -> FSDPModule | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from autofit.config import Config
+from autofit.config import Config, sharding_for
 from autofit.errors import AutofitError, is_oom
 from autofit.models import ModelSpec, resolve_model
 from autofit.trial.result import TrialResult
@@ -108,6 +108,7 @@ def run_trial(
         device=device,
         nprocs=nprocs,
         capacity_bytes=gpu_memory,
+        sharding=str(sharding_for(config.wrap, nprocs)),
     )
     problem = _precheck(device, nprocs)
     try:

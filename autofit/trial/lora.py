@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from torch import nn
 
-from autofit.trial.quantize import PROJECTIONS
+from autofit.models import PROJECTIONS
 
 
 def apply_lora(model: nn.Module, rank: int, alpha: int) -> nn.Module:
     """Wrap `model` with peft LoRA of `rank` and `alpha` on q/k/v/o and gate/up/down projections.
 
-    Works on a meta-device model too: peft puts the adapters on the base weight's device, and the
-    builder initialises them after `to_empty` (A kaiming-uniform, B zero, as peft does).
+    Runs before quantization and before any weight exists (on the meta model of a trial):
+    peft puts the adapters on the base weight's device, the builder materialises and initialises
+    them layer by layer (A kaiming-uniform, B zero, as peft does), and quantization then replaces
+    each wrapped projection's `base_layer.weight`, as QLoRA recipes (torchtune, answer.ai) do.
     """
     if rank <= 0:
         return model

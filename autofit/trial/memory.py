@@ -135,12 +135,27 @@ def untracked() -> Iterator[None]:
         yield
 
 
+def device_used_bytes(device: torch.device) -> int:
+    """Memory in use on the whole device (`cudaMemGetInfo`: total minus free): the caching
+    allocator's reservations plus the CUDA context, cuBLAS workspaces and NCCL buffers, which is
+    what runs out."""
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free)
+
+
 def cap_cuda(gpu_memory: int | None, device: torch.device) -> int:
-    """Cap this process's CUDA allocator at `gpu_memory` bytes; returns the capacity in force."""
+    """Make this GPU behave like a card of `gpu_memory` bytes; returns the capacity in force.
+
+    Call after the process group is up: what the device already holds outside PyTorch's caching
+    allocator (CUDA context, NCCL communicator buffers) is measured then and taken off the cap, so
+    the allocator may reserve only what a real card of that size would have left.
+    """
     total = torch.cuda.get_device_properties(device).total_memory
     if gpu_memory is None or gpu_memory >= total:
         return total
-    torch.cuda.set_per_process_memory_fraction(gpu_memory / total, device)
+    outside = device_used_bytes(device) - torch.cuda.memory_reserved(device)
+    limit = max(gpu_memory - outside, 0)
+    torch.cuda.set_per_process_memory_fraction(limit / total, device)
     return gpu_memory
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from autofit.config import Config
+
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
 
 
@@ -19,33 +21,34 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
 
 def build_optimizer(
     model: nn.Module,
-    name: str,
-    offload: str,
+    config: Config,
     device_type: str,
     *,
-    grad_accum: int = 1,
+    keep_gradients: bool = False,
     lr: float = LR,
 ) -> torch.optim.Optimizer:
     """Optimizer over the trainable parameters.
 
     `offload=optimizer` on CUDA uses torchao's `CPUOffloadOptimizer`, freeing device gradients
     once copied to the host (`offload_gradients`) unless gradients accumulate (`grad_accum > 1`,
-    which torchao says that option does not support). On CPU trials (where that
+    which torchao says that option does not support) or must stay (`keep_gradients`: DDP's
+    gradients are views into its all-reduce buckets). On CPU trials (where that
     class refuses to run: it needs CUDA/XPU) the plain optimizer is used and the worker runs its
     step outside the device-memory tracker, so its state counts as host memory, as it would be.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    cls = optimizer_class(name)
+    cls = optimizer_class(config.optimizer)
     kwargs: dict[str, object] = {"lr": lr, "weight_decay": 0.0}
-    if cls is torch.optim.AdamW and device_type == "cuda" and offload != "params":
+    if cls is torch.optim.AdamW and device_type == "cuda" and config.offload != "params":
         kwargs["fused"] = True
-    if offload == "optimizer" and device_type == "cuda":
+    if config.offload == "optimizer" and device_type == "cuda":
         from torchao.optim import CPUOffloadOptimizer
 
+        free_grads = config.grad_accum == 1 and not keep_gradients
         return CPUOffloadOptimizer(
-            params, optimizer_class=cls, offload_gradients=grad_accum == 1, **kwargs
+            params, optimizer_class=cls, offload_gradients=free_grads, **kwargs
         )
     return cls(params, **kwargs)
 

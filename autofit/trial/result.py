@@ -16,6 +16,10 @@ class TrialResult:
     `peak_bytes` is the max over ranks of `torch.cuda.max_memory_reserved` on CUDA, and on CPU the
     peak of live tensor storage counted by the dispatch-level tracker (`memory.TensorTracker`).
     `host_peak_bytes` is the sum over ranks of each process's peak resident set (ru_maxrss).
+    `build_peak_bytes` is the same measure while the model was built (before the first step), and
+    `device_peak_bytes` on CUDA the device-level use (`mem_get_info`: allocator plus CUDA context
+    and NCCL buffers) seen after each step. `sharding` is how the model was held: `none` (the plain
+    module on one GPU), `ddp` or `fsdp2`.
     """
 
     status: str
@@ -23,7 +27,10 @@ class TrialResult:
     model: str
     device: str = "cuda"
     nprocs: int = 1
+    sharding: str | None = None
     peak_bytes: int | None = None
+    build_peak_bytes: int | None = None
+    device_peak_bytes: int | None = None
     peak_allocated_bytes: int | None = None
     host_peak_bytes: int | None = None
     tokens_per_s: float | None = None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import gc
 import json
 import os
 import statistics
@@ -21,16 +23,25 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from autofit.config import Config
 from autofit.errors import is_oom
 from autofit.models import ModelSpec
-from autofit.trial.apply import build_for_trial
-from autofit.trial.fsdp import fsdp_root, make_mesh
-from autofit.trial.memory import TensorTracker, cap_cuda, host_peak_bytes, untracked
-from autofit.trial.optim import build_optimizer, is_compiled_step
+from autofit.trial.apply import Applied, build_for_trial
+from autofit.trial.memory import (
+    TensorTracker,
+    cap_cuda,
+    device_used_bytes,
+    host_peak_bytes,
+    untracked,
+)
+from autofit.trial.optim import is_compiled_step
 
 HANG_ENV = "AUTOFIT_TRIAL_TEST_HANG"
+# A collective that never completes (a dead peer) fails in this time rather than at the trial's
+# own limit.
+INIT_TIMEOUT = datetime.timedelta(seconds=120)
 
 
 def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.device):
@@ -40,16 +51,21 @@ def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.de
     return tokens.to(device)
 
 
-def train_step(model, optimizer, root, batch, config: Config, opt_name: str, tracker, cpu_offload):  # type: ignore[no-untyped-def]
-    """One optimizer step of `grad_accum` micro-steps; gradients sync on the last only."""
+def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None) -> torch.Tensor:
+    """One optimizer step of `grad_accum` micro-steps; gradients sync on the last only. The loop
+    is `Applied`'s documented training loop: what a user's run does."""
+    config = run.config
     total = torch.zeros((), device=batch.device)
     for micro in range(config.grad_accum):
-        if root is not None:
-            root.set_requires_gradient_sync(micro == config.grad_accum - 1)
-        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
-        (loss / config.grad_accum).backward()
+        with run.gradient_sync(micro == config.grad_accum - 1):
+            with run.autocast():
+                loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
+            (loss / config.grad_accum).backward()
         total += loss.detach().float()
-    if tracker is not None and (cpu_offload or is_compiled_step(opt_name)):
+    optimizer = run.optimizer
+    assert optimizer is not None
+    cpu_offload = tracker is not None and config.offload != "none"
+    if tracker is not None and (cpu_offload or is_compiled_step(config.optimizer)):
         with untracked():
             optimizer.step()
         if not cpu_offload:  # compiled low-bit step: its state lives on the device, count it
@@ -66,12 +82,13 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device, timeout=INIT_TIMEOUT)
+        dist.barrier()  # the NCCL communicator and its buffers exist from here on
         capacity = cap_cuda(gpu_memory, device)
-        dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
         capacity = gpu_memory
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=INIT_TIMEOUT)
     if os.environ.get(HANG_ENV) == "1":
         while True:
             time.sleep(1)
@@ -80,38 +97,41 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
     model_spec = ModelSpec(**spec["model"])
     torch.manual_seed(0)
     tracker = TensorTracker(capacity) if device_type == "cpu" else None
+    device_peak = 0
     with tracker if tracker is not None else contextlib.nullcontext():
-        mesh = make_mesh(device_type, world, config.wrap)
-        model = build_for_trial(model_spec, config, device, mesh)
-        model.train()
-        optimizer = build_optimizer(
-            model, config.optimizer, config.offload, device_type, grad_accum=config.grad_accum
-        )
-        root = fsdp_root(model)
+        applied = build_for_trial(model_spec, config, device)
+        applied.model.train()
         batch = synthetic_batch(model_spec, config, rank, device)
         # On CPU the "device" is the host: offloaded optimizer state (and, for offload=params, the
         # sharded fp32 params) are kept out of the device count, as they would be on a GPU.
-        cpu_offload = device_type == "cpu" and config.offload != "none"
+        gc.collect()
         if tracker is not None:
-            if config.offload == "params":
-                tracker.untrack([p.data for p in model.parameters()])
+            build_peak = tracker.peak
+            if config.offload == "params":  # what FSDP2 manages is on the host; not what it left
+                tracker.untrack([p for p in applied.model.parameters() if isinstance(p, DTensor)])
             tracker.reset_peak()
         else:
+            build_peak = torch.cuda.max_memory_reserved(device)
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         losses, times = [], []
         for _ in range(spec["warmup"] + spec["steps"]):
             start = time.perf_counter()
-            loss = train_step(
-                model, optimizer, root, batch, config, config.optimizer, tracker, cpu_offload
-            )
+            loss = train_step(applied, batch, tracker)
             losses.append(loss)
             if device_type == "cuda":
                 torch.cuda.synchronize(device)
+                device_peak = max(device_peak, device_used_bytes(device))
             times.append(time.perf_counter() - start)
     if tracker is not None:
-        peaks = [tracker.peak, tracker.peak]
+        peaks = [tracker.peak, tracker.peak, build_peak, tracker.peak]
     else:
-        peaks = [torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)]
+        peaks = [
+            torch.cuda.max_memory_reserved(device),
+            torch.cuda.max_memory_allocated(device),
+            build_peak,
+            device_peak,
+        ]
     peak_t = torch.tensor(peaks, dtype=torch.float64, device=device)
     dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
     host_t = torch.tensor([float(host_peak_bytes())], dtype=torch.float64, device=device)
@@ -127,8 +147,11 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
         return None
     return {
         "status": "ok",
+        "sharding": str(applied.sharding),
         "peak_bytes": int(peak_t[0].item()),
         "peak_allocated_bytes": int(peak_t[1].item()),
+        "build_peak_bytes": int(peak_t[2].item()),
+        "device_peak_bytes": int(peak_t[3].item()),
         "host_peak_bytes": int(host_t[0].item()),
         "step_time_s": step_time,
         "tokens_per_s": tokens / step_time,

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from autofit.config import Config
+from autofit.config import Config, Sharding
 from autofit.estimate import BREAKDOWN_KEYS, estimate
 from autofit.estimate import memory as mem
 from autofit.hardware import resolve_gpus
@@ -88,7 +88,7 @@ def test_full_fine_tune_model_states_are_16_bytes_per_param_sharded():
         assert b["trainable_weights"] == pytest.approx(4 * N_7B / n, abs=1)
         assert b["optimizer_state"] == pytest.approx(8 * N_7B / n, abs=1)
         if e.peak_phase == "optimizer":
-            unit = mem.unit_grad_bytes(LLAMA_7B, 0, "layer")
+            unit = mem.unit_grad_bytes(LLAMA_7B, 0, "layer", Sharding.FSDP2)
             assert b["gradients"] == pytest.approx(4 * N_7B / n + unit, abs=1)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from autofit.config import Sharding
 from autofit.estimate import memory as mem
 from autofit.models import PRESETS
 
@@ -102,19 +103,33 @@ def test_frozen_non_projection_weights_are_bf16():
 
 
 def test_shard_degree_is_all_gpus_except_for_replicas():
-    assert mem.shard_degree("layer", 8) == 8
-    assert mem.shard_degree("model", 8) == 8
-    assert mem.shard_degree("none", 8) == 1
+    assert mem.shard_degree(Sharding.FSDP2, 8) == 8
+    assert mem.shard_degree(Sharding.DDP, 8) == 1
+    assert mem.shard_degree(Sharding.NONE, 1) == 1
 
 
-def test_gathered_layers_with_reshard_hold_the_current_and_prefetched_unit():
-    root = LLAMA_7B.root_params * 2
-    layer = LLAMA_7B.layer_params * 2
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", True, 8) == root + 2 * layer
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "every-2", True, 8) == root + 4 * layer
+def test_gathered_units_follow_torchtitans_layout():
+    # Llama-2-7B by hand: [norm, head] = (32000 x 4096 + 4096) bf16 stays gathered after forward;
+    # the embedding unit (32000 x 4096 bf16) is resharded after forward; a layer is 202,383,360
+    # bf16 params (4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096).
+    head = (32000 * 4096 + 4096) * 2
+    embed = 32000 * 4096 * 2
+    layer = (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) * 2
+    fsdp = Sharding.FSDP2
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", True, fsdp) == head + 2 * layer
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "every-2", True, fsdp) == head + 4 * layer
     # without reshard_after_forward every unit stays gathered: the whole model in bf16
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", False, 8) == root + 32 * layer
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "model", True, 8) == root + 32 * layer
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", False, fsdp) == (
+        head + embed + 32 * layer
+    )
+    # `model`: every layer in the root unit, which FSDP2 never reshards after forward
+    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "model", True, fsdp) == head + 32 * layer
+
+
+def test_replicas_and_the_plain_module_gather_nothing():
+    for sharding in (Sharding.NONE, Sharding.DDP):
+        assert mem.gathered_bytes(LLAMA_7B, "none", 0, "none", True, sharding) == 0
+        assert mem.unit_grad_bytes(LLAMA_7B, 0, "none", sharding) == 0
 
 
 def test_int8_base_is_never_all_gathered():

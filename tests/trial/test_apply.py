@@ -1,12 +1,14 @@
-"""`autofit.apply` on a user's own (small) model: the same builder steps the trials measure."""
+"""`autofit.apply` on a user's own (small) model: the same builder steps the trials measure,
+returning the model, the optimizer and the autocast context a training loop uses directly."""
 
 from __future__ import annotations
 
 import torch
 
-from autofit.config import Config
+from autofit.config import Config, Sharding
 from autofit.models import PRESETS
 from autofit.trial import apply
+from autofit.trial.apply import Applied
 
 
 def small_model() -> torch.nn.Module:
@@ -16,43 +18,64 @@ def small_model() -> torch.nn.Module:
     return LlamaForCausalLM(PRESETS["llama-debug"].to_hf_config())
 
 
-def train(model: torch.nn.Module, steps: int = 4) -> list[float]:
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-3)
+def train(run: Applied, steps: int = 4) -> list[float]:
+    """The loop `Applied`'s docstring shows, with 2 micro-steps per optimizer step."""
+    assert run.optimizer is not None
     batch = torch.randint(0, 1024, (2, 32), generator=torch.Generator().manual_seed(0))
     losses = []
     for _ in range(steps):
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        for micro in range(2):
+            with run.gradient_sync(micro == 1):
+                with run.autocast():
+                    loss = run.model(input_ids=batch, labels=batch).loss
+                (loss / 2).backward()
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return losses
 
 
-def test_apply_lora_freezes_a_bf16_base_and_trains_fp32_adapters() -> None:
-    model = apply(small_model(), Config(lora_rank=8, checkpointing="full"))
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+def test_one_device_lora_is_the_plain_module_with_fp32_adapters_under_bf16_autocast() -> None:
+    run = apply(small_model(), Config(lora_rank=8, checkpointing="full", wrap="none"))
+    assert run.sharding is Sharding.NONE
+    trainable = {n: p for n, p in run.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     assert all(p.dtype == torch.float32 for p in trainable.values())
-    frozen = [p for p in model.parameters() if not p.requires_grad]
+    frozen = [p for p in run.model.parameters() if not p.requires_grad]
     assert all(p.dtype == torch.bfloat16 for p in frozen)
-    losses = train(model)
+    # no DTensor anywhere: the plain module, as single-device recipes train it
+    assert not any(type(p.data).__name__ == "DTensor" for p in run.model.parameters())
+    assert isinstance(run.optimizer, torch.optim.AdamW)
+    with run.autocast():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert torch.is_autocast_enabled("cpu")
+    losses = train(run)
     assert losses[-1] < losses[0]
 
 
 def test_apply_qlora_stores_projections_in_nf4() -> None:
     from torchao.quantization import NF4Tensor
 
-    model = apply(small_model(), Config(lora_rank=8, quant="nf4"))
-    q_proj = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
-    assert isinstance(q_proj.weight.data, NF4Tensor)
-    losses = train(model)
+    run = apply(small_model(), Config(lora_rank=8, quant="nf4", wrap="none"))
+    q_proj = run.model.get_base_model().model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj.base_layer.weight.data, NF4Tensor)
+    assert q_proj.lora_A["default"].weight.dtype == torch.float32
+    assert torch.count_nonzero(q_proj.lora_B["default"].weight) == 0  # peft's B = 0 start
+    losses = train(run)
     assert losses[-1] < losses[0]
 
 
-def test_apply_full_finetune_in_pure_bf16_keeps_everything_bf16() -> None:
-    model = apply(small_model(), Config(precision="bf16", checkpointing="selective"))
-    assert all(p.dtype == torch.bfloat16 and p.requires_grad for p in model.parameters())
-    losses = train(model, steps=3)
+def test_apply_full_finetune_in_pure_bf16_keeps_everything_bf16_without_autocast() -> None:
+    run = apply(small_model(), Config(precision="bf16", checkpointing="selective", wrap="none"))
+    assert all(p.dtype == torch.bfloat16 and p.requires_grad for p in run.model.parameters())
+    with run.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    losses = train(run, steps=3)
     assert losses[-1] < losses[0]
+
+
+def test_low_bit_optimizer_is_built_as_trials_build_it() -> None:
+    from torchao.optim import AdamW8bit
+
+    run = apply(small_model(), Config(lora_rank=8, optimizer="adamw8bit", wrap="none"))
+    assert isinstance(run.optimizer, AdamW8bit)

@@ -1,0 +1,304 @@
+"""NF4 base weights (torchao `NF4Tensor`) that FSDP2 shards over any number of ranks.
+
+FSDP2 shards a parameter with `torch.chunk(param, world, dim=0)`: every rank but the last non-empty
+one gets `ceil(rows / world)` rows, and the short ranks are padded to that size
+(`_fsdp_param.py` `_init_sharded_param`: `_chunk_with_empty`, `new_zeros`, `narrow`, `copy_`).
+A tensor subclass with the all-gather extension must itself all-gather inputs of the padded size
+and unpad after the gather. torchao's NF4Tensor (0.18) only handles the even case: its
+`aten.split` assumes `rows % split_size == 0`, it has no `aten.new_empty`, its `new_zeros` and
+`aten.slice` only take whole fractions of the tensor, and `fsdp_pre_all_gather` /
+`fsdp_post_all_gather` gather the local shard as is and call the result `local rows x world`.
+
+An NF4Tensor is three flat arrays over the row-major elements: 4-bit codes (2 per byte), one int8
+scale per `block_size` elements, one quantization factor per `block_size * scaler_block_size`
+elements. A run of rows is itself an NF4Tensor (views of the three arrays) when it starts and ends
+on a `block_size * scaler_block_size` boundary. So:
+
+* `nf4_block_sizes` picks the block and scaler block so that every FSDP2 chunk boundary is such a
+  boundary, for every shard count that divides the world size (QLoRA's 64 x 256 when the shape
+  allows, smaller blocks only where a chunk would split a block);
+* `enable_uneven_sharding` registers, in torchao's own `implements` table, dim-0 `split`, `slice`,
+  `new_zeros` and `new_empty` for any aligned row range, and replaces the two FSDP2 extension
+  methods with versions that pad each inner array to the padded chunk and gather exactly the
+  unsharded tensor. With an even split (rows divisible by the world size) they return what
+  torchao's own do.
+
+torchao keeps `n_blocks` of the unsharded tensor on every shard (its `split`, `new_zeros` and
+`fsdp_post_all_gather` copy it unchanged, and `copy_` requires it equal), so a shard knows the
+unsharded row count and every rank computes the same padded size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._prims_common import make_contiguous_strides_for
+from torch.distributed.device_mesh import DeviceMesh
+from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor as _nf4
+from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor, to_nf4
+
+aten = torch.ops.aten
+
+NF4_BLOCK = 64  # QLoRA's block of 64 weights per absmax scale (torchao's default)
+NF4_SCALER_BLOCK = 256  # scales per double-quantization block (torchao's default)
+
+# The inner arrays FSDP2 all-gathers, in the order of torchao's `fsdp_pre_all_gather`.
+_GATHERED = ("quantized_scalers", "quantization_factor", "quantized_data")
+
+
+def shard_rows(rows: int, shards: int) -> int:
+    """Rows of FSDP2's largest (padded) dim-0 chunk: `torch.chunk` splits by `ceil(rows/shards)`."""
+    return -(-rows // shards)
+
+
+def nf4_block_sizes(
+    shape: Sequence[int],
+    shards: int = 1,
+    block: int = NF4_BLOCK,
+    scaler_block: int = NF4_SCALER_BLOCK,
+) -> tuple[int, int]:
+    """(block_size, scaler_block_size) for `to_nf4` so that FSDP2 can shard the weight.
+
+    Every chunk boundary `i * ceil(rows / k)` rows, for each shard count `k` dividing `shards`
+    (a 1-D mesh over all ranks, or a smaller shard group of HSDP), must fall on a whole
+    double-quantization block. Picks the largest even block <= `block` and then the largest
+    scaler block <= `scaler_block` that satisfy this: 64 x 256 for a single rank, 64 x <= 256 for
+    real model shapes, smaller blocks only for odd shapes (llama-debug's 256 x 688 `down_proj` on 3
+    ranks: 32 x 43; on 6 ranks: 16 x 43). Smaller blocks only add scales (more precision).
+    """
+    rows, row_numel = shape[0], math.prod(shape[1:])
+    unit = rows * row_numel  # elements in the largest run every chunk boundary is a multiple of
+    for k in range(2, shards + 1):
+        if shards % k == 0:
+            unit = math.gcd(unit, row_numel * math.gcd(rows, shard_rows(rows, k)))
+    blocks = [b for b in range(block, 1, -1) if b % 2 == 0 and unit % b == 0]
+    if not blocks:
+        raise ValueError(
+            f"cannot quantize a {tuple(shape)} weight to NF4 in blocks that FSDP2 can shard over "
+            f"{shards} ranks: the chunks hold no common even number of elements"
+        )
+    scalers = unit // blocks[0]
+    return blocks[0], max(s for s in range(1, scaler_block + 1) if scalers % s == 0)
+
+
+def to_shardable_nf4(weight: torch.Tensor, shards: int = 1) -> NF4Tensor:
+    """`to_nf4(weight)` with block sizes from `nf4_block_sizes`, FSDP2 sharding enabled."""
+    enable_uneven_sharding()
+    return to_nf4(weight, *nf4_block_sizes(weight.shape, shards))
+
+
+def _elements_per_item(block_size: int, scaler_block_size: int) -> dict[str, int]:
+    """Weight elements covered by one item of each inner array."""
+    return {
+        "quantized_scalers": block_size,
+        "quantization_factor": block_size * scaler_block_size,
+        "quantized_data": 2,
+    }
+
+
+def _row_numel(t: NF4Tensor) -> int:
+    return math.prod(t.shape[1:])
+
+
+def _with(t: NF4Tensor, size: Sequence[int], inner: dict[str, torch.Tensor]) -> NF4Tensor:
+    """A new NF4Tensor like `t` (same blocks, `n_blocks`, `scaler_mean`) of `size`."""
+    size = torch.Size(size)
+    attrs = {"size": size, "stride": make_contiguous_strides_for(size), **inner}
+    return NF4Tensor(*_nf4.construct_nf4_args(t, attrs))
+
+
+def _inner_lengths(t: NF4Tensor, numel: int, what: str) -> dict[str, int]:
+    lengths = {}
+    for name, per in _elements_per_item(t.block_size, t.scaler_block_size).items():
+        if numel % per:
+            raise NotImplementedError(
+                f"{what}: {numel} elements are not whole NF4 blocks of {per} "
+                f"(block_size={t.block_size}, scaler_block_size={t.scaler_block_size}); "
+                "quantize with autofit.trial.nf4.nf4_block_sizes"
+            )
+        lengths[name] = numel // per
+    return lengths
+
+
+def _rows(t: NF4Tensor, start: int, end: int) -> NF4Tensor:
+    """Rows [start, end) of `t` as an NF4Tensor whose inner arrays are views of `t`'s."""
+    row = _row_numel(t)
+    what = f"rows [{start}, {end}) of a {tuple(t.shape)} NF4Tensor"
+    offsets = _inner_lengths(t, start * row, what)
+    lengths = _inner_lengths(t, (end - start) * row, what)
+    inner = {n: getattr(t, n).narrow(0, offsets[n], lengths[n]) for n in _GATHERED}
+    return _with(t, (end - start, *t.shape[1:]), inner)
+
+
+def _new(t: NF4Tensor, size: Sequence[int], fill: bool, device: Any = None) -> NF4Tensor:
+    """A fresh NF4Tensor of `size`; `fill`: the codes of 0.0 with unit scales (reads as zeros)."""
+    lengths = _inner_lengths(t, math.prod(size), f"a new {tuple(size)} NF4Tensor")
+    device = device if device is not None else t.device
+    inner = {}
+    for name in _GATHERED:
+        like = getattr(t, name)
+        inner[name] = torch.empty(lengths[name], dtype=like.dtype, device=device)
+    if fill:
+        zero = int(t.nf4.abs().argmin())  # the NF4 code of 0.0 (7), two per byte
+        inner["quantized_data"].fill_(zero << 4 | zero)
+        inner["quantized_scalers"].zero_()
+        inner["quantization_factor"].fill_(1)
+    inner["scaler_mean"] = t.scaler_mean.clone().to(device)
+    inner["nf4"] = t.nf4.clone().to(device)
+    return _with(t, size, {**inner, "device": torch.device(device)})
+
+
+def _dim0(t: NF4Tensor, dim: int) -> bool:
+    return dim % max(t.dim(), 1) == 0
+
+
+def _register(op: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `fn(fallback, args, kwargs)` for `op`; `fallback` is torchao's own handler."""
+    fallback = _nf4.NF4_OPS_TABLE.get(op)
+
+    def unsupported(func: Any, args: Any, kwargs: Any = None) -> Any:
+        raise NotImplementedError(f"NF4Tensor dispatch: attempting to run {func}")
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def handler(func: Any, args: Any, kwargs: Any = None) -> Any:
+            return fn(fallback or unsupported, func, args, kwargs or {})
+
+        _nf4.implements([op])(handler)
+        return fn
+
+    return decorator
+
+
+def _split(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """`aten.split.Tensor` on dim 0 (what `torch.chunk` runs): the last chunk may be shorter."""
+    t, size = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    if not _dim0(t, dim):
+        return fallback(func, args, kwargs)
+    rows = t.size(0)
+    return [_rows(t, a, min(a + size, rows)) for a in range(0, max(rows, 1), size)]
+
+
+def _slice(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """`aten.slice.Tensor` on dim 0, step 1 (what `narrow` runs): a view of whole blocks."""
+    t = args[0]
+    dim, start, end, step = [*args[1:], *(0, None, None, 1)[len(args) - 1 :]]
+    if not _dim0(t, dim) or step != 1:
+        return fallback(func, args, kwargs)
+    rows = t.size(0)
+    start = 0 if start is None else start + rows if start < 0 else start
+    end = rows if end is None else end + rows if end < 0 else end
+    start = min(max(start, 0), rows)
+    return _rows(t, start, min(max(end, start), rows))
+
+
+def _new_zeros(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """`aten.new_zeros` of any size that is whole blocks (FSDP2's padded chunk)."""
+    return _new(args[0], tuple(args[1]), fill=True, device=kwargs.get("device"))
+
+
+def _new_empty(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """`aten.new_empty` (FSDP2's `_chunk_with_empty` makes `new_empty(0)` for ranks left empty)."""
+    return _new(args[0], tuple(args[1]), fill=False, device=kwargs.get("device"))
+
+
+def _fsdp_pre_all_gather(self: NF4Tensor, mesh: DeviceMesh) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """torchao's `fsdp_pre_all_gather`, each inner array padded to FSDP2's padded chunk.
+
+    The one-argument signature is kept: with the five-argument one FSDP2 asserts that every
+    all-gather input has the padded parameter shape, which NF4's flat arrays never have.
+    """
+    shards = mesh.size()
+    row = _row_numel(self)
+    full = self.n_blocks * self.block_size  # elements of the unsharded tensor
+    rows = full // row if row and full % row == 0 else 0
+    if rows < self.size(0):  # n_blocks is not the unsharded tensor's: torchao's even split
+        rows = self.size(0) * shards
+    padded = _inner_lengths(self, shard_rows(rows, shards) * row, "FSDP2's padded NF4 chunk")
+    inputs = []
+    for name in _GATHERED:
+        x = getattr(self, name)
+        if x.numel() < padded[name]:
+            x = torch.cat([x, x.new_zeros(padded[name] - x.numel())])
+        inputs.append(x)
+    size = torch.Size((rows, *self.shape[1:]))
+    tensor_meta = _nf4.SubclassTensorArgs(
+        size,
+        make_contiguous_strides_for(size),
+        0,
+        self.dtype,
+        self.device,
+        self.requires_grad,
+    )
+    metadata = (
+        tensor_meta,
+        self.block_size,
+        self.n_blocks,
+        self.scaler_block_size,
+        self.scaler_mean,
+        self.nf4,
+    )
+    return tuple(inputs), metadata
+
+
+def _fsdp_post_all_gather(
+    self: NF4Tensor,
+    all_gather_outputs: tuple[torch.Tensor, ...],
+    metadata: Any,
+    param_dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+) -> tuple[NF4Tensor, tuple[torch.Tensor, ...]] | None:
+    """torchao's `fsdp_post_all_gather`, the padding at the end of each gathered array dropped."""
+    tensor_meta, block_size, n_blocks, scaler_block_size, scaler_mean, nf4 = metadata
+    if out is not None:  # later all-gathers write into the first one's output buffers
+        assert isinstance(out, NF4Tensor), f"{type(out)}"
+        for name, gathered in zip(_GATHERED, all_gather_outputs, strict=True):
+            assert (
+                getattr(out, name).untyped_storage().data_ptr()
+                == gathered.untyped_storage().data_ptr()
+            ), "Expects out's data to be the all-gather output"
+        return None
+    numel = math.prod(tensor_meta.original_shape)
+    per = _elements_per_item(block_size, scaler_block_size)
+    scalers, factor, data = (
+        gathered.narrow(0, 0, numel // per[name])
+        for name, gathered in zip(_GATHERED, all_gather_outputs, strict=True)
+    )
+    unsharded = _nf4.nf4_constructor(
+        tensor_meta,
+        block_size,
+        n_blocks,
+        scaler_block_size,
+        scalers,
+        factor,
+        scaler_mean,
+        data,
+        nf4,
+    )
+    return unsharded, tuple(all_gather_outputs)
+
+
+_ENABLED = False
+
+
+def enable_uneven_sharding() -> None:
+    """Let FSDP2 shard every NF4Tensor over any world size (idempotent, process-wide).
+
+    Registers dim-0 `split`, `slice`, `new_zeros`, `new_empty` in torchao's NF4 op table (other
+    dims and steps fall back to torchao's handlers) and replaces `NF4Tensor.fsdp_pre_all_gather`
+    and `fsdp_post_all_gather` with padding-aware versions.
+    """
+    global _ENABLED
+    if _ENABLED:
+        return
+    _register(aten.split.Tensor)(_split)
+    _register(aten.slice.Tensor)(_slice)
+    _register(aten.new_zeros.default)(_new_zeros)
+    _register(aten.new_empty.default)(_new_empty)
+    NF4Tensor.fsdp_pre_all_gather = _fsdp_pre_all_gather
+    NF4Tensor.fsdp_post_all_gather = _fsdp_post_all_gather
+    _ENABLED = True
