@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from autofit.trial import TrialResult
+    from autofit.trial.apply import Applied
 
 __all__ = [
     "KNOBS",
@@ -153,9 +154,11 @@ def _run_trial_api(
 trial = _run_trial_api  # `autofit.trial(...)`; the `autofit.trial` package stays callable too
 
 
-def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any) -> Any:
-    """Apply a config to your own model as trials measured it: quantize, LoRA, checkpoint,
-    shard (call inside an initialised process group for FSDP2)."""
+def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any) -> Applied:
+    """Set your own model up as trials measured it: LoRA, checkpointing, quantization, then the
+    plain module (one GPU), DDP or FSDP2 (inside an initialised process group of several ranks),
+    and the optimizer. Returns `Applied`: `.model` to call, `.optimizer`, `.autocast()` and
+    `.gradient_sync(last_micro_step)` for the training loop. Keyword arguments: `lr`, `device`."""
     from autofit.trial import apply as _apply
 
     cfg = config if isinstance(config, Config) else Config.from_dict(dict(config))

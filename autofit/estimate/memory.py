@@ -10,6 +10,7 @@ import math
 from functools import lru_cache
 
 from autofit.config import Sharding, fp32_trainable, wrap_group_size
+from autofit.formats import nf4_bytes_per_param
 from autofit.models import ModelSpec
 
 BF16 = 2
@@ -24,12 +25,11 @@ def base_bytes_per_param(quant: str) -> float:
     - none: bf16 (2 B); autofit keeps a frozen base in bf16 whatever `precision` says.
     - int8: torchao int8 weight-only: 1 B + one bf16 scale per output row, counted per model in
       `base_weight_bytes` (torchao `Int8WeightOnlyConfig`, per-channel symmetric).
-    - nf4: torchao `to_nf4` (QLoRA, Dettmers et al. 2023): 4-bit codes (0.5 B) + one int8 scaler
-      per 64-value block (1/64 B) + one fp32 factor per 256 blocks (4/(64*256) B) (torchao
-      `NF4Tensor`, block_size=64, scaler_block_size=256).
+    - nf4: torchao `to_nf4` (QLoRA, Dettmers et al. 2023): `autofit.formats.nf4_bytes_per_param`
+      (4-bit codes + an int8 scale per 64 weights + a bf16 factor per 64 x 256 weights).
     """
     if quant == "nf4":
-        return 0.5 + 1 / 64 + 4 / (64 * 256)
+        return nf4_bytes_per_param()
     if quant == "int8":
         return 1.0
     return float(BF16)

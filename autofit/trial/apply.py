@@ -19,7 +19,7 @@ from torch import nn
 
 from autofit.config import Config, Sharding, sharding_for
 from autofit.models import ModelSpec
-from autofit.trial.build import build_meta_model, materialize, model_parts
+from autofit.trial.build import build_meta_model, has_meta, materialize, model_parts
 from autofit.trial.checkpoint import apply_checkpointing
 from autofit.trial.ddp import apply_ddp
 from autofit.trial.dtypes import autocast_dtype, base_dtype, train_dtype
@@ -112,17 +112,18 @@ def prepare(
         if config.quant == "none":
             return  # left on meta: `fully_shard` first, so only shards are ever allocated
         for layer in layers:
+            quantize_layer(layer, config.quant, device)
             materialize(layer, device)
-            quantize_layer(layer, config.quant)
 
     if sharding is Sharding.FSDP2:
         apply_fsdp(model, parts, config, make_mesh(device.type, world), before_unit=build_layers)
         materialize(model, device)
         return model, sharding
     for layer in parts.layers:
+        if not has_meta(layer):
+            layer.to(device)  # a user's model may arrive on the host
+        quantize_layer(layer, config.quant, device)
         materialize(layer, device)
-        layer.to(device)  # a user's model may arrive on the host
-        quantize_layer(layer, config.quant)
     materialize(model, device)
     model.to(device)
     if sharding is Sharding.DDP:

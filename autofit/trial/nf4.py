@@ -40,10 +40,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor as _nf4
 from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor, to_nf4
 
+from autofit.formats import NF4_BLOCK, NF4_QUANTIZE_CHUNK, NF4_SCALER_BLOCK
+
 aten = torch.ops.aten
 
-NF4_BLOCK = 64  # QLoRA's block of 64 weights per absmax scale (torchao's default)
-NF4_SCALER_BLOCK = 256  # scales per double-quantization block (torchao's default)
 
 # The inner arrays FSDP2 all-gathers, in the order of torchao's `fsdp_pre_all_gather`.
 _GATHERED = ("quantized_scalers", "quantization_factor", "quantized_data")
@@ -85,9 +85,21 @@ def nf4_block_sizes(
 
 
 def to_shardable_nf4(weight: torch.Tensor, shards: int = 1) -> NF4Tensor:
-    """`to_nf4(weight)` with block sizes from `nf4_block_sizes`, FSDP2 sharding enabled."""
+    """`to_nf4(weight)` with block sizes from `nf4_block_sizes`, FSDP2 sharding enabled.
+
+    torchao finds each weight's nearest NF4 level in chunks of `CHUNK_SIZE` weights, holding
+    ~32 B per weight of the chunk meanwhile: 34 MiB per chunk of 1M, more than a whole decoder
+    layer of a small model. Chunks of at most 1/8 of the weight keep that transient below the
+    layer's own size (same codes: the chunking only bounds memory); weights of 8M elements and
+    more (any 7B+ projection) keep torchao's chunk.
+    """
     enable_uneven_sharding()
-    return to_nf4(weight, *nf4_block_sizes(weight.shape, shards))
+    chunk = min(NF4_QUANTIZE_CHUNK, max(64 * 1024, weight.numel() // 8))
+    saved, _nf4.CHUNK_SIZE = _nf4.CHUNK_SIZE, chunk
+    try:
+        return to_nf4(weight, *nf4_block_sizes(weight.shape, shards))
+    finally:
+        _nf4.CHUNK_SIZE = saved
 
 
 def _elements_per_item(block_size: int, scaler_block_size: int) -> dict[str, int]:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from autofit.models import PROJECTIONS
+from autofit.trial.build import materialize
 
 
 def is_projection(module: nn.Module, name: str) -> bool:
@@ -27,25 +28,31 @@ def is_projection(module: nn.Module, name: str) -> bool:
     return parts[-1] in PROJECTIONS
 
 
-def quantize_layer(layer: nn.Module, quant: str) -> nn.Module:
-    """Quantize the projection weights of one materialised decoder layer in place."""
-    if quant == "nf4":
-        _to_nf4(layer)
-    elif quant == "int8":
-        _to_int8(layer)
-    elif quant != "none":
+def quantize_layer(layer: nn.Module, quant: str, device: torch.device | None = None) -> nn.Module:
+    """Quantize the projection weights of one decoder layer in place, one projection at a time:
+    a projection still on meta is materialised (on `device`) just before it is quantized, so the
+    transient full-precision copy is one weight, not the layer."""
+    if quant not in ("none", "nf4", "int8"):
         raise ValueError(f"unknown quant {quant!r}")
+    if quant == "none":
+        return layer
+    for name, mod in layer.named_modules():
+        if not is_projection(mod, name):
+            continue
+        if mod.weight.is_meta:
+            materialize(mod, device or torch.device("cpu"), prefix=name)
+        if quant == "nf4":
+            _to_nf4(mod)
+        else:
+            _to_int8(mod)
     return layer
 
 
-def _to_nf4(layer: nn.Module) -> None:
+def _to_nf4(linear: nn.Linear) -> None:
     from autofit.trial.nf4 import to_shardable_nf4
 
-    shards = _world_size()
-    for name, mod in layer.named_modules():
-        if is_projection(mod, name):
-            weight = mod.weight.detach().to(torch.bfloat16)
-            mod.weight = nn.Parameter(to_shardable_nf4(weight, shards), requires_grad=False)
+    weight = linear.weight.detach().to(torch.bfloat16)
+    linear.weight = nn.Parameter(to_shardable_nf4(weight, _world_size()), requires_grad=False)
 
 
 def _world_size() -> int:
@@ -55,16 +62,13 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _to_int8(layer: nn.Module) -> None:
+def _to_int8(linear: nn.Linear) -> None:
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    for name, mod in layer.named_modules():
-        if is_projection(mod, name):
-            mod.weight.data = mod.weight.data.to(torch.bfloat16)
-    quantize_(layer, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=is_projection)
-    for name, mod in layer.named_modules():
-        if is_projection(mod, name):
-            mod.weight.requires_grad_(False)
+    linear.weight.data = linear.weight.data.to(torch.bfloat16)
+    config = Int8WeightOnlyConfig(set_inductor_config=False)
+    quantize_(linear, config, filter_fn=lambda mod, _fqn: mod is linear)
+    linear.weight.requires_grad_(False)
 
 
 def int8_params(model: nn.Module) -> set[nn.Parameter]:

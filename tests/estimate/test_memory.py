@@ -38,10 +38,19 @@ def test_pure_bf16_adamw_is_8_bytes_per_param():
     assert mem.optimizer_bytes_per_param("adamw", "bf16") == 4
 
 
-def test_nf4_bytes_per_param_include_block_scales():
-    # 4-bit code + int8 scaler per 64 values + fp32 factor per 256 blocks of 64
-    assert mem.base_bytes_per_param("nf4") == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256))
-    assert mem.base_bytes_per_param("nf4") == pytest.approx(0.515869140625)
+def test_nf4_bytes_per_param_are_what_torchao_stores():
+    import torch
+    from torchao.quantization import to_nf4
+
+    # the outside truth: a real torchao NF4 tensor of a Llama-7B projection's shape
+    nf4 = to_nf4(torch.randn(4096, 4096, dtype=torch.bfloat16))
+    stored = sum(
+        t.numel() * t.element_size()
+        for t in (nf4.quantized_data, nf4.quantized_scalers, nf4.quantization_factor)
+    )
+    assert mem.base_bytes_per_param("nf4") == pytest.approx(stored / nf4.numel(), rel=1e-9)
+    # by hand: 4-bit code + int8 scaler per 64 values + bf16 factor per 256 blocks of 64
+    assert mem.base_bytes_per_param("nf4") == pytest.approx(0.5 + 1 / 64 + 2 / (64 * 256))
 
 
 def test_int8_and_bf16_base_widths():
@@ -57,7 +66,7 @@ def test_int8_base_adds_one_bf16_scale_per_output_row():
 
 def test_nf4_base_of_llama_7b_by_hand():
     assert mem.base_weight_bytes(LLAMA_7B, "nf4") == pytest.approx(
-        LLAMA_7B.linear_params * (0.5 + 1 / 64 + 4 / (64 * 256))
+        LLAMA_7B.linear_params * (0.5 + 1 / 64 + 2 / (64 * 256))
     )
 
 
