@@ -192,17 +192,36 @@ def pruned_lines(plan: Any) -> list[str]:
     return lines
 
 
+SHARDING_TEXT = {
+    "none": "the plain module (no sharding)",
+    "ddp": "DDP replicas",
+    "fsdp2": "FSDP2",
+}
+
+
 def trial_report(console: Console, result: Any) -> None:
     status = {"ok": "[green]ok[/]", "oom": "[yellow]oom[/]"}.get(
         result.status, f"[red]{result.status}[/]"
     )
-    console.print(f"trial {status}: {result.model} on {result.nprocs} x {result.device}")
+    held = SHARDING_TEXT.get(result.sharding or "", "")
+    console.print(
+        f"trial {status}: {result.model} on {result.nprocs} x {result.device}"
+        + (f", {held}" if held else "")
+    )
     if result.status == "ok":
-        console.print(
-            f"  peak {gib(result.peak_bytes or 0)} GiB reserved "
-            f"({gib(result.peak_allocated_bytes or 0)} allocated) per GPU; "
-            f"{result.tokens_per_s:,.1f} tokens/s; step {result.step_time_s:.3f} s"
+        # MiB for small peaks (CPU trials), GiB otherwise
+        scale = result.capacity_bytes or result.peak_bytes or 0
+        device = (
+            f"; device {mem(result.device_peak_bytes, scale)} with CUDA context"
+            if result.device_peak_bytes
+            else ""
         )
+        console.print(
+            f"  peak {mem(result.peak_bytes, scale)} reserved "
+            f"({mem(result.peak_allocated_bytes, scale)} allocated) per GPU{device}; "
+            f"build peak {mem(result.build_peak_bytes, scale)}"
+        )
+        console.print(f"  {result.tokens_per_s:,.1f} tokens/s; step {result.step_time_s:.3f} s")
         console.print("  losses: " + ", ".join(f"{x:.4f}" for x in result.losses))
     if result.message:
         console.print(f"  {result.message}")

@@ -242,8 +242,12 @@ def step_time(
     reduce = spd.ring_time(
         spd.reduce_bytes_per_step(trainable, config.wrap), n, hardware.link_bw_gbs
     )
-    # the last micro-step's reduce-scatter overlaps backward for all but the last unit
-    reduce_exposed = reduce / max(units, 1)
+    if sharding_for(config.wrap, n) is Sharding.DDP:
+        grad_bytes = spd.reduce_bytes_per_step(trainable, config.wrap) / 2
+        reduce_exposed = spd.ddp_exposed_reduce_time(reduce, compute * 2 / 3, grad_bytes)
+    else:
+        # the last micro-step's reduce-scatter overlaps backward for all but the last unit
+        reduce_exposed = reduce / max(units, 1)
 
     offload = 0.0
     on_cpu = config.offload in ("params", "optimizer")

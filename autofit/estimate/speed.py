@@ -11,7 +11,9 @@ from autofit.estimate.memory import (
     BF16,
     FP32,
     base_bytes_per_param,
+    embed_unit_bytes,
     gathered_layer_bytes,
+    head_unit_bytes,
     master_bytes,
 )
 from autofit.models import ModelSpec
@@ -33,6 +35,8 @@ MEM_BW_EFFICIENCY = 0.7
 # torch's CPU AdamW (foreach) updates about this many parameters per second per process; the
 # ZeRO-Offload paper (Ren et al. 2021) reports stock PyTorch CPU Adam at ~0.3-1 G params/s.
 CPU_ADAM_PARAMS_PER_S = 0.4e9
+# DDP's default gradient bucket (`bucket_cap_mb=25`, torch.nn.parallel.DistributedDataParallel).
+DDP_BUCKET_BYTES = 25 * 1024**2
 # FlashAttention-2 backward does 2.5x the forward FLOPs (Dao 2023: 5 matmuls vs 2).
 ATTN_BACKWARD_RATIO = 2.5
 
@@ -102,20 +106,33 @@ def ring_time(nbytes: float, n: int, link_bw_gbs: float) -> float:
 def comm_bytes_per_micro_step(
     model: ModelSpec, quant: str, lora_rank: int, wrap: str, reshard: bool
 ) -> float:
-    """Bytes all-gathered per micro-step: forward, and again in backward for units resharded
-    after forward (the root is not). int8 weights are never gathered (replicated)."""
+    """Bytes all-gathered per micro-step under FSDP2 laid out as torchtitan: forward, and again
+    in backward for units resharded after forward (the embedding and layer units when `reshard`;
+    `[norm, head]` and the root are kept). int8 weights are never gathered (replicated). The plain
+    module and DDP gather nothing."""
     if wrap == "none":
         return 0.0
-    root = model.root_params * BF16
+    edges = embed_unit_bytes(model) + head_unit_bytes(model)
     layers = model.layers * gathered_layer_bytes(model, quant, lora_rank)
-    regather = layers if (reshard and wrap_units(wrap, model.layers)) else 0.0
-    return root + layers + regather
+    regather = 0.0
+    if reshard:
+        regather = embed_unit_bytes(model) + (layers if wrap_units(wrap, model.layers) else 0.0)
+    return edges + layers + regather
 
 
 def reduce_bytes_per_step(trainable: int, wrap: str) -> float:
     """Gradient reduction per optimizer step, in fp32 (`reduce_dtype=fp32`): one reduce-scatter
-    under FSDP2, or an all-reduce (= reduce-scatter + all-gather, 2x) for replicas."""
+    under FSDP2, or an all-reduce (= reduce-scatter + all-gather, 2x) for DDP replicas."""
     return trainable * FP32 * (2.0 if wrap == "none" else 1.0)
+
+
+def ddp_exposed_reduce_time(reduce_s: float, backward_s: float, grad_bytes: float) -> float:
+    """DDP all-reduces gradient buckets of `DDP_BUCKET_BYTES` while backward still runs (PyTorch
+    DDP notes): what exceeds the backward time, and at least the last bucket, is exposed."""
+    if reduce_s <= 0 or grad_bytes <= 0:
+        return 0.0
+    last_bucket = reduce_s * min(1.0, DDP_BUCKET_BYTES / grad_bytes)
+    return max(reduce_s - backward_s, last_bucket)
 
 
 def optimizer_step_time(

@@ -124,7 +124,7 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
                 device_peak = max(device_peak, device_used_bytes(device))
             times.append(time.perf_counter() - start)
     if tracker is not None:
-        peaks = [tracker.peak, tracker.peak, build_peak, tracker.peak]
+        peaks = [tracker.peak, tracker.peak, build_peak, 0]  # no device-level view on CPU
     else:
         peaks = [
             torch.cuda.max_memory_reserved(device),
@@ -151,7 +151,7 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
         "peak_bytes": int(peak_t[0].item()),
         "peak_allocated_bytes": int(peak_t[1].item()),
         "build_peak_bytes": int(peak_t[2].item()),
-        "device_peak_bytes": int(peak_t[3].item()),
+        "device_peak_bytes": int(peak_t[3].item()) or None,
         "host_peak_bytes": int(host_t[0].item()),
         "step_time_s": step_time,
         "tokens_per_s": tokens / step_time,

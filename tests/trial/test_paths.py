@@ -7,7 +7,10 @@ measured peak (the outside truth), within the tolerance docs/accuracy.md reports
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 
 from autofit.config import Config
 from autofit.estimate import estimate
@@ -75,3 +78,33 @@ def test_estimate_follows_each_path(trials, name: str) -> None:  # type: ignore[
     est = estimate(resolve_model(model), hw, Config(**knobs), device="cpu")
     measured = trials[name].peak_bytes
     assert est.peak_bytes == pytest.approx(measured, rel=0.10), (name, est.breakdown)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "wrap", "sharding"),
+    [("1", "none", "none"), ("2", "none", "ddp"), ("2", "layer", "fsdp2")],
+)
+def test_trial_json_says_how_the_model_was_held(gpus: str, wrap: str, sharding: str) -> None:
+    from typer.testing import CliRunner
+
+    from autofit.cli import app
+
+    args = ["trial", "--model", "llama-debug", "--gpus", gpus, "--device", "cpu", "--wrap", wrap,
+            "--lora-rank", "8", "--seq-len", "64", "--steps", "1", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "ok" and data["sharding"] == sharding
+    assert data["build_peak_bytes"] > 0 and data["peak_bytes"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_cap_holds_the_device_not_just_the_allocator() -> None:
+    cap = 2 * 1024**3
+    result = run_trial(
+        "llama-debug", Config(seq_len=256, lora_rank=8, wrap="none"), device="cuda", gpu_memory=cap
+    )
+    assert result.status == "ok" and result.sharding == "none", result.message
+    # what runs out is the whole device: allocator plus CUDA context stay within the cap
+    assert result.peak_bytes <= result.device_peak_bytes <= cap
