@@ -91,7 +91,7 @@ BREAKDOWN_LABELS = {
     "trainable_weights": "trainable weights (master copy)",
     "gradients": "gradients",
     "optimizer_state": "optimizer state",
-    "gathered_params": "FSDP all-gathered params",
+    "gathered_params": "working bf16 weight copies (FSDP2 all-gathers / autocast casts)",
     "activations": "activations",
     "logits_loss": "logits + loss (fp32 over vocab)",
 }
@@ -103,6 +103,7 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         f"[bold]{model.name}[/] ({fmt_count(model.n_params)} params) on {hw.describe()}  "
         f"[dim]{cfg.short()}, seq_len {cfg.seq_len}[/]"
     )
+    console.print(f"held as {SHARDING_TEXT.get(est.sharding, est.sharding)}")
     table = Table(title=f"Peak memory per GPU (at the {est.peak_phase} peak)", title_justify="left")
     table.add_column("part")
     table.add_column("GiB", justify="right")

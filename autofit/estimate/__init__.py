@@ -47,6 +47,7 @@ class Estimate:
     tokens_per_s: float
     time_breakdown: dict[str, float] = field(default_factory=dict)
     n_gpus: int = 1
+    sharding: str = "fsdp2"  # how the run holds the model: none (plain module), ddp, fsdp2
 
     @property
     def headroom_bytes(self) -> int:
@@ -69,6 +70,7 @@ class Estimate:
             "tokens_per_s": self.tokens_per_s,
             "time_breakdown": dict(self.time_breakdown),
             "n_gpus": self.n_gpus,
+            "sharding": self.sharding,
         }
 
 
@@ -208,6 +210,7 @@ def estimate(
         tokens_per_s=tokens / step if step > 0 else 0.0,
         time_breakdown=times,
         n_gpus=n,
+        sharding=str(sharding),
     )
 
 
