@@ -1,5 +1,7 @@
-"""The winner as files other tools read: an `autofit` YAML plan, an Accelerate FSDP2 config, or
-`transformers.TrainingArguments` JSON.
+"""The winner as files other tools read: an `autofit` YAML plan, an Accelerate config, or
+`transformers.TrainingArguments` JSON, each for the path the trials measured: the plain module on
+one GPU (`distributed_type: NO`), DDP replicas (`MULTI_GPU`) or FSDP2 laid out as torchtitan
+(`FSDP`, `fsdp_version: 2`), as `autofit.config.sharding_for(wrap, n_gpus)` decides.
 
 Every format is rendered in full and parsed back before anything touches the disk; the file is
 then written to a temporary name in the same folder and moved into place (`os.replace`), so a
@@ -23,7 +25,7 @@ from typing import Any
 import yaml
 
 from autofit._version import __version__
-from autofit.config import Config
+from autofit.config import Config, Sharding, fp32_trainable, sharding_for, wrap_group_size
 from autofit.errors import AutofitError
 from autofit.models import PROJECTIONS
 
@@ -37,8 +39,25 @@ TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit
 
 # ----- the plan document (the `autofit` format) ---------------------------------------------------
 def decoder_layer_class(model_name: str) -> str:
-    """The HF decoder-layer class FSDP wraps: Mistral presets use Mistral's, the rest Llama's."""
-    return "MistralDecoderLayer" if "mistral" in model_name.lower() else "LlamaDecoderLayer"
+    """The HF decoder-layer class FSDP wraps. A local HF model (its folder or `config.json`)
+    says by its `model_type`; a preset by its name: Mistral's for Mistral, else Llama's."""
+    kind = _hf_model_type(model_name) or model_name
+    return "MistralDecoderLayer" if "mistral" in kind.lower() else "LlamaDecoderLayer"
+
+
+def _hf_model_type(model_name: str) -> str | None:
+    """`model_type` of the HF `config.json` that `model_name` points at, if it points at one."""
+    try:
+        path = Path(model_name).expanduser()
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    kind = data.get("model_type") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def plan_document(plan: Any) -> dict[str, Any]:
@@ -179,12 +198,81 @@ def load_plan(path: str | Path) -> LoadedPlan:
 
 
 # ----- renderers ---------------------------------------------------------------------------------
+def plan_sharding(doc: dict[str, Any]) -> Sharding:
+    """How the measured run held the model: the plain module, DDP or FSDP2 (`sharding_for`)."""
+    return sharding_for(doc["config"]["wrap"], int(doc["hardware"]["n_gpus"]))
+
+
+PATH_TITLES = {
+    Sharding.NONE: "one GPU, plain module",
+    Sharding.DDP: "DDP",
+    Sharding.FSDP2: "FSDP2",
+}
+
+
+def measured_path(doc: dict[str, Any]) -> list[str]:
+    """Comment lines naming the path the trials measured, which `autofit.apply` builds."""
+    cfg = doc["config"]
+    n = int(doc["hardware"]["n_gpus"])
+    sharding = plan_sharding(doc)
+    mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
+    if sharding is Sharding.NONE:
+        lines = [
+            "# Measured path: the plain module on one GPU (no DDP, no FSDP), "
+            + ("fp32 trainable params under bf16 autocast." if mixed else "all in bf16.")
+        ]
+    elif sharding is Sharding.DDP:
+        lines = [
+            f"# Measured path: PyTorch DDP replicas on {n} GPUs, gradients all-reduced from DDP's "
+            "buckets (gradient_as_bucket_view)."
+        ]
+        if cfg.get("lora_rank", 0):
+            lines.append(
+                "# The frozen (quantized) base is held whole on each GPU, left out of DDP."
+            )
+        if mixed:
+            lines.append("# fp32 trainable params under bf16 autocast.")
+    else:
+        spec = doc.get("model_spec") or {}
+        k = wrap_group_size(cfg["wrap"], int(spec.get("layers") or 0))
+        layers = "each decoder layer" if k == 1 else f"each group of {k} decoder layers"
+        if spec.get("tied_embeddings"):
+            units = (
+                "one root unit holds everything (tied embeddings and LM head included)"
+                if cfg["wrap"] == "model"
+                else f"units of {layers}; the tied embeddings and LM head stay in the root unit"
+            )
+        elif cfg["wrap"] == "model":
+            units = "units of the token embeddings and [final norm, LM head]; the root unit holds "
+            units += "the decoder layers"
+        else:
+            units = f"units of the token embeddings, {layers} and [final norm, LM head]; the root "
+            units += "unit holds the rest"
+        lines = [
+            f"# Measured path: FSDP2 on {n} GPU{'s' if n > 1 else ''} laid out as torchtitan: "
+            f"{units}."
+        ]
+        extra = []
+        if cfg["offload"] == "params":
+            extra.append("Params offloaded to CPU (CPUOffloadPolicy)")
+        if mixed:
+            extra.append("fp32 trainable params, gathered in bf16 (MixedPrecisionPolicy)")
+        if extra:
+            lines.append(f"# {'; '.join(extra)}.")
+    lines.append(
+        "# autofit.apply(model, plan.best.config) builds exactly this layout, with the "
+        "quantization, LoRA, checkpointing and optimizer measured."
+    )
+    return lines
+
+
 def _header(doc: dict[str, Any], what: str) -> list[str]:
     cfg = doc["config"]
     lines = [
         f"# {what}, {MARKER} {doc.get('autofit_version', __version__)} for {doc['model']} on "
         f"{doc['hardware']['description']}.",
         f"# Winner: {doc.get('label', '')}; {doc.get('reason', '')}".rstrip(),
+        *measured_path(doc),
         f"# Trials ran with {_env_text(doc)}: set it for your run too.",
     ]
     if cfg.get("quant", "none") != "none":
@@ -211,24 +299,33 @@ def render_autofit(doc: dict[str, Any]) -> str:
 
 
 def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
+    """The Accelerate config of the measured path: `NO` (one GPU, plain module), `MULTI_GPU`
+    (DDP) or `FSDP` with `fsdp_version: 2` (FSDP2, also a one-GPU FSDP2 plan with param offload).
+    """
     cfg = doc["config"]
     n = int(doc["hardware"]["n_gpus"])
     wrap = cfg["wrap"]
+    sharding = plan_sharding(doc)
+    mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
     base: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
         "downcast_bf16": "no",
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": "bf16" if cfg["precision"] == "bf16-mixed" else "no",
+        "mixed_precision": "bf16" if mixed else "no",
         "num_machines": 1,
         "num_processes": n,
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
     }
-    if wrap == "none":
-        base["distributed_type"] = "MULTI_GPU" if n > 1 else "NO"
+    if sharding is Sharding.NONE:
+        base["distributed_type"] = "NO"
+        base["num_processes"] = 1
+        return base
+    if sharding is Sharding.DDP:
+        base["distributed_type"] = "MULTI_GPU"
         return base
     base["distributed_type"] = "FSDP"
     base["fsdp_config"] = {
@@ -238,8 +335,11 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
         "fsdp_reshard_after_forward": bool(cfg["reshard"]),
         "fsdp_offload_params": cfg["offload"] == "params",
         "fsdp_activation_checkpointing": cfg["checkpointing"] != "none",
-        "fsdp_cpu_ram_efficient_loading": True,
-        "fsdp_sync_module_states": True,
+        # Off: with it on, transformers' `from_pretrained` under `accelerate launch` loads real
+        # weights on rank 0 only (meta elsewhere) for `accelerator.prepare` to broadcast, and
+        # `autofit.apply` (which shards the model itself) would train the other ranks' weights
+        # from a random init. Every rank loads the checkpoint instead.
+        "fsdp_cpu_ram_efficient_loading": False,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
     }
     if wrap == "model":
@@ -247,40 +347,75 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
-def _accelerate_notes(doc: dict[str, Any]) -> list[str]:
+def _accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
     cfg = doc["config"]
+    sharding = plan_sharding(doc)
     notes = [
         f"# Per GPU: micro-batch {cfg['micro_batch']} x {cfg['grad_accum']} accumulation steps, "
         f"seq_len {cfg['seq_len']} (set these in your script/dataloader).",
+        f"# In the script `accelerate launch` runs: run = autofit.apply(model, autofit.load_plan("
+        f"'{side.name}').best.config, device=accelerator.device), then train run.model with "
+        "run.optimizer, run.autocast() and run.gradient_sync() (examples/accelerate_train.py).",
     ]
+    if sharding is Sharding.NONE:
+        notes.append(
+            "# Do not accelerator.prepare() the model or optimizer: there is nothing to wrap, and "
+            "run.autocast() is the measured autocast. The Accelerator launches and logs."
+        )
+    elif sharding is Sharding.DDP:
+        notes.append(
+            "# Do not accelerator.prepare() the model: Accelerate's prepare_model would wrap "
+            "autofit's DDP model in a second DistributedDataParallel. The Accelerator only "
+            "launches, sets up the process group autofit.apply uses, and logs."
+        )
+    else:
+        notes.append(
+            "# Do not accelerator.prepare() the model: Accelerate's fsdp2_prepare_model returns an "
+            "FSDPModule as it is"
+            + (
+                ", but prepare() still puts a second activation-checkpoint wrapper on each layer "
+                "(fsdp_activation_checkpointing) over autofit's."
+                if cfg["checkpointing"] != "none"
+                else " (nothing to gain)."
+            )
+            + " The Accelerator only launches, sets up the process group autofit.apply uses, "
+            "and logs."
+        )
     if cfg["wrap"].startswith("every-"):
         notes.append(
             f"# autofit measured FSDP2 units of {cfg['wrap'][6:]} decoder layers; "
-            "Accelerate wraps each layer (autofit.apply groups them as measured)."
+            "Accelerate's own wrapping would wrap each layer (autofit.apply groups them)."
         )
-    if cfg["checkpointing"] not in ("none", "full"):
+    if cfg["checkpointing"] != "none" and (
+        sharding is not Sharding.FSDP2 or cfg["checkpointing"] != "full"
+    ):
         notes.append(
-            f"# Checkpointing measured: {cfg['checkpointing']}; Accelerate's flag is "
-            "all-layer (full): autofit.apply sets the measured kind."
+            f"# Checkpointing measured: {cfg['checkpointing']} (autofit.apply sets it; "
+            + (
+                "Accelerate's FSDP flag is all-layer)."
+                if sharding is Sharding.FSDP2
+                else "this config has no field for it)."
+            )
         )
     if cfg["offload"] == "optimizer":
         notes.append(
             "# Optimizer state and step on the CPU (torchao CPUOffloadOptimizer): "
-            "Accelerate cannot say this; build the optimizer as autofit does."
+            "Accelerate cannot say this; run.optimizer is that optimizer."
         )
     if cfg["optimizer"] != "adamw":
-        notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim).")
-    if cfg["precision"] == "bf16":
+        notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
+    if not fp32_trainable(cfg["precision"], cfg["optimizer"]):
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
     return notes
 
 
-def render_accelerate(doc: dict[str, Any], side: Path) -> str:
-    head = _header(doc, "Accelerate FSDP2 config")
-    head += _accelerate_notes(doc)
+def render_accelerate(doc: dict[str, Any], side: Path, target: Path | None = None) -> str:
+    head = _header(doc, f"Accelerate config ({PATH_TITLES[plan_sharding(doc)]})")
+    head += _accelerate_notes(doc, side)
     head.append(f"# Quantization/LoRA and everything above: {side.name} "
                 "(autofit.load_plan + autofit.apply).")  # fmt: skip
-    head.append(f"# Launch: {launch_command(doc, 'accelerate', Path('THIS_FILE'))}")
+    target = target if target is not None else side.with_name(side.name.replace(".autofit", ""))
+    head.append(f"# Launch: {launch_command(doc, 'accelerate', target)}")
     return "\n".join(head) + "\n" + yaml.safe_dump(accelerate_config(doc), sort_keys=False)
 
 
@@ -297,9 +432,12 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
         "optim": optim,
     }
     ckpt = cfg["checkpointing"] != "none"
-    if cfg["wrap"] == "none":
+    sharding = plan_sharding(doc)
+    if sharding is not Sharding.FSDP2:  # the plain module, or DDP replicas on several GPUs
         if ckpt:
             args["activation_checkpointing"] = True
+        if sharding is Sharding.DDP:
+            args["ddp_find_unused_parameters"] = False  # as autofit's DDP
         return args
     fsdp_config: dict[str, Any] = {
         "version": 2,
@@ -319,17 +457,19 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_command(plan: Any, format: str, path: str | Path) -> str:
-    """The command that launches training with this export."""
+    """The command that launches training with this export: `python` for a one-GPU plain-module
+    plan (no process group needed), `torchrun`/`accelerate launch` for DDP and FSDP2."""
     doc = plan if isinstance(plan, dict) else plan_document(plan)
     n = int(doc["hardware"]["n_gpus"])
     env = _env_text(doc)
     p = Path(path)
+    runner = "python" if plan_sharding(doc) is Sharding.NONE else f"torchrun --nproc-per-node {n}"
     if format == "accelerate":
-        return f"{env} accelerate launch --config_file {p} train.py"
+        return f"{env} accelerate launch --config_file {p} train.py --plan {side_path(p)}"
     if format == "trainer":
-        return (f"{env} torchrun --nproc-per-node {n} train.py  # TrainingArguments(**json.load("
+        return (f"{env} {runner} train.py  # TrainingArguments(**json.load("
                 f"open('{p}'))); autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
-    return f"{env} torchrun --nproc-per-node {n} train.py --plan {p}"
+    return f"{env} {runner} train.py --plan {p}"
 
 
 def side_path(path: Path) -> Path:
@@ -345,7 +485,7 @@ def check_format(format: str) -> str:
         raise AutofitError(
             f"Unknown export format {format!r}.{did_you_mean(fmt, FORMATS)} Allowed formats: "
             f"{', '.join(FORMATS)} (autofit: YAML plan for autofit.load_plan; accelerate: an "
-            "Accelerate FSDP2 config file; trainer: TrainingArguments JSON)."
+            "Accelerate config file (plain, DDP or FSDP2); trainer: TrainingArguments JSON)."
         )
     return fmt
 
@@ -361,7 +501,7 @@ def export_plan(plan: Any, format: str, path: str | Path) -> list[Path]:
     else:
         side = side_path(target)
         if fmt == "accelerate":
-            text = render_accelerate(doc, side).replace("THIS_FILE", str(target))
+            text = render_accelerate(doc, side, target)
         else:
             text = json.dumps(trainer_arguments(doc), indent=2) + "\n"
         outputs += [(target, text), (side, render_autofit(doc))]

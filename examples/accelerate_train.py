@@ -1,21 +1,32 @@
 """A training script for `accelerate launch --config_file <autofit accelerate export>`.
 
-Accelerate reads sharding, resharding, offload, checkpointing, mixed precision and the number of
-processes from the exported config. What its format cannot carry (LoRA, quantization, micro-batch
-and accumulation) comes from the side file `<name>.autofit.yaml` written next to it:
+The export's `distributed_type` is the path the trials measured: `NO` (one GPU, the plain module),
+`MULTI_GPU` (DDP) or `FSDP` (FSDP2 laid out as torchtitan). `accelerate launch` starts that many
+processes and the `Accelerator` sets up the process group, the device and logging; the model and
+optimizer come from `autofit.apply`, which builds exactly the measured path: quantization, LoRA,
+checkpointing, DDP or FSDP2 units, and the optimizer (torchao low-bit, CPU-offloaded) included.
+The plan is the side file `<name>.autofit.yaml` written next to the export:
 
     autofit export --storage sqlite:///autofit-runs/<study>/study.db --study <study> \\
-        --format accelerate --output fsdp2.yaml
+        --format accelerate --output accelerate.yaml
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \\
-        accelerate launch --config_file fsdp2.yaml examples/accelerate_train.py \\
-        --plan fsdp2.autofit.yaml
+        accelerate launch --config_file accelerate.yaml examples/accelerate_train.py \\
+        --plan accelerate.autofit.yaml
+
+The model and optimizer are NOT passed to `accelerator.prepare`: for a DDP model Accelerate's
+`prepare_model` would wrap it in a second `DistributedDataParallel`; for an FSDP2 model
+`fsdp2_prepare_model` returns it as it is, but `prepare` still wraps each decoder layer in a
+second activation checkpoint over autofit's (`fsdp_activation_checkpointing`). Nothing there is
+needed: `run.autocast()` and `run.gradient_sync()` are the measured autocast and accumulation.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator
 from transformers import LlamaForCausalLM
 
@@ -27,44 +38,50 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--plan", required=True, help="the .autofit.yaml side file")
     parser.add_argument("--model", default="llama-debug", help="preset to build (random weights)")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps")
     args = parser.parse_args()
 
+    accelerator = Accelerator()  # launch, process group, device, logging: nothing is prepared
     plan = autofit.load_plan(args.plan)
     cfg = plan.best.config
-    if cfg.quant != "none" or cfg.offload == "optimizer" or cfg.optimizer != "adamw":
-        raise SystemExit(
-            f"This plan uses quant={cfg.quant}, offload={cfg.offload}, optimizer={cfg.optimizer}: "
-            "Accelerate's FSDP2 plugin cannot set those up. Use examples/train_with_plan.py "
-            "(autofit.apply does all of it) with torchrun instead."
+    accelerator.print(f"plan: {cfg.short()} (seq_len {cfg.seq_len}) for {plan.n_gpus} GPU(s)")
+    if accelerator.num_processes != plan.n_gpus:
+        accelerator.print(
+            f"note: the plan was measured on {plan.n_gpus} GPU(s); "
+            f"running {accelerator.num_processes} process(es)"
         )
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if cfg.is_lora or cfg.precision == "bf16" else torch.float32
-    model = LlamaForCausalLM(resolve_model(args.model).to_hf_config()).to(dtype)
-    if cfg.is_lora:
-        from peft import LoraConfig, get_peft_model
 
-        lora = plan.document.get("lora") or {}
-        model = get_peft_model(model, LoraConfig(
-            r=cfg.lora_rank, lora_alpha=cfg.alpha, lora_dropout=0.0, bias="none",
-            target_modules=lora.get("target_modules"), task_type="CAUSAL_LM",
-        ))  # fmt: skip
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if cfg.wrap != "none" and not dist.is_initialized():
+        # FSDP2 needs a process group even on one device (a one-rank mesh): `accelerate launch`
+        # makes one on GPUs (it runs torchrun), not for one process on --cpu.
+        for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"),
+                           ("RANK", "0"), ("WORLD_SIZE", "1")):  # fmt: skip
+            os.environ.setdefault(key, value)
+        dist.init_process_group("nccl" if accelerator.device.type == "cuda" else "gloo")
+
+    torch.manual_seed(0)  # every process builds (loads) the same weights
+    # Your script: LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16) on every process.
+    model = LlamaForCausalLM(resolve_model(args.model).to_hf_config())
+    run = autofit.apply(model, cfg, device=accelerator.device)
+    accelerator.print(f"sharding: {run.sharding}; optimizer: {type(run.optimizer).__name__}")
 
     vocab = resolve_model(args.model).vocab
     gen = torch.Generator().manual_seed(accelerator.process_index)
     batch = torch.randint(0, vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
-    batch = batch.to(accelerator.device)
-    for step in range(args.steps * cfg.grad_accum):
-        with accelerator.accumulate(model):
-            loss = model(input_ids=batch, labels=batch).loss
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-        if accelerator.is_main_process and accelerator.sync_gradients:
-            print(f"step {step // cfg.grad_accum}: loss {loss.item():.4f}")
+    batch = batch.to(run.device)
+    for step in range(args.steps):
+        total = 0.0
+        for micro in range(cfg.grad_accum):
+            with run.gradient_sync(micro == cfg.grad_accum - 1):
+                with run.autocast():
+                    loss = run.model(input_ids=batch, labels=batch).loss / cfg.grad_accum
+                loss.backward()
+            total += loss.item()
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        accelerator.print(f"step {step}: loss {total:.4f}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -35,11 +35,12 @@ def main() -> None:
         return
     best = plan.best
     print(f"winner: {best.config.short()}: {best.tokens_per_s:,.0f} tokens/s; {plan.reason}")
-    for fmt, name in (("autofit", "plan.yaml"), ("accelerate", "fsdp2.yaml"),
+    for fmt, name in (("autofit", "plan.yaml"), ("accelerate", "accelerate.yaml"),
                       ("trainer", "training_args.json")):  # fmt: skip
         for path in plan.export(fmt, Path("autofit-runs/example") / name):
             print("wrote", path)
-    print("next: python examples/train_with_plan.py --plan autofit-runs/example/plan.yaml")
+    print("next: torchrun --nproc-per-node 2 examples/train_with_plan.py "
+          "--plan autofit-runs/example/plan.yaml")  # fmt: skip
 
 
 if __name__ == "__main__":

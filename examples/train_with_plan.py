@@ -1,13 +1,25 @@
 """Train with an exported plan: `autofit.load_plan` + `autofit.apply`, then an ordinary loop.
 
-Runs on CPU in one process (a gloo group of world size 1) or under torchrun on GPUs:
+`autofit.apply` returns the run as the trials measured it: `run.model` (the plain module on one
+GPU, a DDP wrapper, or an FSDP2 root laid out as torchtitan), `run.optimizer` (torch AdamW, a
+torchao low-bit AdamW or the CPU-offloaded one), `run.autocast()` and `run.gradient_sync(...)`.
 
-    python examples/train_with_plan.py --plan plan.yaml                 # CPU, llama-debug
+A one-GPU plan (`--gpus 1`, `wrap: none`) is the plain module: no torchrun, no process group:
+
+    autofit plan --model llama-debug --gpus 1 --device cpu --space examples/tiny_space.yaml \\
+        --seq-len 64 --export plan.yaml
+    python examples/train_with_plan.py --plan plan.yaml                   # CPU, llama-debug
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \\
+        python examples/train_with_plan.py --plan plan.yaml --device cuda  # one GPU
+
+Plans for several GPUs (DDP or FSDP2), and a one-GPU FSDP2 plan (offload: params), run under
+torchrun, one process per GPU (on CPU, gloo processes stand in for GPUs):
+
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \\
         torchrun --nproc-per-node 2 examples/train_with_plan.py --plan plan.yaml --device cuda
 
 The model here is built from a preset with random weights; in your script load your checkpoint
-instead (in bf16 for LoRA/QLoRA) and call `autofit.apply` on it the same way.
+instead (in bf16 for LoRA/QLoRA, on every rank) and call `autofit.apply` on it the same way.
 """
 
 from __future__ import annotations
@@ -23,15 +35,23 @@ import autofit
 from autofit.models import resolve_model
 
 
-def init_process_group(device: str) -> None:
-    """torchrun sets RANK/WORLD_SIZE; a plain `python` run becomes a group of one."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
+def init_distributed(device: str, wrap: str) -> tuple[int, int]:
+    """(rank, world size). A process group only where the plan needs one: several processes
+    (torchrun sets WORLD_SIZE) or an FSDP2 plan (a one-rank mesh is still a process group); a
+    one-GPU plain-module plan runs without one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and wrap == "none":
+        if device == "cuda":
+            torch.cuda.set_device(0)
+        return 0, 1
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"),
+                       ("RANK", "0"), ("LOCAL_RANK", "0")):  # fmt: skip
+        os.environ.setdefault(key, value)  # a plain `python` run of a one-GPU FSDP2 plan
+    os.environ["WORLD_SIZE"] = str(world)
     if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
 
 
 def main() -> None:
@@ -39,40 +59,48 @@ def main() -> None:
     parser.add_argument("--plan", required=True, help="an autofit plan YAML (--format autofit)")
     parser.add_argument("--model", default="llama-debug", help="preset to build (random weights)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps")
     args = parser.parse_args()
 
     plan = autofit.load_plan(args.plan)
     cfg = plan.best.config
-    init_process_group(args.device)
-    rank = dist.get_rank()
+    rank, world = init_distributed(args.device, cfg.wrap)
     if rank == 0:
-        print(f"plan: {cfg.short()} (seq_len {cfg.seq_len}); {plan.reason}")
+        print(f"plan: {cfg.short()} (seq_len {cfg.seq_len}) for {plan.n_gpus} GPU(s)")
+        if world != plan.n_gpus:
+            print(
+                f"note: the plan was measured on {plan.n_gpus} GPU(s); running {world} process(es)"
+            )
 
-    torch.manual_seed(0)
-    device = torch.device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
-    if args.device == "cpu":
+    torch.manual_seed(0)  # every rank builds (loads) the same weights
+    model = LlamaForCausalLM(resolve_model(args.model).to_hf_config())
+    if args.device == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
         device = torch.device("cpu")
-    with device:
-        model = LlamaForCausalLM(resolve_model(args.model).to_hf_config())
-    model = autofit.apply(model, cfg)  # quantize, LoRA, checkpointing, FSDP2: as measured
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    run = autofit.apply(model, cfg, device=device)  # quant, LoRA, checkpointing, DDP/FSDP2, optim
+    if rank == 0:
+        print(f"sharding: {run.sharding}; optimizer: {type(run.optimizer).__name__}")
 
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(rank)
-    batch = torch.randint(0, vocab, (cfg.micro_batch, cfg.seq_len), generator=gen).to(device)
+    vocab = resolve_model(args.model).vocab
+    gen = torch.Generator().manual_seed(rank)  # each rank its own (fixed) data
+    batch = torch.randint(0, vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
+    batch = batch.to(run.device)
     for step in range(args.steps):
         total = 0.0
-        for _ in range(cfg.grad_accum):
-            loss = model(input_ids=batch, labels=batch).loss
-            (loss / cfg.grad_accum).backward()
-            total += loss.item() / cfg.grad_accum
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for micro in range(cfg.grad_accum):
+            last = micro == cfg.grad_accum - 1
+            with run.gradient_sync(last):
+                with run.autocast():
+                    loss = run.model(input_ids=batch, labels=batch).loss / cfg.grad_accum
+                loss.backward()
+            total += loss.item()
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
         if rank == 0:
-            print(f"step {step}: loss {total:.4f}")
-    dist.destroy_process_group()
+            print(f"step {step}: loss {total:.4f}", flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

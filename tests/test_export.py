@@ -1,30 +1,213 @@
-"""Exports: the winner as an autofit plan, an Accelerate FSDP2 config and TrainingArguments JSON;
-written atomically, never over a user's own file, and read back by the tools that use them."""
+"""Exports: the winner as an autofit plan, an Accelerate config and TrainingArguments JSON, each
+for the path the trials measured (one GPU plain module, DDP, FSDP2); written atomically, never
+over a user's own file, and read back by the tools that use them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
 
 import autofit
 from autofit.errors import AutofitError
-from autofit.export import export_plan, launch_command, load_plan
+from autofit.export import decoder_layer_class, export_plan, launch_command, load_plan
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import plan_estimates
 from autofit.space import load_space
 
 
-@pytest.fixture(scope="module")
-def qlora_plan():
-    """llama-7b QLoRA on two RTX 3090s, from estimates (no trials needed to test exports)."""
+def _qlora(hardware: str) -> Any:
+    """llama-7b QLoRA from estimates (no trials needed to test exports)."""
     return plan_estimates(
-        resolve_model("llama-7b"), resolve_hardware("2xrtx3090"), load_space("qlora"),
+        resolve_model("llama-7b"), resolve_hardware(hardware), load_space("qlora"),
         seq_len=2048, global_batch=32,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qlora_plan():
+    """llama-7b QLoRA on two RTX 3090s."""
+    return _qlora("2xrtx3090")
+
+
+@pytest.fixture(scope="module")
+def one_gpu_plan():
+    """llama-7b QLoRA on one RTX 3090."""
+    return _qlora("1xrtx3090")
+
+
+@contextlib.contextmanager
+def winner(plan: Any, **changes: Any) -> Iterator[Any]:
+    """The plan with its winner's knobs changed, so each path is exported explicitly."""
+    cand = plan.best
+    original = cand.config
+    cand.config = original.replace(**changes)
+    try:
+        yield cand.config
+    finally:
+        cand.config = original
+
+
+def _accelerate(path: Any) -> Any:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    return load_config_from_file(str(path))
+
+
+def _training_arguments(path: Any) -> Any:
+    import torch
+    from transformers import TrainingArguments
+
+    return TrainingArguments(**json.loads(path.read_text()), use_cpu=not torch.cuda.is_available())
+
+
+# (plan fixture, winner's knobs, distributed_type, num_processes, launcher, words in the header)
+TORCHRUN = "torchrun --nproc-per-node"
+PATHS = {
+    "one-gpu-plain": ("one_gpu_plan", {"wrap": "none"}, "NO", 1, "python", "plain module"),
+    "ddp": ("qlora_plan", {"wrap": "none"}, "MULTI_GPU", 2, f"{TORCHRUN} 2", "DDP replicas"),
+    "fsdp2": ("qlora_plan", {"wrap": "layer"}, "FSDP", 2, f"{TORCHRUN} 2",
+              "FSDP2 on 2 GPUs laid out as torchtitan"),
+    "one-gpu-fsdp2-offload": ("one_gpu_plan", {"wrap": "layer", "offload": "params"}, "FSDP", 1,
+                              f"{TORCHRUN} 1", "FSDP2 on 1 GPU laid out as torchtitan"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PATHS))
+def test_each_path_exports_configs_accelerate_and_training_arguments_load(case, request, tmp_path):
+    fixture, knobs, distributed, n, runner, words = PATHS[case]
+    plan = request.getfixturevalue(fixture)
+    with winner(plan, **knobs) as best:
+        path, side = export_plan(plan, "accelerate", tmp_path / "accelerate.yaml")
+        tpath, tside = export_plan(plan, "trainer", tmp_path / "args.json")
+        (apath,) = export_plan(plan, "autofit", tmp_path / "plan.yaml")
+        autofit_cmd = launch_command(plan, "autofit", apath)
+        trainer_cmd = launch_command(plan, "trainer", tpath)
+    cfg = _accelerate(path)
+    assert cfg.distributed_type == distributed and cfg.num_processes == n
+    assert cfg.mixed_precision == "bf16"  # bf16-mixed: fp32 LoRA params under bf16 compute
+    assert (cfg.fsdp_config != {}) is (distributed == "FSDP")
+    text = path.read_text()
+    assert "Measured path: " in text and words in text
+    assert "autofit.apply(model, plan.best.config) builds exactly this layout" in text
+    assert "Do not accelerator.prepare()" in text
+    assert "expandable_segments:True" in text and "nf4" in text  # what Accelerate cannot say
+    assert load_plan(side).best.config == best == load_plan(tside).best.config
+    assert words in apath.read_text()  # the plan document names the path too
+
+    args = _training_arguments(tpath)
+    assert args.per_device_train_batch_size == best.micro_batch
+    assert args.gradient_accumulation_steps == best.grad_accum
+    assert args.bf16
+    assert bool(args.fsdp) is (distributed == "FSDP")
+    assert f"{runner} train.py --plan {apath}" in autofit_cmd
+    assert f"{runner} train.py  #" in trainer_cmd
+
+
+def test_one_gpu_plain_plan_is_distributed_type_no_without_fsdp(one_gpu_plan, tmp_path):
+    with winner(one_gpu_plan, wrap="none"):
+        path, _ = export_plan(one_gpu_plan, "accelerate", tmp_path / "one.yaml")
+        tpath, _ = export_plan(one_gpu_plan, "trainer", tmp_path / "one.json")
+    data = yaml.safe_load(path.read_text())
+    assert data["distributed_type"] == "NO" and data["num_processes"] == 1
+    assert "fsdp_config" not in data
+    assert "fp32 trainable params under bf16 autocast" in path.read_text()
+    targs = json.loads(tpath.read_text())
+    assert "fsdp" not in targs and targs["bf16"] is True
+    assert "ddp_find_unused_parameters" not in targs
+
+
+def test_pure_bf16_plan_exports_mixed_precision_no(one_gpu_plan, tmp_path):
+    with winner(one_gpu_plan, wrap="none", precision="bf16", optimizer="adamw"):
+        path, _ = export_plan(one_gpu_plan, "accelerate", tmp_path / "one.yaml")
+        tpath, _ = export_plan(one_gpu_plan, "trainer", tmp_path / "one.json")
+    cfg = _accelerate(path)
+    assert cfg.mixed_precision == "no" and cfg.distributed_type == "NO"
+    assert "all in bf16" in path.read_text()
+    assert _training_arguments(tpath).bf16  # the Trainer computes in bf16 either way
+
+
+def test_ddp_plan_is_multi_gpu_without_fsdp(qlora_plan, tmp_path):
+    with winner(qlora_plan, wrap="none"):
+        path, _ = export_plan(qlora_plan, "accelerate", tmp_path / "ddp.yaml")
+        tpath, _ = export_plan(qlora_plan, "trainer", tmp_path / "ddp.json")
+    assert _accelerate(path).distributed_type == "MULTI_GPU"
+    assert "fsdp_config" not in yaml.safe_load(path.read_text())
+    text = path.read_text()
+    assert "gradient_as_bucket_view" in text and "left out of DDP" in text
+    assert "second DistributedDataParallel" in text  # why the model is not prepared
+    assert "fsdp" not in json.loads(tpath.read_text())
+    assert _training_arguments(tpath).ddp_find_unused_parameters is False
+
+
+def test_fsdp2_export_carries_the_measured_fsdp_knobs(qlora_plan, tmp_path):
+    with winner(qlora_plan, wrap="layer", reshard=False, checkpointing="full") as best:
+        path, side = export_plan(qlora_plan, "accelerate", tmp_path / "fsdp2.yaml")
+        tpath, _ = export_plan(qlora_plan, "trainer", tmp_path / "fsdp2.json")
+    cfg = _accelerate(path)
+    fsdp = cfg.fsdp_config
+    assert fsdp["fsdp_version"] == 2
+    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    assert fsdp["fsdp_reshard_after_forward"] is best.reshard is False
+    assert fsdp["fsdp_activation_checkpointing"] is True
+    assert fsdp["fsdp_offload_params"] is False
+    # autofit.apply shards the model itself: no rank-0-only loading waiting for prepare()
+    assert fsdp["fsdp_cpu_ram_efficient_loading"] is False
+    text = path.read_text()
+    assert "token embeddings, each decoder layer and [final norm, LM head]" in text
+    assert "fsdp2_prepare_model returns an FSDPModule as it is" in text
+    args = _training_arguments(tpath)
+    assert args.fsdp and args.fsdp_config["version"] == 2
+    assert args.fsdp_config["reshard_after_forward"] is False
+    assert load_plan(side).best.config.quant == "nf4"
+
+
+def test_one_gpu_fsdp2_plan_offloads_params_on_one_process(one_gpu_plan, tmp_path):
+    with winner(one_gpu_plan, wrap="layer", offload="params"):
+        path, _ = export_plan(one_gpu_plan, "accelerate", tmp_path / "offload.yaml")
+        tpath, _ = export_plan(one_gpu_plan, "trainer", tmp_path / "offload.json")
+    cfg = _accelerate(path)
+    assert cfg.distributed_type == "FSDP" and cfg.num_processes == 1
+    assert cfg.fsdp_config["fsdp_version"] == 2 and cfg.fsdp_config["fsdp_offload_params"] is True
+    assert "Params offloaded to CPU (CPUOffloadPolicy)" in path.read_text()
+    args = _training_arguments(tpath)
+    assert args.fsdp and args.fsdp_config["cpu_offload"] is True
+    assert json.loads(tpath.read_text())["optim"] == "adamw_torch"  # fused needs GPU params
+
+
+@pytest.mark.parametrize(
+    ("wrap", "units"),
+    [("every-2", "each group of 2 decoder layers"), ("model", "the root unit holds the decoder")],
+)
+def test_grouped_and_whole_model_fsdp2_units_are_described(qlora_plan, tmp_path, wrap, units):
+    with winner(qlora_plan, wrap=wrap):
+        path, _ = export_plan(qlora_plan, "accelerate", tmp_path / "fsdp2.yaml")
+    fsdp = _accelerate(path).fsdp_config
+    text = path.read_text()
+    assert units in text
+    if wrap == "model":
+        assert fsdp["fsdp_auto_wrap_policy"] == "NO_WRAP"
+        assert "fsdp_transformer_layer_cls_to_wrap" not in fsdp
+    else:
+        assert "units of 2 decoder layers" in text  # Accelerate's own wrapping cannot group
+
+
+def test_decoder_layer_class_reads_a_local_models_type(tmp_path):
+    assert decoder_layer_class("llama-7b") == "LlamaDecoderLayer"
+    assert decoder_layer_class("mistral-7b") == "MistralDecoderLayer"
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    assert decoder_layer_class(str(folder)) == "MistralDecoderLayer"
+    assert decoder_layer_class(str(folder / "config.json")) == "MistralDecoderLayer"
+    (folder / "config.json").write_text("not json")
+    assert decoder_layer_class(str(folder)) == "LlamaDecoderLayer"
 
 
 def test_autofit_plan_round_trips_through_load_plan(qlora_plan, tmp_path):
@@ -35,54 +218,6 @@ def test_autofit_plan_round_trips_through_load_plan(qlora_plan, tmp_path):
     assert loaded.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     text = path.read_text()
     assert text.startswith("# autofit plan") and "nf4" in text and "LoRA rank" in text
-
-
-def test_accelerate_export_is_an_fsdp2_config_accelerate_loads(qlora_plan, tmp_path):
-    from accelerate.commands.config.config_args import load_config_from_file
-
-    path, side = export_plan(qlora_plan, "accelerate", tmp_path / "fsdp2.yaml")
-    cfg = load_config_from_file(str(path))
-    best = qlora_plan.best.config
-    assert cfg.distributed_type == "FSDP" and cfg.num_processes == 2
-    fsdp = cfg.fsdp_config
-    assert fsdp["fsdp_version"] == 2
-    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
-    assert fsdp["fsdp_reshard_after_forward"] == best.reshard
-    assert fsdp["fsdp_activation_checkpointing"] == (best.checkpointing != "none")
-    assert fsdp["fsdp_offload_params"] is False
-    assert cfg.mixed_precision in ("bf16", "no")
-    text = path.read_text()
-    assert "expandable_segments:True" in text and "nf4" in text  # what Accelerate cannot say
-    assert load_plan(side).best.config == best
-
-
-def test_trainer_export_is_json_that_training_arguments_accepts(qlora_plan, tmp_path):
-    import torch
-    from transformers import TrainingArguments
-
-    path, side = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
-    data = json.loads(path.read_text())
-    args = TrainingArguments(**data, use_cpu=not torch.cuda.is_available())
-    best = qlora_plan.best.config
-    assert args.per_device_train_batch_size == best.micro_batch
-    assert args.gradient_accumulation_steps == best.grad_accum
-    assert args.bf16 and args.fsdp and args.fsdp_config["version"] == 2
-    assert load_plan(side).best.config.quant == "nf4"
-
-
-def test_replicated_winner_exports_without_fsdp(qlora_plan, tmp_path):
-    from accelerate.commands.config.config_args import load_config_from_file
-
-    cand = qlora_plan.best
-    original = cand.config
-    cand.config = original.replace(wrap="none")
-    try:
-        path, _ = export_plan(qlora_plan, "accelerate", tmp_path / "ddp.yaml")
-        assert load_config_from_file(str(path)).distributed_type == "MULTI_GPU"
-        tpath, _ = export_plan(qlora_plan, "trainer", tmp_path / "ddp.json")
-        assert "fsdp" not in json.loads(tpath.read_text())
-    finally:
-        cand.config = original
 
 
 def test_unknown_format_lists_the_allowed_ones(qlora_plan, tmp_path):
@@ -150,7 +285,7 @@ def test_a_plan_without_winner_cannot_be_exported(tmp_path):
 
 
 def test_launch_command_names_the_file_and_the_allocator_setting(qlora_plan):
-    cmd = launch_command(qlora_plan, "accelerate", "fsdp2.yaml")
+    cmd = launch_command(qlora_plan, "accelerate", "accelerate.yaml")
     assert cmd.startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True accelerate launch")
-    assert "--config_file fsdp2.yaml" in cmd
+    assert "--config_file accelerate.yaml" in cmd and "--plan accelerate.autofit.yaml" in cmd
     assert "--nproc-per-node 2" in launch_command(qlora_plan, "autofit", "plan.yaml")

@@ -1,0 +1,41 @@
+"""The examples run: a one-GPU plan trained by examples/train_with_plan.py with the model and
+optimizer `autofit.apply` returns (the plain module on CPU, no torchrun, no process group)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autofit.hardware import resolve_hardware
+from autofit.models import resolve_model
+from autofit.plan import plan_estimates
+from autofit.space import load_space
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_with_plan_trains_a_one_gpu_plan_without_torchrun(tmp_path):
+    plan = plan_estimates(
+        resolve_model("llama-debug"), resolve_hardware("1xrtx3090"),
+        load_space(ROOT / "examples" / "tiny_space.yaml"), seq_len=64,
+    )  # fmt: skip
+    assert plan.best is not None and plan.best.config.wrap == "none"  # one GPU: plain module
+    (path,) = plan.export("autofit", tmp_path / "plan.yaml")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "4"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_with_plan.py"), "--plan", str(path),
+         "--steps", "4"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sharding: none" in proc.stdout
+    losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", proc.stdout)]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.3, proc.stdout
