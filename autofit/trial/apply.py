@@ -95,8 +95,10 @@ def cast_trainable(model: nn.Module, config: Config) -> None:
 def prepare(
     model: nn.Module, config: Config, device: torch.device, world: int
 ) -> tuple[nn.Module, Sharding]:
-    """dtypes, LoRA, checkpointing, then layer by layer: materialise (if on meta), quantize,
-    shard; then the rest. No rank ever holds more than its shards plus one unit of layers."""
+    """dtypes, LoRA, checkpointing, then unit by unit: materialise (if on meta), quantize one
+    projection at a time, shard; then the rest. A rank holds its shards plus the projection being
+    quantized; only with `wrap: model` (every layer in the root unit, sharded last) does a
+    quantized base exist whole on each rank before it is sharded."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
     cast_base(model, config)
@@ -162,6 +164,11 @@ def apply(
     `.model` to call, `.optimizer`, `.autocast()` and `.gradient_sync(last_micro_step)`.
     """
     dev = torch.device(device) if device is not None else next(model.parameters()).device
+    if dev.type == "meta":
+        raise ValueError(
+            "The model is on the meta device: pass device='cuda' (or 'cpu') to autofit.apply so "
+            "its weights are materialised there, or load real weights first."
+        )
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     built, sharding = prepare(model, config, dev, _world())

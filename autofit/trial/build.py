@@ -51,13 +51,6 @@ def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") ->
 
 
 @torch.no_grad()
-def init_weights(module: nn.Module, prefix: str = "") -> None:
-    """Initialise every submodule of a materialised `module` as `materialize` does."""
-    for name, mod in module.named_modules(prefix=prefix):
-        _init_module(name, mod)
-
-
-@torch.no_grad()
 def _init_module(name: str, mod: nn.Module) -> None:
     parts = name.split(".")
     if hasattr(mod, "inv_freq") and hasattr(mod, "compute_default_rope_parameters"):
@@ -107,14 +100,6 @@ def model_parts(model: nn.Module) -> ModelParts:
             break
     tied = head is not None and head.weight is embed.weight
     return ModelParts(embed=embed, layers=layers, norm=norm, head=head, tied=tied)
-
-
-def module_name(model: nn.Module, target: nn.Module) -> str:
-    """The dotted name of `target` inside `model`."""
-    for name, mod in model.named_modules():
-        if mod is target:
-            return name
-    raise ValueError(f"{type(target).__name__} is not part of {type(model).__name__}")
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
