@@ -39,7 +39,7 @@ class Estimate:
     usable_bytes: int  # capacity minus CUDA context
     fits: bool
     breakdown: dict[str, int]  # bytes by part at the peak moment
-    peak_phase: str  # "forward" (end of forward) or "optimizer" (optimizer step)
+    peak_phase: str  # "forward" (end of forward), "optimizer" (step), "gather" (root all-gather)
     overhead: dict[str, int]  # allocator slack and CUDA context
     host_bytes: int  # host RAM for offloaded parts, all ranks together
     host_capacity_bytes: int
@@ -157,6 +157,15 @@ def estimate(
         "activations": acts,
         "logits_loss": logits,
     }
+    # The root's first all-gather under `wrap: model`: buffer and unsharded params at once, with
+    # the model states but hardly any activations yet.
+    root_gather_phase = {
+        **forward_phase,
+        "gathered_params": gathered
+        + mem.root_all_gather_buffer_bytes(model, config.quant, lora, config.wrap, sharding),
+        "activations": 0.0,
+        "logits_loss": 0.0,
+    }
     gathered_at_reduce = mem.gathered_at_reduce_bytes(
         model, config.wrap, sharding, device, gathered
     )
@@ -173,11 +182,9 @@ def estimate(
         "activations": 0.0,
         "logits_loss": 0.0,
     }
-    fwd_total = sum(forward_phase.values())
-    opt_total = sum(optimizer_phase.values())
-    phase, parts = (
-        ("forward", forward_phase) if fwd_total >= opt_total else ("optimizer", optimizer_phase)
-    )
+    phases = {"forward": forward_phase, "optimizer": optimizer_phase, "gather": root_gather_phase}
+    phase = max(phases, key=lambda name: sum(phases[name].values()))  # earlier wins ties
+    parts = phases[phase]
     breakdown = {k: int(round(v)) for k, v in parts.items()}
     allocated = sum(breakdown.values())
     overhead = {

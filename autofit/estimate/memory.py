@@ -147,6 +147,19 @@ def gathered_bytes(
     return head_unit_bytes(model) + embed + layers
 
 
+def root_all_gather_buffer_bytes(
+    model: ModelSpec, quant: str, lora_rank: int, wrap: str, sharding: Sharding
+) -> float:
+    """With `wrap: model` the root unit is every layer, and its first all-gather in forward holds
+    the all-gather output buffer beside the unsharded params until the copy-out is done (FSDP2
+    `AllGatherState`, `_fsdp_param_group.py`): a second whole-model copy at that moment, while
+    activations are still few (FSDPMemTracker at 7B: 12.38 + 12.14 GiB). Smaller units make this
+    one unit's worth, inside the prefetch allowance of `gathered_bytes`."""
+    if sharding is not Sharding.FSDP2 or wrap != "model":
+        return 0.0
+    return model.layers * gathered_layer_bytes(model, quant, lora_rank)
+
+
 def gathered_at_reduce_bytes(model: ModelSpec, wrap: str, sharding: Sharding, device: str,
                              gathered: float) -> float:  # fmt: skip
     """Gathered params while the last gradients are reduced (end of backward). The embedding unit

@@ -3,9 +3,9 @@
 
 bf16-mixed: fp32 (trainable) params sharded, gathered in bf16, gradients reduced in fp32
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`). bf16: everything bf16, no policy.
-`[norm, head]` is not resharded after forward: backward needs it first (torchtitan's default).
-With `wrap: model` every decoder layer lives in the root unit. A tied LM head shares the
-embedding's weight, so both stay in the root unit.
+`[norm, head]` is not resharded after forward: backward needs it first (torchtitan's default),
+nor is the root. With `wrap: model` every decoder layer lives in the root unit. A tied LM head
+shares the embedding's weight, so both stay in the root unit.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def apply_fsdp(
 
     ignored = kept_whole()
 
-    def shard(modules: nn.Module | list[nn.Module], reshard: bool) -> None:
+    def shard(modules: nn.Module | list[nn.Module], reshard: bool | None) -> None:
         group = modules if isinstance(modules, list) else [modules]
         own = {p for m in group for p in m.parameters()} & ignored
         fully_shard(modules, reshard_after_forward=reshard, ignored_params=own or None, **kwargs)
@@ -90,7 +90,10 @@ def apply_fsdp(
         ignored = kept_whole()
     if not parts.tied and parts.head is not None:
         shard([m for m in (parts.norm, parts.head) if m is not None], False)
-    shard(model, config.reshard)
+    # The root as torchtitan shards it: `reshard_after_forward` left unset, so FSDP2 keeps the root
+    # gathered after forward (backward needs it at once; `_fsdp_state.py` `_lazy_init` only does
+    # this when the argument is None).
+    shard(model, None)
     return model
 
 
