@@ -188,9 +188,7 @@ def unit_grad_bytes(model: ModelSpec, lora_rank: int, wrap: str, sharding: Shard
     else:
         per_layer = model.layer_params
         edges = max(model.embedding_params, model.lm_head_params + model.hidden)
-    k = max(1, min(wrap_group_size(wrap, model.layers), model.layers))
-    if wrap == "model":
-        k = model.layers
+    k = max(1, min(wrap_group_size(wrap, model.layers), model.layers))  # `model`: every layer
     return max(k * per_layer, edges) * (BF16 + FP32)
 
 

@@ -10,12 +10,14 @@ several, FSDP2 laid out as torchtitan does otherwise.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from autofit.config import Config, Sharding, sharding_for
 from autofit.models import ModelSpec
@@ -48,7 +50,7 @@ class Applied:
     """
 
     model: nn.Module  # the module to call: plain (peft) model, DDP wrapper, or FSDP2 root
-    optimizer: torch.optim.Optimizer | None
+    optimizer: torch.optim.Optimizer
     config: Config
     sharding: Sharding
     device: torch.device
@@ -69,10 +71,13 @@ class Applied:
             with self.model.no_sync():  # type: ignore[operator]
                 yield
             return
-        root = fsdp_root(self.model) if self.sharding is Sharding.FSDP2 else None
-        if root is not None:
-            root.set_requires_gradient_sync(enabled)
+        if self._fsdp_root is not None:
+            self._fsdp_root.set_requires_gradient_sync(enabled)
         yield
+
+    @functools.cached_property
+    def _fsdp_root(self) -> FSDPModule | None:
+        return fsdp_root(self.model) if self.sharding is Sharding.FSDP2 else None
 
 
 def cast_base(model: nn.Module, config: Config) -> None:

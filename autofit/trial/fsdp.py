@@ -10,7 +10,7 @@ shares the embedding's weight, so both stay in the root unit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -26,7 +26,6 @@ from torch.distributed.fsdp import (
 from autofit.config import Config, wrap_units
 from autofit.trial.build import ModelParts
 from autofit.trial.dtypes import train_dtype
-from autofit.trial.quantize import int8_params
 
 
 def make_mesh(device_type: str, world_size: int) -> DeviceMesh:
@@ -67,15 +66,11 @@ def apply_fsdp(
         "offload_policy": offload_policy(config.offload, mesh.device_type),
     }
 
-    def kept_whole() -> set[nn.Parameter]:
-        return unshardable_params(model, mesh.size())
-
-    ignored = kept_whole()
-
     def shard(modules: nn.Module | list[nn.Module], reshard: bool | None) -> None:
         group = modules if isinstance(modules, list) else [modules]
-        own = {p for m in group for p in m.parameters()} & ignored
-        fully_shard(modules, reshard_after_forward=reshard, ignored_params=own or None, **kwargs)
+        params = [p for m in group for p in m.parameters()]
+        ignored = unshardable_params(params, mesh.size()) or None
+        fully_shard(modules, reshard_after_forward=reshard, ignored_params=ignored, **kwargs)
 
     if not parts.tied:
         shard(parts.embed, config.reshard)
@@ -83,11 +78,9 @@ def apply_fsdp(
         modules = [parts.layers[i] for i in unit]
         if before_unit is not None:
             before_unit(modules)
-            ignored = kept_whole()
         shard(modules if len(modules) > 1 else modules[0], config.reshard)
     if before_unit is not None and not wrap_units(config.wrap, len(parts.layers)):
         before_unit(list(parts.layers))  # `model`: the layers belong to the root unit
-        ignored = kept_whole()
     if not parts.tied and parts.head is not None:
         shard([m for m in (parts.norm, parts.head) if m is not None], False)
     # The root as torchtitan shards it: `reshard_after_forward` left unset, so FSDP2 keeps the root
@@ -97,8 +90,8 @@ def apply_fsdp(
     return model
 
 
-def unshardable_params(model: nn.Module, world: int) -> set[nn.Parameter]:
-    """Parameters FSDP2 must leave alone (`ignored_params`): they stay whole on every GPU.
+def unshardable_params(params: Iterable[nn.Parameter], world: int) -> set[nn.Parameter]:
+    """Those of `params` FSDP2 must leave alone (`ignored_params`): they stay whole on every GPU.
 
     - torchao `Int8Tensor` weights: no `aten.split`, so FSDP2 cannot shard them.
     - NF4 weights on a one-rank mesh: torch 2.13's one-rank shortcut in `FSDPParamGroup.
@@ -106,10 +99,8 @@ def unshardable_params(model: nn.Module, world: int) -> set[nn.Parameter]:
       `fsdp_pre_all_gather` has three (codes, scalers, factors), so `fsdp_post_all_gather` fails
       to unpack. On one rank there is nothing to shard, so they lose nothing but CPU offload.
     """
-    kept = int8_params(model)
-    if world == 1:
-        kept |= {p for p in model.parameters() if type(p.data).__name__ == "NF4Tensor"}
-    return kept
+    whole = {"Int8Tensor", "NF4Tensor"} if world == 1 else {"Int8Tensor"}
+    return {p for p in params if type(p.data).__name__ in whole}
 
 
 def fsdp_root(model: nn.Module) -> FSDPModule | None:

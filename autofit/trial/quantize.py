@@ -5,8 +5,9 @@ builder in `apply.py`) keeps the transient full-precision copy to one layer, so 
 needs its bf16 size anywhere. The projections may already be wrapped by peft LoRA: then the
 weight quantized is the wrapped `base_layer`'s.
 NF4 weights shard under FSDP2 on any number of ranks (`autofit.trial.nf4`); torchao's
-`Int8Tensor` cannot (no `aten.split`), so `int8_params` lists them for `fully_shard`'s
-`ignored_params`: they stay replicated on every GPU, as Accelerate does for bitsandbytes weights.
+`Int8Tensor` cannot (no `aten.split`), so `autofit.trial.fsdp.unshardable_params` lists them for
+`fully_shard`'s `ignored_params`: they stay replicated on every GPU, as Accelerate does for
+bitsandbytes weights.
 """
 
 from __future__ import annotations
@@ -69,8 +70,3 @@ def _to_int8(linear: nn.Linear) -> None:
     config = Int8WeightOnlyConfig(set_inductor_config=False)
     quantize_(linear, config, filter_fn=lambda mod, _fqn: mod is linear)
     linear.weight.requires_grad_(False)
-
-
-def int8_params(model: nn.Module) -> set[nn.Parameter]:
-    """Parameters held as torchao `Int8Tensor`: FSDP2 cannot shard them (no `aten.split`)."""
-    return {p for p in model.parameters() if type(p.data).__name__ == "Int8Tensor"}

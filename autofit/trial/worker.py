@@ -63,7 +63,6 @@ def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None)
             (loss / config.grad_accum).backward()
         total += loss.detach().float()
     optimizer = run.optimizer
-    assert optimizer is not None
     cpu_offload = tracker is not None and config.offload != "none"
     if tracker is not None and (cpu_offload or is_compiled_step(config.optimizer)):
         with untracked():

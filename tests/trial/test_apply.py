@@ -20,7 +20,6 @@ def small_model() -> torch.nn.Module:
 
 def train(run: Applied, steps: int = 4) -> list[float]:
     """The loop `Applied`'s docstring shows, with 2 micro-steps per optimizer step."""
-    assert run.optimizer is not None
     batch = torch.randint(0, 1024, (2, 32), generator=torch.Generator().manual_seed(0))
     losses = []
     for _ in range(steps):
