@@ -62,9 +62,10 @@ def estimate(
     quant="nf4", lora_rank=64, micro_batch=8, seq_len=2048, checkpointing="full")`."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
-    from autofit.models import resolve_model
+    from autofit.models import check_seq_len, resolve_model
 
     spec = resolve_model(model)
+    check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     return _estimate(spec, hw, _config(knobs), device=device)
 
@@ -91,8 +92,8 @@ def plan(
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
     otherwise an Optuna study runs real trials of the most promising candidates."""
-    from autofit.hardware import resolve_hardware
-    from autofit.models import resolve_model
+    from autofit.hardware import check_trial_hardware, resolve_hardware
+    from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
     from autofit.space import load_space
 
@@ -108,7 +109,9 @@ def plan(
         raise AutofitError(
             f"--global-batch must be a positive number of sequences; got {global_batch}."
         )
+    _check_steps(steps)
     spec = resolve_model(model)
+    check_seq_len(spec, seq_len)
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     sp = load_space(space)
     if trials == 0:
@@ -116,6 +119,11 @@ def plan(
             spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device
         )
     from autofit.search import search
+
+    # everything a search needs is checked before its first trial: the hardware trials run on,
+    # and the run folder it writes at the end
+    check_trial_hardware(hw, device, gpus)
+    run_dir = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
 
     # trials are held to the capacity the user named (--gpu-memory) or, on CPU, the CPU cap
     cap = hw.capacity_bytes if (gpu_memory is not None or device == "cpu") else None
@@ -125,6 +133,47 @@ def plan(
         storage=storage, study=study, run_dir=run_dir, prune=prune, console=console,
         gpu_memory=cap,
     )  # fmt: skip
+
+
+def _check_steps(steps: int) -> None:
+    if steps < 1:
+        raise AutofitError(
+            f"--steps must be at least 1 (optimizer steps measured per trial, after one warm-up "
+            f"step); got {steps}."
+        )
+
+
+def _run_folder(
+    spec: Any,
+    hw: Any,
+    sp: Any,
+    seq_len: int | None,
+    global_batch: int | None,
+    device: str,
+    study: str | None,
+    run_dir: str | Path | None,
+) -> Path:
+    """The search's run folder, checked writable: `run_dir`, or `autofit-runs/<study>` where the
+    study name must be one plain folder name (a default name is made into one)."""
+    from autofit.checks import check_dir_writable, check_study_name, folder_name
+
+    if run_dir is not None:
+        folder = Path(run_dir).expanduser()
+        what, hint = f"--run-dir {run_dir}", "Pass --run-dir a folder you can write in."
+    else:
+        if study is not None:
+            name = check_study_name(study)
+        else:
+            from autofit.search.study import default_study_name
+
+            name = folder_name(
+                default_study_name(spec, hw, sp, seq_len or sp.seq_len, global_batch, device)
+            )
+        folder = Path("autofit-runs") / name
+        what = f"the run folder {folder}"
+        hint = "Run autofit from a folder you can write in, or pass --run-dir a writable folder."
+    check_dir_writable(folder, what, hint)
+    return folder
 
 
 def _run_trial_api(
@@ -138,12 +187,20 @@ def _run_trial_api(
     **knobs: Any,
 ) -> TrialResult:
     """Run one real trial (a few FSDP2 training steps in fresh processes) and measure it."""
-    from autofit.hardware import resolve_hardware
-    from autofit.models import resolve_model
+    from autofit.hardware import check_trial_hardware, resolve_hardware
+    from autofit.models import check_seq_len, resolve_model
     from autofit.trial import run_trial
 
+    _check_steps(steps)
+    if not timeout > 0:
+        raise AutofitError(
+            f"The trial timeout (--trial-timeout) must be a positive number of seconds; got "
+            f"{timeout}."
+        )
     spec = resolve_model(model)
+    check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    check_trial_hardware(hw, device, gpus)
     cap = hw.capacity_bytes if gpu_memory is not None else None
     return run_trial(
         spec, _config(knobs), nprocs=hw.n_gpus, device=device, gpu_memory=cap, steps=steps,

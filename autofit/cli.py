@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import autofit
-from autofit import report
-from autofit.config import KNOB_HELP, KNOBS, coerce_knob
+from autofit import interrupt, report
+from autofit.config import KNOB_HELP, KNOBS, Config, coerce_knob
 from autofit.errors import AutofitError
+from autofit.interrupt import stop_signals_interrupt
 
 app = typer.Typer(
     add_completion=False,
@@ -47,11 +53,57 @@ def _root(
     ),
 ) -> None:
     """Find the fastest LLM fine-tuning config that will not run out of GPU memory."""
+    stop_signals_interrupt()  # SIGTERM/SIGHUP (SLURM, docker stop, timeout) act like Ctrl-C
 
 
-def _fail(exc: AutofitError) -> None:
-    err.print(f"[red]error:[/] {exc}", soft_wrap=True)
+def _interrupted(exc: KeyboardInterrupt, json_out: bool, what: str) -> NoReturn:
+    """Stopped by Ctrl-C, SIGTERM or SIGHUP: the running trial's processes are already gone."""
+    text = f"Interrupted ({interrupt.name(exc)}). {what}"
+    if json_out:
+        _emit_json({"error": text, "interrupted": True})
+    else:
+        err.print(f"\n[yellow]{escape(text)}[/]", soft_wrap=True)
+    raise typer.Exit(interrupt.exit_code(exc)) from None
+
+
+def _fail(exc: AutofitError, json_out: bool = False, command: str | None = None) -> NoReturn:
+    """One paragraph on stderr (user text escaped: rich would eat `[none, nf4]`), or with
+    --json one object `{"error": ..., "hint": ...}` on stdout; exit 2 either way."""
+    hint = getattr(exc, "hint", None)
+    if json_out:
+        text = str(exc)
+        if hint and text.endswith(hint):
+            text = text[: -len(hint)].rstrip()
+        _emit_json({"error": text, "hint": hint or _help_hint(command)})
+    else:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
     raise typer.Exit(2)
+
+
+def _help_hint(command: str | None = None) -> str:
+    where = f"autofit {command} --help" if command else "autofit --help"
+    return f"Run `{where}` for the options and the values they allow."
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """autofit's warnings (allowed, but probably not meant) as one `warning:` paragraph each on
+    stderr, also under --json (stdout stays one JSON object); other warnings as Python shows them.
+    """
+    from autofit.checks import AutofitWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", AutofitWarning)
+        shown = warnings.showwarning
+
+        def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, AutofitWarning):
+                err.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
+            else:
+                shown(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
+        yield
 
 
 def _emit_json(data: Any) -> None:
@@ -81,8 +133,14 @@ JSON = typer.Option(False, "--json", help="Print one JSON object on stdout and n
 
 
 def _knob_option(name: str, default: Any = None) -> Any:
+    """A knob flag whose help lists the allowed values and shows the default (the `Config`
+    value an unset flag leaves). No square brackets in the text: rich reads them as markup."""
     allowed = KNOBS[name]
-    values = f" [{'|'.join(map(str, allowed))}]" if allowed else ""
+    if allowed:
+        values = " Allowed: " + ", ".join(_knob_text(v) for v in allowed) + "."
+    else:
+        low = 0 if name == "lora_rank" else 1
+        values = f" Allowed: a whole number >= {low}."
     if name == "micro_batch":
         extra = (
             " If it runs out of memory: halve it and double --grad-accum,"
@@ -90,9 +148,27 @@ def _knob_option(name: str, default: Any = None) -> Any:
         )
     else:
         extra = ""
+    # typer shows a string `show_default` in parentheses, so the default is part of the help
+    unset = f" Default: {_knob_text(_KNOB_DEFAULTS[name])}."
     return typer.Option(
-        default, f"--{name.replace('_', '-')}", help=KNOB_HELP[name] + values + extra
+        default, f"--{name.replace('_', '-')}", help=KNOB_HELP[name] + "." + values + unset + extra
     )
+
+
+def _renamed(old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
+    """A renamed flag's old, hidden name still works (with a note on stderr); the new name wins
+    when both are given."""
+    if old_value is None:
+        return new_value
+    err.print(f"[yellow]note:[/] {old} is now {new}; the old name still works for now.")
+    return old_value if new_value == default else new_value
+
+
+def _knob_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+_KNOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config) if f.name in KNOBS}
 
 
 def _knobs(**values: Any) -> dict[str, Any]:
@@ -130,7 +206,7 @@ def hardware(
         return
     if hw is None:
         out.print(
-            f"No NVIDIA GPU driver found ({reason}), so there are no GPUs to list.\n"
+            f"No NVIDIA GPU driver found ({escape(str(reason))}), so there are no GPUs to list.\n"
             f"Host: {report.fmt_bytes(host_ram_bytes())} RAM, {cpu_cores()} CPU cores.\n"
             "You can still plan: name the hardware with --gpus KxNAME (e.g. --gpus 2xrtx3090; "
             "`autofit hardware --presets` lists the names) and add --no-trials, or run real "
@@ -195,9 +271,10 @@ def estimate(
     """Napkin estimate of one config: peak memory per GPU with a breakdown, and step time."""
     try:
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
-        est = autofit.estimate(model, gpus, gpu_memory=gpu_memory, device=device, **knobs)
+        with _warnings_to_stderr():
+            est = autofit.estimate(model, gpus, gpu_memory=gpu_memory, device=device, **knobs)
     except AutofitError as exc:
-        _fail(exc)
+        _fail(exc, json_out, "estimate")
     if json_out:
         _emit_json(est.to_dict())
         return
@@ -227,20 +304,31 @@ def trial(
     gpu_memory: str | None = GPU_MEMORY,
     device: str = DEVICE,
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps (after 1 warm-up)."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before the trial is killed."),
+    trial_timeout: float = typer.Option(
+        600.0, "--trial-timeout", help="Seconds before the trial is killed (every process of it)."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", hidden=True, help="Old name of --trial-timeout."
+    ),
     json_out: bool = JSON,
 ) -> None:
     """Run one real trial: a few FSDP2 training steps in their own processes, measured."""
+    timeout = _renamed("--timeout", timeout, "--trial-timeout", trial_timeout, 600.0)
     try:
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
         if not json_out:
-            err.print(f"Running a trial of {model} on {gpus} ({device}) ...")
-        result = autofit.trial(
-            model, gpus, device=device, gpu_memory=gpu_memory, steps=steps, timeout=timeout,
-            **knobs,
-        )  # fmt: skip
+            err.print(
+                f"Running a trial of {escape(model)} on {escape(gpus)} ({escape(device)}) ..."
+            )
+        with _warnings_to_stderr():
+            result = autofit.trial(
+                model, gpus, device=device, gpu_memory=gpu_memory, steps=steps, timeout=timeout,
+                **knobs,
+            )  # fmt: skip
     except AutofitError as exc:
-        _fail(exc)
+        _fail(exc, json_out, "trial")
+    except KeyboardInterrupt as exc:
+        _interrupted(exc, json_out, "The trial was stopped and its processes killed.")
     if json_out:
         _emit_json(result.to_dict())
     else:
@@ -264,8 +352,17 @@ def plan(
     ),
     trials: int = typer.Option(20, "--trials", help="Real trials to spend (0 = estimates only)."),
     no_trials: bool = typer.Option(False, "--no-trials", help="Estimates only: no GPU needed."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Seconds for the whole search."),
-    trial_timeout: float = typer.Option(600.0, "--trial-timeout", help="Seconds per trial."),
+    search_timeout: float | None = typer.Option(
+        None,
+        "--search-timeout",
+        help="Seconds for the whole search: no new trial starts after it (default: no limit).",
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", hidden=True, help="Old name of --search-timeout."
+    ),
+    trial_timeout: float = typer.Option(
+        600.0, "--trial-timeout", help="Seconds one trial may run before it is killed."
+    ),
     steps: int = typer.Option(3, "--steps", help="Measured steps per trial."),
     margin: float = typer.Option(
         0.05, "--margin", help="Headroom the winner must keep (0.05 = 5%)."
@@ -295,38 +392,41 @@ def plan(
     json_out: bool = JSON,
 ) -> None:
     """Plan: estimate every candidate, prune what cannot fit, trial the best, pick the winner."""
+    timeout = _renamed("--timeout", timeout, "--search-timeout", search_timeout, None)
     try:
         if export_path is not None:
-            from autofit.export import check_format
+            from autofit.export import check_export_target
 
-            check_format(fmt)  # a typo fails before any trial runs, not after
+            # a typo in the format or an unwritable path fails before any trial runs, not after
+            check_export_target(fmt, export_path)
         n_trials = 0 if no_trials else trials
         console = err if json_out else out
-        result = autofit.plan(
-            model, gpus, seq_len=seq_len, global_batch=global_batch, space=space,
-            trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
-            margin=margin, device=device, gpu_memory=gpu_memory, storage=storage, study=study,
-            run_dir=run_dir, prune=not no_prune, console=None if json_out else console,
-        )  # fmt: skip
+        with _warnings_to_stderr():
+            result = autofit.plan(
+                model, gpus, seq_len=seq_len, global_batch=global_batch, space=space,
+                trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
+                margin=margin, device=device, gpu_memory=gpu_memory, storage=storage,
+                study=study, run_dir=run_dir, prune=not no_prune,
+                console=None if json_out else console,
+            )  # fmt: skip
         written: list[Path] = []
         if export_path is not None and result.best is not None:
             written = result.export(fmt, export_path)
     except AutofitError as exc:
-        _fail(exc)
-    except KeyboardInterrupt:
-        err.print(
-            "\n[yellow]Interrupted.[/] Finished trials are kept in the study: run the same "
-            "command again to resume (no finished trial is repeated)."
+        _fail(exc, json_out, "plan")
+    except KeyboardInterrupt as exc:
+        _interrupted(
+            exc,
+            json_out,
+            "Finished trials are kept in the study: run the same command again to resume (no "
+            "finished trial is repeated; the interrupted one runs first).",
         )
-        raise typer.Exit(130) from None
     if json_out:
         _emit_json(result.to_dict())
     else:
         report.plan_report(out, result, written)
         if written:
-            from autofit.export import launch_command
-
-            out.print(f"launch: {launch_command(result, fmt, written[0])}", soft_wrap=True)
+            _print_launch(result, fmt, written[0])
     if result.best is None:
         raise typer.Exit(1)
 
@@ -340,21 +440,59 @@ def export(
 ) -> None:
     """Export the winner of an existing study without running anything."""
     try:
+        from autofit.checks import check_sqlite_exists
+        from autofit.export import check_export_target
         from autofit.search import load_study_plan
 
+        check_export_target(fmt, output, "--output")
+        check_sqlite_exists(storage)  # opening a mistyped SQLite path would create an empty one
         result = load_study_plan(storage, study)
         written = result.export(fmt, output)
     except AutofitError as exc:
         _fail(exc)
-    from autofit.export import launch_command
-
     for path in written:
         out.print(f"wrote {path}")
-    out.print(f"launch: {launch_command(result, fmt, written[0])}", soft_wrap=True)
+    _print_launch(result, fmt, written[0])
 
 
-def main() -> None:
-    app()
+def _print_launch(result: Any, fmt: str, path: Path) -> None:
+    """The launch command (`<your_train.py>` standing for the user's script) and what that is,
+    with a command that runs the shipped example where autofit runs from its sources."""
+    from autofit.export import launch_command, launch_note
+
+    out.print(f"launch: {launch_command(result, fmt, path)}", soft_wrap=True, markup=False)
+    out.print(f"  {launch_note(result, fmt, path)}", soft_wrap=True, markup=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `autofit` command. Usage errors (a bad option value, a missing option) come out as
+    autofit's own errors do: one paragraph on stderr, or one JSON object on stdout under --json;
+    exit 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = args[: args.index("--")] if "--" in args else args
+    # typer raises click's exceptions (its own vendored copy in newer typer): find their classes
+    click_exception = sys.modules[typer.BadParameter.__module__].ClickException
+    try:
+        code = app(args=args, prog_name="autofit", standalone_mode=False)
+    except click_exception as exc:
+        if type(exc).__name__ != "NoArgsIsHelpError":  # that one printed the help already
+            _usage_error(exc, "--json" in options)
+        code = exc.exit_code
+    except typer.Abort:
+        err.print("Aborted.")
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Any, json_out: bool) -> None:
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.info_name if ctx is not None and ctx.parent is not None else None
+    message = " ".join(exc.format_message().split())
+    message += "" if message.endswith((".", "?", "!")) else "."
+    if json_out:
+        _emit_json({"error": message, "hint": _help_hint(command)})
+    else:
+        err.print(f"[red]error:[/] {escape(message)} {escape(_help_hint(command))}", soft_wrap=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -111,7 +111,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
             if cfg.is_lora
             else None
         ),
-        "env": dict(ALLOC_ENV),
+        "env": dict(ALLOC_ENV) if plan.device != "cpu" else {},  # a CUDA setting: none on CPU
         "study": {"storage": plan.storage, "name": plan.study_name},
         "trials": [
             {
@@ -190,7 +190,7 @@ def load_plan(path: str | Path) -> LoadedPlan:
         seq_len=int(data.get("seq_len") or config.seq_len),
         global_batch=data.get("global_batch"),
         n_gpus=int(hw.get("n_gpus") or 1),
-        env=dict(data.get("env") or ALLOC_ENV),
+        env=dict(data["env"] if data.get("env") is not None else ALLOC_ENV),
         reason=str(data.get("reason", "")),
         path=p,
         document=data,
@@ -273,8 +273,9 @@ def _header(doc: dict[str, Any], what: str) -> list[str]:
         f"{doc['hardware']['description']}.",
         f"# Winner: {doc.get('label', '')}; {doc.get('reason', '')}".rstrip(),
         *measured_path(doc),
-        f"# Trials ran with {_env_text(doc)}: set it for your run too.",
     ]
+    if _env_text(doc):  # CUDA allocator settings; none for a CPU plan
+        lines.append(f"# Trials ran with {_env_text(doc)}: set it for your run too.")
     if cfg.get("quant", "none") != "none":
         lines.append(f"# Base weights quantized to {cfg['quant']} (torchao), frozen.")
     if cfg.get("lora_rank", 0):
@@ -287,6 +288,10 @@ def _header(doc: dict[str, Any], what: str) -> list[str]:
 
 
 def _env_text(doc: dict[str, Any]) -> str:
+    """The environment the trials ran with, as `K=V ...`; empty for a CPU plan (the CUDA
+    allocator setting means nothing there)."""
+    if (doc.get("hardware") or {}).get("device") == "cpu":
+        return ""
     env = doc.get("env") or ALLOC_ENV
     return " ".join(f"{k}={v}" for k, v in env.items())
 
@@ -456,20 +461,66 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def launch_command(plan: Any, format: str, path: str | Path) -> str:
+# autofit cannot know the user's training script: launch commands name this placeholder, and
+# `launch_note` says what it stands for and runs the plan with an example shipped in the sources.
+TRAIN_SCRIPT = "<your_train.py>"
+EXAMPLE_SCRIPTS = {"accelerate": "accelerate_train.py"}  # other formats: train_with_plan.py
+
+
+def launch_command(plan: Any, format: str, path: str | Path, script: str = TRAIN_SCRIPT) -> str:
     """The command that launches training with this export: `python` for a one-GPU plain-module
-    plan (no process group needed), `torchrun`/`accelerate launch` for DDP and FSDP2."""
+    plan (no process group needed), `torchrun`/`accelerate launch` for DDP and FSDP2. `script` is
+    the training script (the placeholder `<your_train.py>` unless named); the CUDA allocator
+    setting is set only for a CUDA plan."""
     doc = plan if isinstance(plan, dict) else plan_document(plan)
     n = int(doc["hardware"]["n_gpus"])
     env = _env_text(doc)
+    env = f"{env} " if env else ""
     p = Path(path)
     runner = "python" if plan_sharding(doc) is Sharding.NONE else f"torchrun --nproc-per-node {n}"
     if format == "accelerate":
-        return f"{env} accelerate launch --config_file {p} train.py --plan {side_path(p)}"
+        return f"{env}accelerate launch --config_file {p} {script} --plan {side_path(p)}"
     if format == "trainer":
-        return (f"{env} {runner} train.py  # TrainingArguments(**json.load("
+        return (f"{env}{runner} {script}  # TrainingArguments(**json.load("
                 f"open('{p}'))); autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
-    return f"{env} {runner} train.py --plan {p}"
+    return f"{env}{runner} {script} --plan {p}"
+
+
+def example_script(format: str) -> Path | None:
+    """The example training script for `format` (examples/ of autofit's sources), when autofit
+    runs from its source tree (a checkout, an editable install); None for an installed wheel."""
+    name = EXAMPLE_SCRIPTS.get(format, "train_with_plan.py")
+    path = Path(__file__).resolve().parent.parent / "examples" / name
+    return path if path.is_file() else None
+
+
+def launch_note(plan: Any, format: str, path: str | Path) -> str:
+    """What `<your_train.py>` in `launch_command` stands for, and a command that runs the plan
+    for a few steps with the example script shipped in autofit's sources (random weights)."""
+    import os
+    import shlex
+
+    doc = plan if isinstance(plan, dict) else plan_document(plan)
+    name = EXAMPLE_SCRIPTS.get(format, "train_with_plan.py")
+    text = (
+        f"{TRAIN_SCRIPT} is your training script: autofit.load_plan(...) then "
+        "autofit.apply(model, plan.best.config) builds the measured layout."
+    )
+    example = example_script(format)
+    if example is None:
+        return f"{text} examples/{name} in autofit's source repository is a complete one."
+    rel = os.path.relpath(example)
+    shown = rel if not rel.startswith("..") else str(example)
+    p = Path(path)
+    plan_file = p if format == "autofit" else side_path(p)
+    if format == "accelerate":
+        cmd = launch_command(doc, format, p, script=shlex.quote(shown))
+    else:
+        cmd = launch_command(doc, "autofit", plan_file, script=shlex.quote(shown))
+        if doc["hardware"].get("device") == "cuda":
+            cmd += " --device cuda"
+    cmd += f" --model {shlex.quote(str(doc['model']))}"
+    return f"{text} To try the plan with the example {shown} (random weights): {cmd}"
 
 
 def side_path(path: Path) -> Path:
@@ -490,6 +541,24 @@ def check_format(format: str) -> str:
     return fmt
 
 
+WRITE_HINT = "Choose a file path in a folder you can write in."
+
+
+def check_export_target(format: str, path: str | Path, flag: str = "--export") -> str:
+    """Before anything runs: `format` is known and every file its export writes (the side file
+    too) can be written: its folder is writable, and no folder or foreign file is in the way.
+    Returns the normalised format."""
+    from autofit.checks import check_file_writable
+
+    fmt = check_format(format)
+    target = Path(path).expanduser()
+    for out_path in [target] if fmt == "autofit" else [target, side_path(target)]:
+        what = f"{flag} {target}" if out_path == target else f"{out_path} (the side file)"
+        check_file_writable(out_path, what, WRITE_HINT)
+        _check_replaceable(out_path)
+    return fmt
+
+
 def export_plan(plan: Any, format: str, path: str | Path) -> list[Path]:
     """Write the winner of `plan` as `format` to `path`; returns every file written."""
     fmt = check_format(format)
@@ -505,11 +574,19 @@ def export_plan(plan: Any, format: str, path: str | Path) -> list[Path]:
         else:
             text = json.dumps(trainer_arguments(doc), indent=2) + "\n"
         outputs += [(target, text), (side, render_autofit(doc))]
+    from autofit.checks import check_file_writable
+
     for out_path, text in outputs:
         _parse_back(out_path, text)
+        check_file_writable(out_path, str(out_path), WRITE_HINT)
         _check_replaceable(out_path)
     for out_path, text in outputs:
-        atomic_write(out_path, text)
+        try:
+            atomic_write(out_path, text)
+        except OSError as exc:
+            raise AutofitError(
+                f"Cannot write {out_path} ({exc.strerror or exc}). {WRITE_HINT}"
+            ) from None
     return [p for p, _ in outputs]
 
 

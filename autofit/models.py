@@ -7,6 +7,7 @@ decoder; the trial builds the real model from them with random weights (`to_hf_c
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -159,23 +160,120 @@ class ModelSpec:
                 f"{name}: model_type {model_type!r} is not supported yet. Supported: "
                 f"{', '.join(sorted(_SUPPORTED_TYPES))}."
             )
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        return cls(
+        hidden = _count(cfg, "hidden_size", name)
+        heads = _count(cfg, "num_attention_heads", name)
+        spec = cls(
             name=name,
             hidden=hidden,
-            layers=int(cfg["num_hidden_layers"]),
+            layers=_count(cfg, "num_hidden_layers", name),
             heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            intermediate=int(cfg.get("intermediate_size") or 4 * hidden),
-            vocab=int(cfg["vocab_size"]),
+            kv_heads=_count(cfg, "num_key_value_heads", name, heads),
+            intermediate=_count(cfg, "intermediate_size", name, 4 * hidden),
+            vocab=_count(cfg, "vocab_size", name),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position=int(cfg.get("max_position_embeddings", 4096)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            head_dim_override=cfg.get("head_dim"),
+            max_position=_count(cfg, "max_position_embeddings", name, 4096),
+            rope_theta=_number(cfg, "rope_theta", name, 10000.0),
+            norm_eps=_number(cfg, "rms_norm_eps", name, 1e-5),
+            head_dim_override=_count(cfg, "head_dim", name, None),
             description=f"from {name}",
         )
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """Refuse an architecture no model can have (named by its HF config keys), so a bad
+        config.json fails here with one paragraph, not with negative sizes or inside a trial."""
+        where = f"{self.name}:"
+        for field_name, key in _HF_KEYS.items():
+            value = getattr(self, field_name)
+            if value is None and field_name == "head_dim_override":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelError(
+                    f"{where} {key} is {value!r}; it must be a whole number of at least 1."
+                )
+        if self.heads % self.kv_heads:
+            raise ModelError(
+                f"{where} num_attention_heads ({self.heads}) is not a multiple of "
+                f"num_key_value_heads ({self.kv_heads}); grouped-query attention shares each "
+                "key/value head among the same number of query heads, so the first must be a "
+                "multiple of the second."
+            )
+        if self.head_dim_override is None and self.hidden % self.heads:
+            raise ModelError(
+                f"{where} hidden_size ({self.hidden}) is not divisible by num_attention_heads "
+                f"({self.heads}), so the heads cannot split it. Use a head count that divides "
+                "hidden_size, or set head_dim explicitly as the model does."
+            )
+        for key, value in (("rope_theta", self.rope_theta), ("rms_norm_eps", self.norm_eps)):
+            if not (value > 0 and math.isfinite(value)):
+                raise ModelError(f"{where} {key} is {value!r}; it must be a positive number.")
+
+
+# ModelSpec field -> the HF config.json key it is read from (what a user edits).
+_HF_KEYS = {
+    "hidden": "hidden_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "intermediate": "intermediate_size",
+    "vocab": "vocab_size",
+    "max_position": "max_position_embeddings",
+    "head_dim_override": "head_dim",
+}
+
+
+_REQUIRED: Any = object()
+
+
+def _count(cfg: dict[str, Any], key: str, name: str, default: Any = _REQUIRED) -> Any:
+    """A whole-number field of a config.json (4096 or 4096.0; `default` when it is missing or
+    null), or one paragraph naming it."""
+    value = cfg.get(key)
+    if value is None and default is not _REQUIRED:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelError(
+            f"{name}: {key} is {value!r}; it must be a whole number of at least 1 "
+            f'(for example "{key}": {_EXAMPLES.get(key, 8)}).'
+        )
+    return value
+
+
+def _number(cfg: dict[str, Any], key: str, name: str, default: float) -> float:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ModelError(f"{name}: {key} is {value!r}; it must be a positive number.")
+    return float(value)
+
+
+_EXAMPLES = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "vocab_size": 32000, "intermediate_size": 11008, "max_position_embeddings": 4096,
+             "head_dim": 128, "num_key_value_heads": 8}  # fmt: skip
+
+
+def check_seq_len(spec: ModelSpec, seq_len: int | None) -> None:
+    """Warn (an `AutofitWarning`) when `seq_len` is beyond the positions the model was made
+    for: the numbers still hold, but the model has not learnt those positions."""
+    if seq_len is None or seq_len <= spec.max_position:
+        return
+    import warnings
+
+    from autofit.checks import AutofitWarning
+
+    warnings.warn(
+        f"--seq-len {seq_len} is above {spec.name}'s maximum of {spec.max_position} positions "
+        "(max_position_embeddings). autofit plans and measures it anyway (memory and speed do "
+        "not depend on it), but the model has not learnt positions beyond its maximum: train at "
+        f"most {spec.max_position} tokens per sequence, or extend the context (RoPE scaling) "
+        "yourself.",
+        AutofitWarning,
+        stacklevel=3,
+    )
 
 
 # Architectures whose parameters and activations the formulas count exactly. Qwen2 (q/k/v biases)

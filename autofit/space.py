@@ -136,12 +136,22 @@ def load_space(name_or_path: str | Path = "default") -> Space:
             f"the shipped names: {', '.join(available_spaces())}."
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else exc.strerror or exc
+        raise SpaceError(
+            f"Cannot read the search-space file {str(path)!r} ({why}). A space file is a UTF-8 "
+            "YAML mapping with a `knobs:` mapping of knob name -> list of values; or pass one of "
+            f"the shipped names: {', '.join(available_spaces())}."
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one paragraph
         raise SpaceError(
-            f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)}). A space file is a "
+            f"{path}: not valid YAML{where} ({problem}). A space file is a "
             "mapping with a `knobs:` mapping of knob name -> list of values."
         ) from None
     return parse_space(data, str(path), name=path.stem)

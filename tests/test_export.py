@@ -106,8 +106,8 @@ def test_each_path_exports_configs_accelerate_and_training_arguments_load(case, 
     assert args.gradient_accumulation_steps == best.grad_accum
     assert args.bf16
     assert bool(args.fsdp) is (distributed == "FSDP")
-    assert f"{runner} train.py --plan {apath}" in autofit_cmd
-    assert f"{runner} train.py  #" in trainer_cmd
+    assert f"{runner} <your_train.py> --plan {apath}" in autofit_cmd
+    assert f"{runner} <your_train.py>  #" in trainer_cmd
 
 
 def test_one_gpu_plain_plan_is_distributed_type_no_without_fsdp(one_gpu_plan, tmp_path):
@@ -253,7 +253,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp(qlora_plan, tmp_path, mo
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "fsync", broken)
-    with pytest.raises(OSError):
+    with pytest.raises(AutofitError, match=r"Cannot write .*plan\.yaml \(disk full\)"):
         qlora_plan.export("autofit", path)
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["plan.yaml"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autofit.config import Config
+from autofit.errors import HardwareError
 from autofit.hardware import GPU, Hardware, resolve_gpus
 from autofit.models import PRESETS
 from autofit.plan import (
@@ -115,8 +116,8 @@ def test_candidate_falls_back_to_estimates_without_a_trial(qlora_plan):
 
 
 def test_gpu_memory_cap_never_raises_a_presets_capacity():
-    hw = resolve_gpus("1xrtx3090", gpu_memory=100 * 1024**3)
-    assert hw.capacity_bytes == resolve_gpus("1xrtx3090").capacity_bytes
+    with pytest.raises(HardwareError, match=r"more than the 24\.0 GiB .* RTX 3090"):
+        resolve_gpus("1xrtx3090", gpu_memory=100 * 1024**3)
     assert resolve_gpus("1xrtx3090", gpu_memory=16 * 1024**3).capacity_bytes == 16 * 1024**3
 
 

@@ -18,9 +18,17 @@ __all__ = [
     "cpu_hardware",
     "local_hardware",
     "preset_hardware",
+    "check_trial_hardware",
     "resolve_gpus",
     "resolve_hardware",
 ]
+
+# The most GPUs (or CPU processes) one plan is for: far above any one host, and small enough that
+# a what-if box of that many is built in a blink.
+MAX_GPUS = 4096
+# Up to this many GPUs a preset lists every GPU pair with its link (`autofit hardware`, JSON);
+# above it the pair list (which grows with the square of the count) is left out: `link` says it.
+MAX_LISTED_PAIRS_GPUS = 64
 
 NO_GPU_HINT = (
     "To plan for hardware you do not have, name it: --gpus 2xrtx3090, --gpus 8xh100-80gb "
@@ -39,6 +47,7 @@ def preset_hardware(count: int, name: str) -> Hardware:
         )
     if count < 1:
         raise HardwareError(f"The GPU count in --gpus must be at least 1; got {count}.")
+    _check_count(count, f"{count}x{preset.name}")
     gpus = tuple(
         GPU(
             index=i,
@@ -55,7 +64,11 @@ def preset_hardware(count: int, name: str) -> Hardware:
         )
         for i in range(count)
     )
-    pairs = tuple((a, b, preset.interconnect) for a in range(count) for b in range(a + 1, count))
+    pairs = (
+        tuple((a, b, preset.interconnect) for a in range(count) for b in range(a + 1, count))
+        if count <= MAX_LISTED_PAIRS_GPUS
+        else ()
+    )
     # Host RAM of a what-if box is unknown: assume the common cloud shape of 2x the GPUs'
     # memory, at least 64 GiB (a p4d has 1152 GiB for 320 GiB of A100s; a g5.12xlarge 192/96).
     ram = max(2 * count * preset.memory_bytes, 64 * 1024**3)
@@ -68,6 +81,14 @@ def preset_hardware(count: int, name: str) -> Hardware:
         source="preset",
         pairs=pairs,
     )
+
+
+def _check_count(count: int, text: str) -> None:
+    if count > MAX_GPUS:
+        raise HardwareError(
+            f"--gpus {text} asks for {count:,} GPUs; autofit plans for at most {MAX_GPUS:,} "
+            "(one host's GPUs, or a what-if box of them). Name fewer, e.g. --gpus 8xh100-80gb."
+        )
 
 
 def local_hardware() -> Hardware:
@@ -133,7 +154,19 @@ def resolve_gpus(spec: str | Hardware, gpu_memory: int | None = None) -> Hardwar
         hw = _resolve(str(spec).strip())
     if gpu_memory is not None:
         # a cap never raises capacity: --gpu-memory emulates a smaller card on a bigger one
-        hw = hw.with_capacity(min(gpu_memory, hw.capacity_bytes))
+        if gpu_memory > hw.capacity_bytes and hw.gpus:
+            from autofit.units import fmt_bytes
+
+            gpu = hw.gpu
+            which = "each" if len({g.memory_bytes for g in hw.gpus}) == 1 else "the smallest"
+            raise HardwareError(
+                f"--gpu-memory {fmt_bytes(gpu_memory, 'GiB')} is more than the "
+                f"{fmt_bytes(gpu.memory_bytes, 'GiB')} ({gpu.memory_bytes:,} bytes) of {which} "
+                f"GPU ({gpu.name}): --gpu-memory emulates a smaller card and cannot add "
+                f"memory. Give at most {gpu.memory_bytes // 1024**2}MiB, or leave it out to plan "
+                "for the whole card."
+            )
+        hw = hw.with_capacity(gpu_memory)
     return hw
 
 
@@ -190,9 +223,7 @@ def resolve_hardware(
     that preset's memory, `auto` two (or one on a single-core machine); `--gpu-memory` sets the
     cap each process is held to.
     """
-    from autofit.units import parse_size
-
-    cap = parse_size(gpu_memory) if gpu_memory is not None else None
+    cap = _parse_gpu_memory(gpu_memory) if gpu_memory is not None else None
     if device not in ("cuda", "cpu"):
         raise HardwareError(f"--device must be 'cuda' or 'cpu'; got {device!r}.")
     if device == "cuda" or isinstance(gpus, Hardware):
@@ -203,10 +234,93 @@ def resolve_hardware(
         preset = preset_hardware(int(match.group(1)), match.group(2))
         return cpu_hardware(preset.n_gpus, cap or preset.capacity_bytes)
     if re.fullmatch(r"\d+", text) and int(text) >= 1:
+        _check_count(int(text), text)
         return cpu_hardware(int(text), cap)
     if text == "auto":
         return cpu_hardware(min(2, cpu_cores()), cap)
     raise HardwareError(
         f"With --device cpu, --gpus must be N (CPU processes), KxNAME (K processes held to that "
         f"GPU's memory) or auto; got {gpus!r}."
+    )
+
+
+def _parse_gpu_memory(value: str | int) -> int:
+    """`--gpu-memory`: a size with a unit. A bare number would be bytes (24 -> 24 bytes), which
+    nobody means for a GPU, so the unit is required; the Python API may pass an int of bytes."""
+    from autofit.units import MiB, parse_size
+
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", value):
+        raise HardwareError(
+            f"--gpu-memory {value.strip()} has no unit, so it would mean {value.strip()} bytes. "
+            f"Write the unit, e.g. {value.strip()}GiB (GiB/MiB are powers of 1024, GB/MB powers "
+            "of 1000)."
+        )
+    size = parse_size(value)
+    if size < MiB:
+        raise HardwareError(
+            f"--gpu-memory {value} is {size:,} bytes, less than 1 MiB: no model fits in that. "
+            "Write the size with its unit, e.g. 24GiB or 512MiB."
+        )
+    return size
+
+
+def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> None:
+    """Refuse, before any trial runs, hardware that trials cannot run on here: a what-if preset
+    (`--gpus 2xrtx3090`) on a machine without those GPUs, or far more CPU processes than cores
+    (`--gpus 64 --device cpu` on 2 cores). A few more processes than cores only warn: the trials
+    run, but time-share the cores, so their speeds are skewed."""
+    if device == "cpu":
+        _check_cpu_ranks(hw.n_gpus, cpu_cores(), str(gpus))
+        return
+    if hw.source != "preset":
+        return
+    wanted = {g.preset for g in hw.gpus}
+    try:
+        local, _ = probe()
+    except NoDriver:
+        local = []
+    matching = [g for g in local[: hw.n_gpus] if g.preset in wanted]  # trials use the first N
+    if len(matching) >= hw.n_gpus:
+        return
+    here = (
+        f"this machine has {len(local)} GPU(s) ({', '.join(sorted({g.name for g in local}))})"
+        if local
+        else "this machine has no NVIDIA GPU"
+    )
+    from autofit.checks import user_error
+
+    raise user_error(
+        f"--gpus {gpus} names hardware to plan for ({hw.describe()}), but trials run on real "
+        f"GPUs and {here}.",
+        "Add --no-trials to plan from estimates alone, use --gpus auto (or N) to run trials on "
+        "this machine's GPUs, or --device cpu to run the trials of a small model on this CPU.",
+        HardwareError,
+    )
+
+
+def _check_cpu_ranks(nprocs: int, cores: int, gpus: str) -> None:
+    if nprocs <= cores:
+        return
+    if nprocs > 2 * cores:
+        from autofit.checks import user_error
+
+        raise user_error(
+            f"--gpus {gpus} --device cpu would run {nprocs} trial processes on {cores} CPU "
+            "core(s): each would get a sliver of a core, so the trials would crawl and their "
+            "speeds would say nothing about the configs.",
+            f"Use --gpus {cores} or fewer with --device cpu (one process per core; up to "
+            f"{2 * cores} run, with a warning), or plan for {nprocs} GPUs from estimates alone: "
+            f"--gpus {nprocs}xNAME --no-trials (e.g. {nprocs}xh100-80gb).",
+            HardwareError,
+        )
+    import warnings
+
+    from autofit.checks import AutofitWarning
+
+    warnings.warn(
+        f"--gpus {gpus} --device cpu runs {nprocs} trial processes on {cores} CPU core(s): they "
+        "take turns on the cores, so trials are slower and their speeds less telling. --gpus "
+        f"{cores} or fewer gives each process a core of its own.",
+        AutofitWarning,
+        stacklevel=3,
     )

@@ -114,11 +114,11 @@ def test_gpus_count_beyond_the_machine_is_rejected(fake_nvml, spec):
         resolve_gpus(spec)
 
 
-def test_gpu_memory_caps_nvml_gpus_but_never_raises_them(fake_nvml):
+def test_gpu_memory_caps_nvml_gpus_and_refuses_to_raise_them(fake_nvml):
     hw = resolve_hardware("0,1", gpu_memory="24GiB")
     assert all(g.memory_bytes == 24 * 1024**3 for g in hw.gpus)
-    big = resolve_hardware("0,1", gpu_memory="1TiB")
-    assert all(g.memory_bytes == 81559 * MiB for g in big.gpus)
+    with pytest.raises(HardwareError, match=r"more than the 79\.6 GiB .* H100"):
+        resolve_hardware("0,1", gpu_memory="1TiB")
 
 
 def test_no_driver_raises_nodriver_naming_the_nvml_error(no_driver):

@@ -21,6 +21,7 @@ def test_unknown_export_format_fails_before_any_trial(tmp_path):
 
 
 def test_export_of_a_missing_study_names_the_studies_there(tmp_path):
+    (tmp_path / "empty.db").touch()  # an existing (empty) database; a missing one is refused
     storage = f"sqlite:///{tmp_path / 'empty.db'}"
     output = str(tmp_path / "p.yaml")
     args = ["export", "--storage", storage, "--study", "nope", "--format", "autofit"]

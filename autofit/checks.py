@@ -1,0 +1,137 @@
+"""Up-front checks of what a user asked for, so nothing fails after a search has run.
+
+Outputs (the run folder, an export file) are checked writable before any trial; study names that
+become folder names are held to safe characters; and `AutofitWarning` is what autofit warns with
+when a request is allowed but probably not what the user meant (the CLI prints it on stderr as
+one `warning:` paragraph).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from autofit.errors import AutofitError
+
+
+class AutofitWarning(UserWarning):
+    """Allowed, but probably not what was meant; the message says why and what to do."""
+
+
+def user_error(message: str, hint: str, cls: type[AutofitError] = AutofitError) -> AutofitError:
+    """An `AutofitError` whose paragraph is `message` then `hint`; `exc.hint` keeps the hint
+    apart for the CLI's `--json` error object."""
+    exc = cls(f"{message} {hint}")
+    exc.hint = hint  # type: ignore[attr-defined]
+    return exc
+
+
+# ----- outputs ------------------------------------------------------------------------------------
+def _nearest_existing(path: Path) -> Path:
+    """`path` itself or its nearest ancestor that exists (as anything: folder, file, link)."""
+    probe = path
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def check_dir_writable(folder: str | Path, what: str, hint: str) -> Path:
+    """Fail with one paragraph unless files can be written in `folder` (made if missing).
+
+    Nothing is left behind: a folder that does not exist yet is tried by making and removing a
+    temporary folder in its nearest existing ancestor. `what` names the folder for the user
+    (e.g. "--run-dir /x"); `hint` says what to do instead."""
+    folder = Path(folder).expanduser()
+    base = _nearest_existing(folder)
+    if base.exists() and not base.is_dir():
+        raise user_error(f"Cannot write {what}: {base} is a file, not a folder.", hint)
+    try:
+        if base == folder:
+            fd, tmp = tempfile.mkstemp(prefix=".autofit-check-", dir=folder)
+            os.close(fd)
+            os.unlink(tmp)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".autofit-check-", dir=base))
+    except OSError as exc:
+        raise user_error(
+            f"Cannot write {what}: no file can be made in {base} ({_why(exc)}).", hint
+        ) from None
+    return folder
+
+
+def ensure_dir(folder: str | Path, what: str, hint: str) -> Path:
+    """Make `folder` (and its parents) and check it is writable, with one paragraph on failure."""
+    folder = check_dir_writable(folder, what, hint)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise user_error(f"Cannot make {what} ({_why(exc)}).", hint) from None
+    return folder
+
+
+def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
+    """Fail with one paragraph unless a file can be written at `path` (its folder may be
+    missing: it is made on writing). An existing folder at `path` is refused too."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise user_error(f"Cannot write {what}: it is a folder; pass a file path.", hint)
+    check_dir_writable(path.parent, what, hint)
+    return path
+
+
+# ----- names that become folder names -------------------------------------------------------------
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SAFE_NAME_TEXT = (
+    "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128 characters"
+)
+
+
+def check_study_name(name: str) -> str:
+    """A study name that becomes the run folder's name must be one plain folder name."""
+    if not SAFE_NAME.fullmatch(name):
+        raise user_error(
+            f"--study {name!r} cannot name a run folder: a study name that becomes a folder "
+            f"name may use only {SAFE_NAME_TEXT}.",
+            "Choose such a name, or keep the name and pick the folder with --run-dir.",
+        )
+    return name
+
+
+def folder_name(name: str) -> str:
+    """`name` made into one safe folder name (a default study name of a model given by path
+    holds slashes): unsafe runs of characters become '-'."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+    return safe[-128:].strip("-.") or "study"  # the tail keeps the settings' digest
+
+
+# ----- storages that must exist -------------------------------------------------------------------
+def check_sqlite_exists(url: str) -> None:
+    """A study to read (`autofit export`) must be in an existing SQLite file: opening a missing
+    one, as SQLite does, would create an empty database and then report no study."""
+    if not url.startswith("sqlite"):
+        return
+    try:
+        from sqlalchemy.engine import make_url
+
+        database = make_url(url).database
+    except Exception:  # a malformed URL: opening the storage says what is wrong with it
+        return
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database).expanduser()
+    if path.is_file():
+        return
+    found = sorted(str(p) for p in Path("autofit-runs").glob("*/study.db"))[:5]
+    here = f" SQLite files of autofit studies here: {', '.join(found)}." if found else ""
+    raise user_error(
+        f"No SQLite database at {str(path)!r} (from --storage {url}); autofit does not create "
+        f"one to export from.{here}",
+        "Check the path: `autofit plan` keeps its study in the run folder's study.db "
+        "(autofit-runs/<study>/study.db unless --run-dir or --storage said otherwise).",
+    )
