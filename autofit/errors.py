@@ -8,6 +8,7 @@ prints that paragraph and exits 2; it never shows a traceback for them.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 
@@ -46,28 +47,59 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" Did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""
 
 
+# Where an out-of-memory failure ran out: the GPU (or the capacity a CPU trial emulates), or the
+# host's RAM (a failed CPU or pinned allocation, Python's MemoryError, the kernel's OOM killer).
+# The search treats both as a violated memory constraint; the plan says which.
+GPU = "gpu"
+HOST = "host"
+
 # Substrings that PyTorch and the CUDA runtime use for an allocation failure. This is the single
-# place autofit decides "this failure was an out-of-memory"; the trial worker, the launcher and the
-# CPU memory cap all call `is_oom`.
+# place autofit decides "this failure was an out-of-memory"; the trial worker classifies from the
+# exception first (`oom_kind(exc)`), the launcher from the text it has when no rank could report.
 _OOM_MARKERS = (
     "CUDA out of memory",
     "CUDA error: out of memory",
     "OutOfMemoryError",
     "CUBLAS_STATUS_ALLOC_FAILED",
     "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
-    "out of memory",  # generic allocator messages, and autofit's own CPU cap (SimulatedOOM)
+    "CPU trial out of memory",  # autofit's own capacity of a CPU trial (TensorTracker)
     "DefaultCPUAllocator: can't allocate memory",
 )
+# ... and the ones that say the memory that ran out was the host's. A pinned allocation fails with
+# the CUDA runtime's generic "out of memory" from cudaHostAlloc inside the host allocator.
+_HOST_MARKERS = (
+    "DefaultCPUAllocator",
+    "CachingHostAllocator",
+    "cudaHostAlloc",
+    "pin_memory",
+    "pinned memory",
+)
+_PY_MEMORY_ERROR = re.compile(r"\bMemoryError\b")  # Python's own; not torch's OutOfMemoryError
+
+
+def oom_kind(error: BaseException | str, traceback_text: str = "") -> str | None:
+    """`GPU` or `HOST` when `error` (an exception or its text) is an out-of-memory failure, else
+    None. `traceback_text` (the formatted traceback) tells a failed pinned host allocation, whose
+    message is the CUDA runtime's generic one, from a GPU one."""
+    if isinstance(error, MemoryError):
+        return HOST
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    py_memory_error = bool(_PY_MEMORY_ERROR.search(text))
+    oom = py_memory_error or any(marker in text for marker in _OOM_MARKERS)
+    if not oom and not isinstance(error, str):
+        try:
+            import torch
+
+            oom = isinstance(error, torch.OutOfMemoryError)
+        except ImportError:  # pragma: no cover - torch is a dependency
+            pass
+    if not oom:
+        return None
+    where = text + "\n" + traceback_text
+    host = py_memory_error or any(marker in where for marker in _HOST_MARKERS)
+    return HOST if host else GPU
 
 
 def is_oom(error: BaseException | str) -> bool:
     """True when `error` (an exception or its text) is an out-of-memory failure."""
-    try:
-        import torch
-
-        if isinstance(error, torch.OutOfMemoryError):
-            return True
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return any(marker in text for marker in _OOM_MARKERS)
+    return oom_kind(error) is not None

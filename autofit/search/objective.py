@@ -7,6 +7,10 @@ The sampler proposes knob values; the objective maps them to a candidate and
 - otherwise runs the real trial and reports measured tokens/s (0 for oom or timeout) with the
   constraint `memory` = measured peak / headroom line - 1, so an OOM is a completed, infeasible
   trial that the sampler learns from (Optuna's `Trial.set_constraint`).
+
+Every trial names its owner (host and process) first. Before each proposal the objective fails
+the running trials of owners on this host that are gone and queues their candidates again
+(`requeue`), so a killed planner's trial costs nothing but its own time.
 """
 
 from __future__ import annotations
@@ -67,15 +71,33 @@ class Objective:
         run_trial: Callable[..., Any],
         on_result: Callable[[optuna.Trial, Candidate, Any], None] | None = None,
         on_start: Callable[[Candidate], None] | None = None,
+        trial_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.cands = cands
         self.budget = budget
         self.run_trial = run_trial
         self.on_result = on_result
         self.on_start = on_start
+        self.trial_kwargs = trial_kwargs or {}  # e.g. on_progress, on_wait for run_trial
         self.cheap_streak = 0  # proposals in a row that cost no trial
+        self.owner = st.owner()
+
+    def requeue(self, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+        """Fail the running trials whose owner on this host is gone, and queue every interrupted
+        trial's candidate again (once); return the interrupted trials queued."""
+        st.fail_orphans(study)
+        again = st.interrupted(study)
+        for t in again:
+            cfg = Config.from_dict(t.user_attrs["config"])
+            study.enqueue_trial(
+                self.cands.params(cfg),
+                user_attrs={"config": cfg.to_dict(), "enqueued": "rerun", st.RERUN_OF: t.number},
+            )
+        return again
 
     def __call__(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr(st.OWNER, self.owner)
+        self.requeue(trial.study)
         params = {n: trial.suggest_categorical(n, d.choices)
                   for n, d in self.cands.distributions.items()}  # fmt: skip
         cfg = self.cands.config(params)
@@ -119,7 +141,7 @@ class Objective:
         result = self.run_trial(
             s.model, cand.config, nprocs=s.hardware.n_gpus, device=s.device,
             gpu_memory=self.budget.gpu_memory, steps=self.budget.steps,
-            timeout_s=self.budget.trial_timeout,
+            timeout_s=self.budget.trial_timeout, **self.trial_kwargs,
         )  # fmt: skip
         trial.set_user_attr("result", result.to_dict())
         if self.on_result:

@@ -8,11 +8,14 @@ repeating a finished trial, after Ctrl-C, a killed process, or on another machin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,9 +31,13 @@ from autofit.space import Space
 SCHEMA = 1
 META_KEY = "autofit"
 # A worker that stops sending heartbeats for GRACE_S (killed, machine lost) has its running trial
-# marked FAIL by the next worker that starts a trial; that config may then be tried again.
+# marked FAIL by the next worker that starts a trial; that config may then be tried again. On the
+# worker's own host nobody waits that long: every trial names its owner (host and process), and a
+# trial whose owner process is gone is failed at once (`fail_orphans`) and its candidate re-run.
 HEARTBEAT_S = 10
 GRACE_S = 60
+OWNER = "owner"  # user attr: {"host": ..., "process": "<pid>:<start time>"}
+RERUN_OF = "rerun_of"  # user attr of a trial that re-runs an interrupted one (its number)
 
 # Trial outcomes (user attr "outcome"). Only "trial" spends a real trial.
 TRIAL = "trial"  # a real trial ran (or is running)
@@ -93,8 +100,23 @@ def _serialize_sqlite(engine: Any) -> None:
     engine.dispose()  # connections opened while the schema was created predate the listeners
 
 
+def storage_url(url: str) -> str:
+    """`postgresql://...` names SQLAlchemy's psycopg2 driver; use psycopg 3 (`autofit[postgres]`)
+    when that is the driver installed."""
+    import importlib.util
+
+    for scheme in ("postgresql://", "postgres://"):
+        psycopg3_only = importlib.util.find_spec("psycopg2") is None and bool(
+            importlib.util.find_spec("psycopg")
+        )
+        if url.startswith(scheme) and psycopg3_only:
+            return "postgresql+psycopg://" + url[len(scheme) :]
+    return url
+
+
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage with heartbeats (so a killed worker's trial is failed, not stuck)."""
+    url = storage_url(url)
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # the heartbeat thread writes while the main thread reads: wait for the lock, don't fail
@@ -114,8 +136,8 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                 return storage
         except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable DB
             # two workers creating the schema of a new database at once: one loses, retries
-            racing = ("already exists", "UNIQUE constraint", "database is locked")
-            if attempt < 2 and any(r in str(exc) for r in racing):
+            racing = ("already exists", "unique constraint", "database is locked", "duplicate key")
+            if attempt < 2 and any(r in str(exc).lower() for r in racing):
                 time.sleep(0.5 * (attempt + 1))
                 continue
             error = exc
@@ -123,7 +145,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     raise AutofitError(
         f"Cannot open the Optuna storage {url!r} ({type(error).__name__}: {error}). Pass an "
         "Optuna RDB URL such as sqlite:///autofit.db or "
-        "postgresql://user:password@host/db (install its driver, e.g. psycopg2)."
+        "postgresql://user:password@host/db (its driver: pip install 'autofit[postgres]')."
     ) from None
 
 
@@ -239,6 +261,80 @@ def finished(t: optuna.trial.FrozenTrial) -> bool:
 
 def verify_key(cfg: Config) -> str:
     return "verify:" + hashlib.sha1(config_key(cfg).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
+    """Record the trial's heartbeat every HEARTBEAT_S while it runs (what `Study.optimize` does
+    for the trials it runs itself)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.is_set():
+            with contextlib.suppress(Exception):  # a lost beat is retried on the next
+                storage.record_heartbeat(trial_id)
+            done.wait(HEARTBEAT_S)
+
+    thread = threading.Thread(target=beat, name="autofit-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+
+
+def owner() -> dict[str, str]:
+    """This process, as the owner of the trial it is about to run."""
+    from autofit.trial.guard import hostname, identity
+
+    return {"host": hostname(), "process": identity()}
+
+
+def owner_gone(t: optuna.trial.FrozenTrial) -> bool:
+    """A trial whose owner is a process on this host that no longer runs. (An owner on another
+    host is judged by its heartbeat instead.)"""
+    from autofit.trial.guard import alive, hostname
+
+    who = t.user_attrs.get(OWNER)
+    return bool(who) and who.get("host") == hostname() and not alive(who.get("process"))
+
+
+def fail_orphans(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Mark FAIL the running trials whose owner on this host is gone; return the ones this call
+    failed (of two workers that race for the same trial, only one gets it)."""
+    storage = study._storage  # noqa: SLF001 - the storage's compare-and-set, as Study.ask uses
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if not owner_gone(t):
+            continue
+        try:
+            if storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
+                failed.append(t)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker failed it first
+    return failed
+
+
+def interrupted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Real trials that were cut off before they reported (their planner was interrupted, killed or
+    lost) and whose candidate nobody has measured, is measuring, or has queued again since."""
+    trials = study.get_trials(deepcopy=False)
+    taken = {t.user_attrs.get(RERUN_OF) for t in trials}
+    busy = {
+        json.dumps(t.user_attrs.get("config"), sort_keys=True)
+        for t in trials
+        if finished(t)
+        or t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+    }
+    out, seen = [], set()
+    for t in trials:
+        key = json.dumps(t.user_attrs.get("config"), sort_keys=True)
+        cut = t.user_attrs.get("outcome") == TRIAL and t.state == optuna.trial.TrialState.FAIL
+        if cut and not finished(t) and t.number not in taken and key not in busy | seen:
+            out.append(t)
+            seen.add(key)
+    return out
 
 
 def spent(study: optuna.Study) -> int:

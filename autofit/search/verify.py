@@ -8,7 +8,9 @@ resumed and parallel workers reuse them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import optuna
@@ -49,18 +51,25 @@ def verify_winner(
     run: Callable[[Candidate], Any],
     steps: int,
     on_verified: Callable[[Candidate, Any, bool], None] | None = None,
+    hold: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Candidate | None:
-    """The first of `ranked` whose longer re-run still fits; None when none does."""
+    """The first of `ranked` whose longer re-run still fits; None when none does.
+
+    `hold()` is held while a verification is looked up and run (the host's device lock), so of
+    two planners on one host that reach the same winner only the first verifies it."""
     from autofit.trial import TrialResult
 
     for cand in ranked[:MAX_VERIFY]:
         stored = stored_verification(study, cand)
+        if stored is None:
+            with hold():
+                stored = stored_verification(study, cand)  # done while this planner waited?
+                if stored is None:
+                    result = run(cand)
+                    record = {**result.to_dict(), "steps": steps}
+                    study.set_user_attr(st.verify_key(cand.config), record)
         if stored is not None:
             result = TrialResult.from_dict(stored)
-        else:
-            result = run(cand)
-            record = {**result.to_dict(), "steps": steps}
-            study.set_user_attr(st.verify_key(cand.config), record)
         ok = fits(setting, result)
         if on_verified and stored is None:
             on_verified(cand, result, ok)

@@ -1,9 +1,10 @@
 """Launch one trial as `torchrun` subprocess (one process per device) and read its JSON result.
 
-The caller always survives: an OOM on any rank is status `oom`, a run past `timeout_s` is killed
-with every process it started and is `timeout`, anything else is `error` with the last lines of
-its stderr. torchrun starts each worker in a session of its own, so killing torchrun's process
-group is not enough: the workers write their pids at start and are killed by those too.
+The caller always survives: an OOM on any rank is status `oom` (of the GPU or of the host), a run
+past `timeout_s` is killed with every process it started and is `timeout`, anything else is
+`error` with the first rank's error and the last lines of stderr. Trials on one host take turns on
+their devices (`devlock`), and every process of a trial dies with the caller however the caller
+dies (`guard`). torchrun picks its own free port (`--standalone`), so there is no port race.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,38 +26,52 @@ from typing import Any
 import psutil
 
 from autofit.config import Config, sharding_for
-from autofit.errors import AutofitError, is_oom
+from autofit.errors import GPU, HOST, AutofitError, oom_kind
 from autofit.models import ModelSpec, resolve_model
+from autofit.trial import guard
+from autofit.trial.devlock import device_lock
 from autofit.trial.result import TrialResult
 
 STDERR_TAIL_LINES = 25
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+POLL_S = 0.2
+# Trial processes kill themselves this long after the trial's limit, should the caller be stuck.
+DEADLINE_GRACE_S = 30.0
+WORKER_MODULE = "autofit.trial.worker"
+_KILLED = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
 
 
 def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def _env(nprocs: int) -> dict[str, str]:
+def _env(nprocs: int, timeout_s: float) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_repo_root(), env.get("PYTHONPATH")]))
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    env[guard.PLANNER_ENV] = guard.identity()
+    env[guard.DEADLINE_ENV] = f"{time.time() + timeout_s + DEADLINE_GRACE_S:.3f}"
     return env
 
 
-def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
+def _read(path: Path) -> str:
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        return path.read_text(errors="replace")
     except OSError:
         return ""
-    return "\n".join(lines[-n:])
+
+
+def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+def host_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (None where unknown)."""
+    for line in _read(Path("/proc/vmstat")).splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return None
 
 
 def _kill_tree(proc: subprocess.Popen[bytes], workdir: Path) -> None:
@@ -66,7 +82,7 @@ def _kill_tree(proc: subprocess.Popen[bytes], workdir: Path) -> None:
     for pid_file in workdir.glob("pid.*"):
         with contextlib.suppress(ValueError, OSError, psutil.Error):
             worker = psutil.Process(int(pid_file.read_text()))
-            if any("autofit.trial.worker" in part for part in worker.cmdline()):
+            if any(WORKER_MODULE in part for part in worker.cmdline()):
                 victims.append(worker)
     with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -88,6 +104,15 @@ def _rank_reports(workdir: Path) -> list[dict[str, Any]]:
     return reports
 
 
+def _killed_ranks(stderr: str, workdir: Path) -> dict[int, str]:
+    """Ranks that torchrun saw die of a signal, and which one (`SIGKILL`...)."""
+    rank_of: dict[int, int] = {}
+    for pid_file in workdir.glob("pid.*"):
+        with contextlib.suppress(ValueError, OSError):
+            rank_of[int(pid_file.read_text())] = int(pid_file.name.split(".", 1)[1])
+    return {rank_of.get(int(pid), -1): name for _sig, name, pid in _KILLED.findall(stderr)}
+
+
 def run_trial(
     model: str | ModelSpec,
     config: Config,
@@ -98,8 +123,15 @@ def run_trial(
     steps: int = 3,
     warmup: int = 1,
     timeout_s: float = 600.0,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_wait: Callable[[str, str], None] | None = None,
 ) -> TrialResult:
-    """Run `config` for real on `nprocs` devices; never raises for oom, timeout or error."""
+    """Run `config` for real on `nprocs` devices; never raises for oom, timeout or error.
+
+    Waits while another trial on this host holds the same devices (`on_wait(device, holder)` is
+    called first); the time limit starts when the trial does. `on_progress` gets rank 0's
+    `{"phase": "build"|"warmup"|"step", "step": k, "steps": n}` as it changes.
+    """
     start = time.monotonic()
     result = TrialResult(
         status="error",
@@ -128,9 +160,14 @@ def run_trial(
         "steps": steps,
         "warmup": warmup,
     }
-    with tempfile.TemporaryDirectory(prefix="autofit-trial-") as tmp:
-        workdir = Path(tmp)
-        _launch(payload, nprocs, timeout_s, workdir, result)
+    guard.sweep_stale_workdirs()
+    with device_lock(device, nprocs, on_wait):
+        start = time.monotonic()
+        workdir = guard.make_workdir()
+        try:
+            _launch(payload, nprocs, timeout_s, workdir, result, on_progress)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     result.wall_s = time.monotonic() - start
     return result
 
@@ -153,30 +190,47 @@ def _precheck(device: str, nprocs: int) -> str:
 
 
 def _launch(
-    payload: dict[str, Any], nprocs: int, timeout_s: float, workdir: Path, result: TrialResult
+    payload: dict[str, Any],
+    nprocs: int,
+    timeout_s: float,
+    workdir: Path,
+    result: TrialResult,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     spec_path, out_path = workdir / "spec.json", workdir / "result.json"
     spec_path.write_text(json.dumps(payload))
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes=1", f"--nproc-per-node={nprocs}",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+        sys.executable, guard.__file__,  # torchrun, guarded to die with this process
+        "--standalone", f"--nproc-per-node={nprocs}",
         "--max-restarts=0", "--monitor-interval=0.2",
-        "-m", "autofit.trial.worker", "--spec", str(spec_path), "--out", str(out_path),
+        "-m", WORKER_MODULE, "--spec", str(spec_path), "--out", str(out_path),
     ]  # fmt: skip
     stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
+    progress_path, last_progress = workdir / "progress.json", ""
+    oom_kills = host_oom_kills()
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, env=_env(nprocs), start_new_session=True
+            cmd, stdout=out, stderr=err, env=_env(nprocs, timeout_s), start_new_session=True
         )
+        deadline = time.monotonic() + timeout_s
         timed_out = False
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while True:
+                try:
+                    proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                now = _read(progress_path)
+                if on_progress is not None and now and now != last_progress:
+                    last_progress = now
+                    with contextlib.suppress(ValueError):
+                        on_progress(json.loads(now))
         finally:
             _kill_tree(proc, workdir)  # also clears stragglers after a normal exit
-    stderr = _tail(stderr_path)
     if timed_out:
         result.status = "timeout"
         result.message = f"The trial ran past its limit of {timeout_s:g} s and was killed."
@@ -186,13 +240,47 @@ def _launch(
         for key, value in data.items():
             setattr(result, key, value)
         return
+    stderr = _read(stderr_path)
+    _classify_failure(result, workdir, stderr, _read(stdout_path), proc.returncode, oom_kills)
+
+
+def _classify_failure(
+    result: TrialResult,
+    workdir: Path,
+    stderr: str,
+    stdout: str,
+    returncode: int | None,
+    oom_kills_before: int | None,
+) -> None:
+    """Why a trial that wrote no result failed: what its ranks reported (from the exception they
+    caught) first, then ranks the kernel killed, then all of the output when no rank reported."""
     reports = _rank_reports(workdir)
+    tail = _tail(stderr)
     ooms = [r for r in reports if r.get("status") == "oom"]
-    if ooms or (not reports and is_oom(stderr)):
-        result.status = "oom"
-        result.message = ooms[0]["message"] if ooms else stderr
+    if ooms:
+        result.status, result.oom_of = "oom", ooms[0].get("oom_of") or GPU
+        result.message = ooms[0]["message"]
         return
-    result.status = "error"
+    killed = _killed_ranks(stderr, workdir)
+    if "SIGKILL" in killed.values():
+        rank = next(r for r, name in killed.items() if name == "SIGKILL")
+        who = f"rank {rank}" if rank >= 0 else "a worker"
+        after = host_oom_kills()
+        if oom_kills_before is not None and after is not None and after > oom_kills_before:
+            result.status, result.oom_of = "oom", HOST
+            result.message = (
+                f"{who} was killed by the kernel's OOM killer: the host ran out of RAM "
+                f"({after - oom_kills_before} OOM kill(s) during the trial)."
+            )
+            return
+        result.message = f"{who} was killed by SIGKILL (not by the kernel's OOM killer)."
     errors = [r["message"] for r in reports if r.get("status") == "error"]
-    head = errors[0] if errors else f"torchrun exited with code {proc.returncode}"
-    result.message = f"{head}\n--- last lines of stderr ---\n{stderr}"
+    if not reports and not result.message:
+        kind = oom_kind(stderr + "\n" + stdout)
+        if kind is not None:
+            result.status, result.oom_of = "oom", kind
+            result.message = _tail(stderr, 5)
+            return
+    result.status = "error"
+    head = errors[0] if errors else result.message or f"torchrun exited with code {returncode}"
+    result.message = f"{head}\n--- last lines of stderr ---\n{tail}"

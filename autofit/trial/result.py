@@ -19,7 +19,9 @@ class TrialResult:
     `build_peak_bytes` is the same measure while the model was built (before the first step), and
     `device_peak_bytes` on CUDA the device-level use (`mem_get_info`: allocator plus CUDA context
     and NCCL buffers) seen after each step. `sharding` is how the model was held: `none` (the plain
-    module on one GPU), `ddp` or `fsdp2`.
+    module on one GPU), `ddp` or `fsdp2`. `oom_of` says, for an `oom`, what ran out: `gpu` (the
+    device, or the capacity a CPU trial is held to) or `host` (RAM: a failed host or pinned
+    allocation, or a worker killed by the kernel's OOM killer).
     """
 
     status: str
@@ -39,6 +41,7 @@ class TrialResult:
     message: str = ""
     wall_s: float = 0.0
     capacity_bytes: int | None = None
+    oom_of: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -1,9 +1,16 @@
 """The trial's torchrun entry: `python -m autofit.trial.worker --spec SPEC.json --out OUT.json`.
 
 Each rank builds the model, runs warm-up then measured steps, and writes `OUT.json.rank<R>.json`
-(status and message); rank 0 also writes `OUT.json`, the whole result with peaks reduced over
-ranks. The test-only env var `AUTOFIT_TRIAL_TEST_HANG=1` makes every rank hang after joining the
-process group, so the launcher's timeout path can be tested.
+(status, message and, for an OOM, whether the GPU or the host ran out); rank 0 also writes
+`OUT.json`, the whole result with peaks reduced over ranks, and `progress.json` after each step.
+
+Every worker dies with the planner (`guard`) and offers itself first to the kernel's OOM killer,
+so a host that runs out of RAM kills a trial, not the planner that records it.
+
+Test-only faults (env `AUTOFIT_TRIAL_TEST_FAULT`), so the launcher's paths can be tested: `hang`
+(every rank hangs after joining the process group; also `AUTOFIT_TRIAL_TEST_HANG=1`),
+`hang-collective` (rank 0 waits in a collective that rank 1 never joins), `host-oom` (rank 0
+allocates host memory until something stops it).
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from autofit.config import Config
-from autofit.errors import is_oom
+from autofit.errors import oom_kind
 from autofit.models import ModelSpec
 from autofit.trial.apply import Applied, build_for_trial
+from autofit.trial.guard import guard_trial_process
 from autofit.trial.memory import (
     TensorTracker,
     cap_cuda,
@@ -39,9 +47,49 @@ from autofit.trial.memory import (
 from autofit.trial.optim import is_compiled_step
 
 HANG_ENV = "AUTOFIT_TRIAL_TEST_HANG"
-# A collective that never completes (a dead peer) fails in this time rather than at the trial's
-# own limit.
-INIT_TIMEOUT = datetime.timedelta(seconds=120)
+FAULT_ENV = "AUTOFIT_TRIAL_TEST_FAULT"
+# Joining the process group and every collective after it fail in this time rather than at the
+# trial's own limit: a peer that never comes costs seconds. Ranks build the same model at the same
+# pace, so no healthy collective waits this long for a peer.
+COLLECTIVE_TIMEOUT_ENV = "AUTOFIT_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_S = 60.0
+PROGRESS_FILE = "progress.json"
+OOM_SCORE_ADJ = 800  # of -1000..1000: the OOM killer picks a trial worker before anything else
+
+
+def collective_timeout() -> datetime.timedelta:
+    return datetime.timedelta(
+        seconds=float(os.environ.get(COLLECTIVE_TIMEOUT_ENV) or COLLECTIVE_TIMEOUT_S)
+    )
+
+
+def _offer_to_oom_killer() -> None:
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
+
+
+def _test_fault(rank: int) -> None:
+    fault = os.environ.get(FAULT_ENV) or ("hang" if os.environ.get(HANG_ENV) == "1" else "")
+    if fault == "hang" or (fault == "hang-collective" and rank != 0):
+        while True:
+            time.sleep(1)
+    if fault == "hang-collective":
+        dist.barrier()
+    if fault == "host-oom" and rank == 0:
+        hog = []
+        while True:
+            hog.append(bytearray(64 << 20))  # bytearray() touches its pages: resident at once
+
+
+class Progress:
+    """Rank 0 tells the launcher what it is doing (`progress.json`: phase, step, steps)."""
+
+    def __init__(self, path: Path | None, steps: int) -> None:
+        self.path, self.steps = path, steps
+
+    def __call__(self, phase: str, step: int = 0) -> None:
+        if self.path is not None:
+            _write(self.path, {"phase": phase, "step": step, "steps": self.steps})
 
 
 def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.device):
@@ -75,22 +123,24 @@ def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None)
     return total / config.grad_accum
 
 
-def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str, Any] | None:
+def run(
+    spec: dict[str, Any], rank: int, world: int, local_rank: int, progress: Progress | None = None
+) -> dict[str, Any] | None:
+    progress = progress or Progress(None, 0)
     device_type = spec["device"]
     gpu_memory = spec.get("gpu_memory")
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=INIT_TIMEOUT)
+        dist.init_process_group("nccl", device_id=device, timeout=collective_timeout())
         dist.barrier()  # the NCCL communicator and its buffers exist from here on
         capacity = cap_cuda(gpu_memory, device)
     else:
         device = torch.device("cpu")
         capacity = gpu_memory
-        dist.init_process_group("gloo", timeout=INIT_TIMEOUT)
-    if os.environ.get(HANG_ENV) == "1":
-        while True:
-            time.sleep(1)
+        dist.init_process_group("gloo", timeout=collective_timeout())
+    _test_fault(rank)
+    progress("build")
 
     config = Config.from_dict(spec["config"])
     model_spec = ModelSpec(**spec["model"])
@@ -114,7 +164,9 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         losses, times = [], []
-        for _ in range(spec["warmup"] + spec["steps"]):
+        for step in range(spec["warmup"] + spec["steps"]):
+            warm = step < spec["warmup"]
+            progress("warmup" if warm else "step", step + 1 - (0 if warm else spec["warmup"]))
             start = time.perf_counter()
             loss = train_step(applied, batch, tracker)
             losses.append(loss)
@@ -173,17 +225,21 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    guard_trial_process()
+    _offer_to_oom_killer()
     out = Path(args.out)
     (out.parent / f"pid.{rank}").write_text(str(os.getpid()))
     rank_file = out.parent / f"{out.name}.rank{rank}.json"
     spec = json.loads(Path(args.spec).read_text())
+    progress = Progress(out.parent / PROGRESS_FILE if rank == 0 else None, spec["steps"])
     try:
-        result = run(spec, rank, world, local_rank)
+        result = run(spec, rank, world, local_rank, progress)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a status
-        status = "oom" if is_oom(exc) else "error"
         lines = traceback.format_exception(exc)
+        kind = oom_kind(exc, "".join(lines))
         message = f"rank {rank}: {type(exc).__name__}: {exc}"
-        _write(rank_file, {"status": status, "message": message, "traceback": "".join(lines)})
+        report = {"status": "oom" if kind else "error", "message": message, "oom_of": kind}
+        _write(rank_file, {**report, "traceback": "".join(lines)})
         print("".join(lines[-20:]), file=sys.stderr, flush=True)
         os._exit(1)  # no process-group teardown: other ranks may be stuck in a collective
     _write(rank_file, {"status": "ok", "message": ""})

@@ -30,7 +30,8 @@ class FakeTrials:
     calls: list[tuple[Config, int]] = field(default_factory=list)
 
     def __call__(self, model: Any, config: Config, *, nprocs: int, device: str,
-                 gpu_memory: int | None, steps: int, timeout_s: float) -> TrialResult:  # fmt: skip
+                 gpu_memory: int | None, steps: int, timeout_s: float,
+                 **hooks: Any) -> TrialResult:  # fmt: skip
         self.calls.append((config, steps))
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
             raise KeyboardInterrupt
