@@ -18,7 +18,7 @@ from autofit.estimate import Estimate, estimate
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.space import Space
-from autofit.units import GiB, fmt_bytes
+from autofit.units import fmt_bytes, fmt_size
 
 DEFAULT_MARGIN = 0.05
 
@@ -26,6 +26,37 @@ PRUNE_OVER_CAPACITY = "estimated peak above GPU memory"
 PRUNE_OVER_MARGIN = "estimated peak within the headroom margin"
 PRUNE_HOST_RAM = "offloaded state above host RAM"
 PRUNE_NO_BF16 = "GPU has no bf16 support"
+
+# How a plan's considered combinations split up (`Plan.tally`): each lands in exactly one.
+TALLY_FIT_ESTIMATED = "fit (estimated)"
+TALLY_FIT_MEASURED = "fit (measured under the headroom line)"
+TALLY_OUTCOMES = {
+    "over line": "ran, but peaked over the headroom line",
+    "oom": "ran out of memory",
+    "timeout": "timed out (--trial-timeout)",
+    "error": "failed with an error",
+}
+TALLY_NOT_TRIED = "not tried (may fit; the trial budget or the search time ran out)"
+TALLY_BY_ESTIMATE = "ruled out by the estimate"
+TALLY_INVALID = "invalid (break a rule of the space or --global-batch)"
+
+
+def estimate_reasons() -> set[str]:
+    """The prune reasons that come from the estimate (the others are rules of the space)."""
+    from autofit.search.candidates import PRUNE_BEYOND_ERROR
+
+    return {PRUNE_OVER_CAPACITY, PRUNE_OVER_MARGIN, PRUNE_HOST_RAM, PRUNE_NO_BF16,
+            PRUNE_BEYOND_ERROR}  # fmt: skip
+
+
+def trial_status(result: Any, allowed_bytes: float) -> str:
+    """What a trial's outcome reads as: its status, or 'over line' for a run that finished but
+    peaked above the headroom line (it cannot be the winner)."""
+    status = str(getattr(result, "status", "error"))
+    peak = getattr(result, "peak_bytes", None)
+    if status == "ok" and peak is not None and peak > allowed_bytes:
+        return "over line"
+    return status
 
 
 @dataclass
@@ -36,6 +67,7 @@ class Candidate:
     estimate: Estimate
     trial: Any | None = None  # autofit.trial.TrialResult when a trial ran
     verified: bool = False  # re-run with more steps and still fit
+    number: int | None = None  # the Optuna trial number of `trial` (progress lines show it too)
 
     @property
     def measured(self) -> bool:
@@ -76,6 +108,7 @@ class Candidate:
                 "breakdown": self.estimate.breakdown,
             },
             "trial": self.trial.to_dict() if self.trial is not None else None,
+            "trial_number": self.number,
         }
 
 
@@ -105,6 +138,40 @@ class Plan:
     def capacity_bytes(self) -> int:
         return self.hardware.capacity_bytes
 
+    @property
+    def allowed_bytes(self) -> float:
+        """The headroom line: a measured winner's peak must stay at or below it."""
+        from autofit.estimate.memory import usable_bytes
+
+        return usable_bytes(self.capacity_bytes, self.device) * (1 - self.margin)
+
+    @property
+    def searched(self) -> bool:
+        """A search's plan (a study with trials), not an estimate-only one."""
+        return self.study_name is not None or bool(self.trials)
+
+    def tally(self) -> list[tuple[str, int, list[tuple[str, int]]]]:
+        """Where each of the `considered` combinations went, as (what, how many, [(reason, how
+        many)]); every combination is in exactly one row, so the counts add up to `considered`.
+        A search's measured configs count once each (by their latest trial)."""
+        from_estimate = estimate_reasons()
+        by_estimate = Counter({r: n for r, n in self.pruned.items() if r in from_estimate})
+        by_rule = Counter({r: n for r, n in self.pruned.items() if r not in from_estimate})
+        rows: list[tuple[str, int, list[tuple[str, int]]]] = []
+        if self.searched:
+            latest = {c.config: c for c in self.trials}
+            outcomes = Counter(trial_status(c.trial, self.allowed_bytes) for c in latest.values())
+            rows.append((TALLY_FIT_MEASURED, outcomes.pop("ok", 0), []))
+            for status, n in outcomes.most_common():
+                rows.append((TALLY_OUTCOMES.get(status, status), n, []))
+            untried = self.considered - sum(self.pruned.values()) - len(latest)
+            rows.append((TALLY_NOT_TRIED, max(untried, 0), []))
+        else:
+            rows.append((TALLY_FIT_ESTIMATED, len(self.ranked), []))
+        rows.append((TALLY_BY_ESTIMATE, sum(by_estimate.values()), by_estimate.most_common()))
+        rows.append((TALLY_INVALID, sum(by_rule.values()), by_rule.most_common()))
+        return rows
+
     def export(self, format: str, path: str | Path) -> list[Path]:
         """Write the winner as `autofit` YAML, an `accelerate` FSDP2 config or `trainer` JSON."""
         from autofit.export import export_plan
@@ -128,6 +195,7 @@ class Plan:
             "considered": self.considered,
             "fitting": len(self.ranked),
             "pruned": dict(self.pruned),
+            "tally": {what: n for what, n, _ in self.tally()},
             "ranked": [c.to_dict() for c in self.ranked[:20]],
             "trials": [c.to_dict() for c in self.trials],
             "storage": self.storage,
@@ -243,7 +311,7 @@ def plan_estimates(
         plan.reason = winner_reason(fitting[0], fitting[1:], hardware, measured=False)
     else:
         plan.advice = infeasible_advice(model, hardware, space, rejected, seq, global_batch,
-                                        margin, device)  # fmt: skip
+                                        margin, device, skipped=pruned)  # fmt: skip
     return plan
 
 
@@ -253,8 +321,7 @@ def winner_reason(
     """One line on why `best` won, e.g. '1.8x the tokens/s of the next config; 21.3 of 24 GiB'."""
     what = "measured" if measured else "estimated"
     cap = best.estimate.usable_bytes
-    unit, scale = ("MiB", 1024**2) if cap < 4 * GiB else ("GiB", GiB)  # CPU caps are small
-    mem = f"peak {best.peak_bytes / scale:.1f} of {cap / scale:.1f} {unit} usable"
+    mem = f"peak {fmt_size(best.peak_bytes)} of {fmt_size(cap)} usable"
     if not others:
         return f"the only config that fits ({what} {best.tokens_per_s:,.0f} tokens/s; {mem})."
     faster = [c for c in others if c.tokens_per_s > best.tokens_per_s * 1.005]
@@ -286,8 +353,11 @@ def infeasible_advice(
     global_batch: int | None,
     margin: float,
     device: str,
+    skipped: Counter[str] | None = None,
 ) -> str:
-    """Nothing fits: name the nearest candidate, what dominates its memory, and what would help."""
+    """Nothing fits: name the nearest candidate, what dominates its memory, and what would help.
+    `rejected`: the candidates ruled out by memory; `skipped`: combinations the space's rules
+    (and --global-batch) skipped, by reason, for when there is no candidate at all."""
     if not hardware.gpu.bf16:
         return (
             f"{hardware.gpu.name} has no bf16 support (compute capability "
@@ -295,10 +365,7 @@ def infeasible_advice(
             "Ampere (8.0) or newer GPU."
         )
     if not rejected:
-        return (
-            "No candidate of the space is valid for these settings: check --global-batch against "
-            "micro_batch x GPUs, and the space's knob values."
-        )
+        return invalid_space_advice(space, hardware, global_batch, skipped or Counter())
 
     def overshoot(c: Candidate) -> float:
         e = c.estimate
@@ -351,3 +418,33 @@ def infeasible_advice(
     if tips:
         lines.append("What would make it fit: " + "; or ".join(tips) + ".")
     return " ".join(lines)
+
+
+def invalid_space_advice(
+    space: Space, hardware: Hardware, global_batch: int | None, skipped: Counter[str]
+) -> str:
+    """No combination of the space is a valid config: which rules removed them, and the
+    --global-batch hint only when the global batch alone leaves no micro_batch possible."""
+    from autofit.config import derive_grad_accum
+
+    n = hardware.n_gpus
+    micro = list(space.knobs.get("micro_batch", ()))
+    if global_batch and micro and all(derive_grad_accum(global_batch, mb, n) is None
+                                      for mb in micro):  # fmt: skip
+        step = min(micro) * n
+        every = math.lcm(*(mb * n for mb in micro))
+        example = -(-global_batch // every) * every
+        return (
+            f"--global-batch {global_batch} rules out every candidate: micro_batch x grad_accum x "
+            f"{n} GPU(s) must equal it, and it is not a multiple of micro_batch x {n} for any "
+            f"micro_batch of space '{space.name}' ({', '.join(map(str, micro))}). Use a multiple "
+            f"of {step} (e.g. --global-batch {example}, which every micro_batch of the space "
+            "divides), or leave --global-batch unset."
+        )
+    total = sum(skipped.values())
+    reasons = "; ".join(f"{k:,} {r}" for r, k in skipped.most_common())
+    return (
+        f"No combination of space '{space.name}' is a valid config on {n} GPU(s): all {total:,} "
+        f"break a rule ({reasons or 'none recorded'}). Widen the space's knob values (e.g. "
+        "lora_rank above 0 for quantized bases, a wrap other than none for offload=params)."
+    )

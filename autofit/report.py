@@ -11,11 +11,7 @@ from rich.table import Table
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
-from autofit.units import GiB, fmt_bytes, fmt_count, fmt_mem
-
-
-def gib(n: float) -> str:
-    return f"{n / GiB:.1f}"
+from autofit.units import fmt_bytes, fmt_count, fmt_size
 
 
 def hardware_table(hw: Hardware) -> Table:
@@ -106,14 +102,16 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
     console.print(f"held as {SHARDING_TEXT.get(est.sharding, est.sharding)}")
     table = Table(title=f"Peak memory per GPU (at the {est.peak_phase} peak)", title_justify="left")
     table.add_column("part")
-    table.add_column("GiB", justify="right")
+    table.add_column("size", justify="right")
     for key, value in est.breakdown.items():
-        table.add_row(BREAKDOWN_LABELS.get(key, key), gib(value))
-    table.add_row("[bold]allocated peak[/]", f"[bold]{gib(est.peak_allocated_bytes)}[/]")
-    table.add_row("allocator slack (reserved - allocated)", gib(est.overhead["allocator"]))
-    table.add_row("[bold]reserved peak[/] (max_memory_reserved)", f"[bold]{gib(est.peak_bytes)}[/]")
-    table.add_row("CUDA context (outside the allocator)", gib(est.overhead["cuda_context"]))
-    table.add_row("GPU capacity", gib(est.capacity_bytes))
+        table.add_row(BREAKDOWN_LABELS.get(key, key), fmt_size(value))
+    table.add_row("[bold]allocated peak[/]", f"[bold]{fmt_size(est.peak_allocated_bytes)}[/]")
+    table.add_row("allocator slack (reserved - allocated)", fmt_size(est.overhead["allocator"]))
+    table.add_row(
+        "[bold]reserved peak[/] (max_memory_reserved)", f"[bold]{fmt_size(est.peak_bytes)}[/]"
+    )
+    table.add_row("CUDA context (outside the allocator)", fmt_size(est.overhead["cuda_context"]))
+    table.add_row("GPU capacity", fmt_size(est.capacity_bytes))
     console.print(table)
     if est.host_bytes:
         console.print(
@@ -122,8 +120,8 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         )
     verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
     console.print(
-        f"{verdict}: {gib(est.peak_bytes + est.overhead['cuda_context'])} of "
-        f"{gib(est.capacity_bytes)} GiB; step {est.step_time_s:.3f} s "
+        f"{verdict}: {fmt_size(est.peak_bytes + est.overhead['cuda_context'])} of "
+        f"{fmt_size(est.capacity_bytes)}; step {est.step_time_s:.3f} s "
         f"({', '.join(f'{k} {v:.3f}' for k, v in est.time_breakdown.items() if v)}), "
         f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
     )
@@ -157,7 +155,7 @@ def plan_table(plan: Any, limit: int = 15) -> Table:
     table = Table(title=title, title_justify="left", caption_justify="left")
     table.caption = "variants: other configs of the same recipe that differ only in reshard, "
     table.caption += "offload, optimizer or precision and rank lower"
-    cols = ["#", "tokens/s", f"peak / {gib(cap)} GiB", "quant", "lora", "mb x acc", "wrap",
+    cols = ["#", "tokens/s", f"peak / {fmt_size(cap)}", "quant", "lora", "mb x acc", "wrap",
             "reshard", "ckpt", "offload", "optim", "precision", "variants"]  # fmt: skip
     for col in cols:
         right = col in ("#", "tokens/s", "lora", "variants")
@@ -168,7 +166,7 @@ def plan_table(plan: Any, limit: int = 15) -> Table:
         table.add_row(
             str(rank),
             f"{c.tokens_per_s:,.0f}{tag}",
-            f"{gib(c.peak_bytes)}{tag}",
+            f"{fmt_size(c.peak_bytes)}{tag}",
             cfg.quant,
             str(cfg.lora_rank),
             f"{cfg.micro_batch} x {cfg.grad_accum}",
@@ -184,12 +182,14 @@ def plan_table(plan: Any, limit: int = 15) -> Table:
 
 
 def pruned_lines(plan: Any) -> list[str]:
-    total = sum(plan.pruned.values())
-    lines = [
-        f"{plan.considered:,} combinations considered; {len(plan.ranked):,} fit; {total:,} pruned:"
-    ]
-    for reason, count in plan.pruned.most_common():
-        lines.append(f"  {count:>7,}  {reason}")
+    """Where the considered combinations went, one row each way (`Plan.tally`), the reasons under
+    each; the rows add up to the total on the first line."""
+    lines = [f"{plan.considered:,} combinations considered:"]
+    for i, (what, count, reasons) in enumerate(plan.tally()):
+        if count or i == 0:
+            lines.append(f"  {count:>7,}  {what}" + (":" if reasons else ""))
+        for reason, n in reasons:
+            lines.append(f"  {'':>7}    {n:>7,}  {reason}")
     return lines
 
 
@@ -210,17 +210,15 @@ def trial_report(console: Console, result: Any) -> None:
         + (f", {held}" if held else "")
     )
     if result.status == "ok":
-        # MiB for small peaks (CPU trials), GiB otherwise
-        scale = result.capacity_bytes or result.peak_bytes or 0
         device = (
-            f"; device {mem(result.device_peak_bytes, scale)} with CUDA context"
+            f"; device {fmt_size(result.device_peak_bytes)} with CUDA context"
             if result.device_peak_bytes
             else ""
         )
         console.print(
-            f"  peak {mem(result.peak_bytes, scale)} reserved "
-            f"({mem(result.peak_allocated_bytes, scale)} allocated) per GPU{device}; "
-            f"build peak {mem(result.build_peak_bytes, scale)}"
+            f"  peak {fmt_size(result.peak_bytes)} reserved "
+            f"({fmt_size(result.peak_allocated_bytes)} allocated) per GPU{device}; "
+            f"build peak {fmt_size(result.build_peak_bytes)}"
         )
         console.print(f"  {result.tokens_per_s:,.1f} tokens/s; step {result.step_time_s:.3f} s")
         console.print("  losses: " + ", ".join(f"{x:.4f}" for x in result.losses))
@@ -228,26 +226,30 @@ def trial_report(console: Console, result: Any) -> None:
         console.print(f"  {result.message}")
 
 
-mem = fmt_mem
-
-
 def trials_table(plan: Any) -> Table:
-    """Every real trial of a search: estimate beside measurement, the winner marked."""
+    """Every real trial of a search: estimate beside measurement, the winner marked. `#` is the
+    Optuna trial number, as in the progress lines; a run over the headroom line reads `over line`.
+    """
+    from autofit.plan import trial_status
+
     cap = plan.hardware.capacity_bytes
-    table = Table(title=f"Trials (capacity {mem(cap, cap)} per GPU)", title_justify="left")
+    line = plan.allowed_bytes
+    title = f"Trials (capacity {fmt_size(cap)} per GPU, headroom line {fmt_size(line)})"
+    table = Table(title=title, title_justify="left")
     for col in ("#", "status", "config", "peak", "est. peak", "tokens/s", "est. tokens/s"):
         table.add_column(col, justify="left" if col in ("status", "config") else "right")
     best = plan.best.config if plan.best is not None else None
     for i, c in enumerate(plan.trials):
         t = c.trial
-        style = {"ok": "green", "oom": "yellow"}.get(t.status, "red")
+        status = trial_status(t, line)
+        style = {"ok": "green", "over line": "dark_orange", "oom": "yellow"}.get(status, "red")
         mark = " [bold]<- winner[/]" if c.config == best else ""
         table.add_row(
-            str(i),
-            f"[{style}]{t.status}[/]",
+            str(c.number if c.number is not None else i),
+            f"[{style}]{status}[/]",
             c.config.short() + mark,
-            mem(t.peak_bytes, cap) if t.peak_bytes else "-",
-            mem(c.estimate.peak_bytes, cap),
+            fmt_size(t.peak_bytes) if t.peak_bytes else "-",
+            fmt_size(c.estimate.peak_bytes),
             f"{t.tokens_per_s:,.0f}" if t.status == "ok" and t.tokens_per_s else "-",
             f"{c.estimate.tokens_per_s:,.0f}",
         )
@@ -277,7 +279,7 @@ def plan_report(console: Console, plan: Any, written: list[Any] | None = None) -
         how += ", verified"
     console.print(
         f"[bold green]Winner[/] ({how}): {best.config.short()}  -> "
-        f"{best.tokens_per_s:,.0f} tokens/s, peak {mem(best.peak_bytes, hw.capacity_bytes)}"
+        f"{best.tokens_per_s:,.0f} tokens/s, peak {fmt_size(best.peak_bytes)}"
     )
     console.print(f"Why: {plan.reason}")
     if not best.measured and hw.source != "cpu":

@@ -47,8 +47,11 @@ def parse_size(text: str | int | float) -> int:
     return int(value)
 
 
-def fmt_bytes(n: float, unit: str = "GiB") -> str:
-    """`fmt_bytes(25769803776)` -> '24.0 GiB'."""
+def fmt_bytes(n: float, unit: str | None = None) -> str:
+    """`fmt_bytes(25769803776)` -> '24.0 GiB'; the unit follows the size (`fmt_size`) unless
+    `unit` names one (GiB, MiB, GB)."""
+    if unit is None:
+        return fmt_size(n)
     scale = {"GiB": GiB, "MiB": MiB, "GB": GB}[unit]
     return f"{n / scale:.1f} {unit}"
 
@@ -61,10 +64,30 @@ def fmt_count(n: float) -> str:
     return f"{n:g}"
 
 
-def fmt_mem(n: float | None, capacity: float) -> str:
-    """Bytes in GiB, or in MiB when the capacity is small (CPU trials capped at a few MiB)."""
+def fmt_mem(n: float | None, capacity: float | None = None) -> str:
+    """Kept for callers: `fmt_size(n)` (the unit follows the size; `capacity` is ignored)."""
+    return fmt_size(n)
+
+
+# ----- printing sizes: the one place that picks a unit -------------------------------------------
+SIZE_UNITS = (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024))
+
+
+def size_unit(n: float) -> tuple[str, int]:
+    """The binary unit a size of `n` bytes reads best in: the largest one it is at least 1.0 of
+    (after rounding to one decimal), e.g. ('MiB', 1048576) for 30 MiB or for 0.5 GiB."""
+    for name, scale in SIZE_UNITS:
+        if round(abs(n) / scale, 1) >= 1:
+            return name, scale
+    return "B", 1
+
+
+def fmt_size(n: float | None) -> str:
+    """Bytes for a person, the unit chosen from the magnitude: 30 MiB -> '30.0 MiB', 0.5 GiB ->
+    '512.0 MiB', 24 GiB -> '24.0 GiB', 512 -> '512 B'; None (not measured) -> '-'."""
     if n is None:
         return "-"
-    if capacity < 4 * GiB:
-        return f"{n / MiB:.1f} MiB"
-    return f"{n / GiB:.1f} GiB"
+    name, scale = size_unit(n)
+    if scale == 1:
+        return f"{n:.0f} B"
+    return f"{n / scale:.1f} {name}"

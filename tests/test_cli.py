@@ -184,7 +184,7 @@ def test_plan_no_trials_text():
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "Ranked configs that fit" in out
-    assert "combinations considered" in out and "pruned" in out
+    assert "combinations considered" in out and "ruled out by the estimate" in out
     assert "estimated peak above GPU memory" in out
     assert "Winner (estimated)" in out
     assert "Why: " in out

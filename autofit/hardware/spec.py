@@ -67,6 +67,8 @@ class Hardware:
     def describe(self) -> str:
         if not self.gpus:
             return "no GPUs"
+        if self.source == "cpu":  # CPU processes standing in for GPUs: no GPU link to name
+            return f"{self.n_gpus} CPU process{'es' if self.n_gpus != 1 else ''} (gloo)"
         names = {g.name for g in self.gpus}
         name = names.pop() if len(names) == 1 else "mixed GPUs"
         return f"{self.n_gpus}x {name} ({self.link})"

@@ -7,10 +7,13 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autofit.plan import Candidate
-from autofit.units import fmt_mem
+from autofit.plan import Candidate, trial_status
+from autofit.units import fmt_size
 
-STATUS_STYLE = {"ok": "green", "oom": "yellow", "timeout": "magenta", "error": "red"}
+STATUS_STYLE = {
+    "ok": "green", "over line": "dark_orange", "oom": "yellow", "timeout": "magenta",
+    "error": "red",
+}  # fmt: skip
 
 
 class SearchDisplay:
@@ -62,27 +65,30 @@ class SearchDisplay:
 
     def verified(self, cand: Candidate, result: Any, ok: bool) -> None:
         verdict = "[green]holds[/]" if ok else "[red]failed[/]"
-        peak = fmt_mem(result.peak_bytes, self.allowed)
+        peak = fmt_size(result.peak_bytes)
         speed = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else result.status
         self.say(f"  verification {verdict}: peak {peak}, {speed}")
 
 
 def trial_line(number: int, cand: Candidate, result: Any, allowed: float) -> str:
-    """`#3 ok    full mb8x1 wrap=layer  peak 50.8 MiB (est 49.9) / 53.2  6,154 tok/s (est 3,669)`"""
-    style = STATUS_STYLE.get(result.status, "red")
+    """`#3   ok        full mb8x1 wrap=layer  peak 50.8 MiB (est 49.9 MiB) / line 53.2 MiB ...`;
+    `number` is the Optuna trial number, the one the final table shows; a run that peaked above
+    the headroom line reads `over line`."""
+    status = trial_status(result, allowed)
+    style = STATUS_STYLE.get(status, "red")
     est = cand.estimate
     peak = (
-        f"peak {fmt_mem(result.peak_bytes, allowed)} (est {fmt_mem(est.peak_bytes, allowed)})"
+        f"peak {fmt_size(result.peak_bytes)} (est {fmt_size(est.peak_bytes)})"
         if result.peak_bytes
-        else f"est peak {fmt_mem(est.peak_bytes, allowed)}"
+        else f"est peak {fmt_size(est.peak_bytes)}"
     )
     speed = (
         f"{result.tokens_per_s:,.0f} tokens/s (est {est.tokens_per_s:,.0f})"
         if result.status == "ok" and result.tokens_per_s
         else (result.message.splitlines()[0][:80] if result.message else "")
     )
-    line = fmt_mem(allowed, allowed)
+    line = fmt_size(allowed)
     return (
-        f"#{number:<3} [{style}]{result.status:<7}[/] {cand.config.short():<40} "
+        f"#{number:<3} [{style}]{status:<9}[/] {cand.config.short():<40} "
         f"{peak} / line {line}  {speed}"
     )

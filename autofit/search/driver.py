@@ -24,7 +24,7 @@ from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
-from autofit.plan import Candidate, Plan, infeasible_advice, winner_reason
+from autofit.plan import Candidate, Plan, infeasible_advice, trial_status, winner_reason
 from autofit.search import study as st
 from autofit.search.candidates import (
     Candidates,
@@ -33,10 +33,11 @@ from autofit.search.candidates import (
     enumerate_candidates,
     n_seeds,
 )
-from autofit.search.display import SearchDisplay, fmt_mem
+from autofit.search.display import SearchDisplay
 from autofit.search.objective import Budget, Objective, TrialError
 from autofit.search.verify import measured_fits, verify_steps, verify_winner
 from autofit.space import Space
+from autofit.units import fmt_size
 
 # After this many proposals in a row that cost no trial (pruned, duplicate, invalid), the
 # napkin's best untried candidate is enqueued so a small or mostly-pruned space still progresses.
@@ -145,7 +146,8 @@ def search(
         best = verify_winner(
             opt_study, setting, ranked, run_verification, n_verify, display.verified
         )
-    plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder)
+    plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
+                    limits=(trials, timeout, trial_timeout))  # fmt: skip
     write_run_folder(plan, folder, setting)
     return plan
 
@@ -238,7 +240,8 @@ def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
             from autofit.estimate import estimate
 
             cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device))
-        out.append(Candidate(cfg, cand.estimate, TrialResult.from_dict(t.user_attrs["result"])))
+        result = TrialResult.from_dict(t.user_attrs["result"])
+        out.append(Candidate(cfg, cand.estimate, result, number=t.number))
     return out
 
 
@@ -250,7 +253,10 @@ def assemble(
     best: Candidate | None,
     storage: str,
     folder: Path | None,
+    limits: tuple[int | None, float | None, float | None] = (None, None, None),
 ) -> Plan:
+    """The plan of a study. `limits`: (--trials, --search-timeout, --trial-timeout) of the run
+    that made it, named in the advice when nothing fits (None: not known, e.g. on export)."""
     s = setting
     ranked = measured_fits(s, trial_cands)
     if best is not None:
@@ -271,38 +277,106 @@ def assemble(
             speed = check.get("tokens_per_s") or 0
             plan.reason += (
                 f" Verified by a {check.get('steps', '?')}-step re-run: peak "
-                f"{fmt_mem(check.get('peak_bytes'), s.allowed_bytes)}, {speed:,.0f} tokens/s."
+                f"{fmt_size(check.get('peak_bytes'))}, {speed:,.0f} tokens/s."
             )
     else:
-        plan.advice = no_winner_advice(s, cands, trial_cands)
+        trials, timeout, trial_timeout = limits
+        plan.advice = no_winner_advice(s, cands, trial_cands, trials=trials, timeout=timeout,
+                                       trial_timeout=trial_timeout)  # fmt: skip
     return plan
 
 
-def no_winner_advice(s: Setting, cands: Candidates, trial_cands: list[Candidate]) -> str:
-    """Nothing measured fits: what bound hardest, the nearest candidate, what would help."""
-    rejected = list(cands.all.values()) if not cands.trialable else []
-    rejected += [c for c in trial_cands if c.trial.status in ("ok", "oom")]
-    text = infeasible_advice(s.model, s.hardware, s.space, rejected, s.seq_len, s.global_batch,
-                             s.margin, s.device)  # fmt: skip
+def no_winner_advice(
+    s: Setting,
+    cands: Candidates,
+    trial_cands: list[Candidate],
+    *,
+    trials: int | None = None,
+    timeout: float | None = None,
+    trial_timeout: float | None = None,
+) -> str:
+    """Nothing measured fits: say what happened and what to change. Every candidate ruled out
+    before a trial: what bound and what would help (`infeasible_advice`); no trial finished: the
+    search time limit; trials timed out: --trial-timeout and its value; trials failed: the first
+    error; trials ran out of memory or crossed the line: the nearest one; candidates left untried:
+    the budget or time that ran out."""
+    if not cands.trialable:
+        return _infeasible(s, cands, list(cands.all.values()))
+    may_fit = len(cands.trialable)
     if not trial_cands:
-        return text
+        if timeout is not None:
+            each = (
+                f" (each may take up to --trial-timeout {trial_timeout:g} s)"
+                if trial_timeout
+                else ""
+            )
+            return (
+                f"No trial ran within the search time limit (--search-timeout {timeout:g} s), so "
+                f"none of the {may_fit:,} candidate(s) that may fit was measured. Raise "
+                f"--search-timeout to leave time for at least one trial{each}, or leave it unset."
+            )
+        return (
+            f"No trial has finished yet, so none of the {may_fit:,} candidate(s) that may fit was "
+            "measured: run the same command again to measure them (finished trials are kept)."
+        )
+    latest = list({c.config: c for c in trial_cands}.values())
+    outcome = {id(c): trial_status(c.trial, s.allowed_bytes) for c in latest}
     by_status: dict[str, int] = {}
-    for c in trial_cands:
-        by_status[c.trial.status] = by_status.get(c.trial.status, 0) + 1
-    over = [c for c in trial_cands if c.trial.status == "ok"]
+    for c in latest:
+        by_status[outcome[id(c)]] = by_status.get(outcome[id(c)], 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(by_status.items()))
-    line = fmt_mem(s.allowed_bytes, s.allowed_bytes)
-    lines = [f"{len(trial_cands)} trials ran ({summary}); none stayed under the {line} line."]
+    line = fmt_size(s.allowed_bytes)
+    ran = f"{len(latest)} trial{'s' if len(latest) != 1 else ''} ran"
+    lines = [f"{ran} ({summary}); none finished under the {line} headroom line."]
+    timeouts = [c for c in latest if c.trial.status == "timeout"]
+    if timeouts:
+        limit = trial_timeout or max(c.trial.wall_s for c in timeouts)
+        lines.append(
+            f"{len(timeouts)} timed out at the per-trial limit of {limit:g} s: raise "
+            f"--trial-timeout (e.g. --trial-timeout {2 * limit:g}); a trial also builds the "
+            "model and warms up before its measured steps."
+        )
+    errors = [c for c in latest if c.trial.status == "error"]
+    if errors:
+        first = errors[0]
+        text = (first.trial.message or "").strip()
+        msg = text.splitlines()[0][:200] if text else "(no message)"
+        lines.append(
+            f"{len(errors)} failed with an error; the first ('{first.config.short()}'): {msg} "
+            "Fix that, or run the config alone with `autofit trial` to see its whole output."
+        )
+    memory = [c for c in latest if outcome[id(c)] in ("oom", "over line")]
+    over = [c for c in latest if outcome[id(c)] == "over line"]
     if over:
         near = min(over, key=lambda c: c.trial.peak_bytes or 0)
         lines.append(
             f"Nearest measured: '{near.config.short()}' peaked at "
-            f"{fmt_mem(near.trial.peak_bytes, s.allowed_bytes)}."
+            f"{fmt_size(near.trial.peak_bytes)}."
         )
-    errors = [c for c in trial_cands if c.trial.status == "error"]
-    if errors:
-        lines.append(f"First error: {errors[0].trial.message.splitlines()[0][:200]}")
-    return " ".join(lines) + " " + text
+    measured = {c.config for c in latest}
+    untried = [c for c in cands.trialable if c.config not in measured]
+    if untried:
+        if trials is not None and len(latest) >= trials:
+            why, change = f"the trial budget (--trials {trials}) was spent", "raise --trials"
+        elif timeout is not None:
+            why = f"the search time limit (--search-timeout {timeout:g} s) ran out"
+            change = "raise --search-timeout (or leave it unset)"
+        else:
+            why, change = "the search stopped", "run the same command again"
+        lines.append(
+            f"{len(untried):,} candidate(s) that may fit were not tried because {why}: {change} "
+            "to measure them."
+        )
+    elif memory:
+        lines.append(_infeasible(s, cands, [cands.all[cfg] for cfg in cands.pruned] + memory))
+    return " ".join(lines)
+
+
+def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str:
+    return infeasible_advice(
+        s.model, s.hardware, s.space, rejected, s.seq_len, s.global_batch, s.margin, s.device,
+        skipped=cands.counts,
+    )  # fmt: skip
 
 
 def write_run_folder(plan: Plan, folder: Path, setting: Setting) -> None:
@@ -369,7 +443,7 @@ def _intro(
     display.say(
         f"[bold]{s.model.name}[/] on {s.hardware.describe()}: {cands.considered:,} combinations, "
         f"{len(cands.trialable):,} may fit, {skipped:,} ruled out without a trial; headroom line "
-        f"{fmt_mem(s.allowed_bytes, s.allowed_bytes)} per GPU."
+        f"{fmt_size(s.allowed_bytes)} per GPU."
     )
     resumed = f", resuming with {done} trial(s) done" if done else ""
     display.say(f"study [bold]{name}[/] in {url}{resumed}; run folder {folder}")

@@ -6,24 +6,43 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autofit.units import GiB, MiB
+from autofit.plan import trial_status
+from autofit.units import fmt_size, size_unit
+
+UNDER_COLOR = "#2e8b57"  # measured peak at or under the headroom line
+OVER_COLOR = "#d2691e"  # measured peak above it: ran, but cannot be the winner
 
 
 def plot_trials(plan: Any, path: Path, allowed_bytes: float) -> Path | None:
     """Write the picture; None when there is nothing to draw (no trials ran)."""
+    fig = trials_figure(plan, allowed_bytes)
+    if fig is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=110, format="png")
+    tmp.replace(path)
+    return path
+
+
+def trials_figure(plan: Any, allowed_bytes: float) -> Any:
+    """The matplotlib Figure of `plot_trials` (None when no trial ran). Trials are labelled by
+    their Optuna number, as in the progress lines and the trials table."""
     if not plan.trials:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     cap = plan.hardware.capacity_bytes
-    unit, scale = ("MiB", MiB) if cap < 4 * GiB else ("GiB", GiB)
+    unit, scale = size_unit(cap)  # one axis unit, the one the capacity reads best in
     trials = plan.trials
     xs = list(range(len(trials)))
+    numbers = [c.number if c.number is not None else i for i, c in enumerate(trials)]
     labels = [c.config.short() for c in trials]
     est_peak = [c.estimate.peak_bytes / scale for c in trials]
     meas_peak = [(c.trial.peak_bytes or 0) / scale for c in trials]
     status = [c.trial.status for c in trials]
+    over = [trial_status(c.trial, allowed_bytes) == "over line" for c in trials]
     best = plan.best
 
     fig = Figure(figsize=(max(8.5, 0.6 * len(trials) + 5), 7.5), layout="constrained")
@@ -31,20 +50,25 @@ def plot_trials(plan: Any, path: Path, allowed_bytes: float) -> Path | None:
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     w = 0.38
     ax1.bar([x - w / 2 for x in xs], est_peak, w, label="estimated peak", color="#b0c4de")
-    colors = [
-        "#2e8b57" if s == "ok" and m * scale <= allowed_bytes else "#d2691e"
-        for s, m in zip(status, meas_peak, strict=True)
-    ]
-    ok_x = [x for x, s in zip(xs, status, strict=True) if s == "ok"]
-    ok_h = [m for m, s in zip(meas_peak, status, strict=True) if s == "ok"]
-    ok_c = [c for c, s in zip(colors, status, strict=True) if s == "ok"]
-    ax1.bar([x + w / 2 for x in ok_x], ok_h, w, color=ok_c, label="measured peak")
+    # measured peaks: one colour under the headroom line, one over it, each with its legend entry
+    under_i = [i for i in range(len(trials)) if status[i] == "ok" and not over[i]]
+    over_i = [i for i in range(len(trials)) if over[i]]
+    bars = (
+        (under_i, UNDER_COLOR, "measured peak (under the line)"),
+        (over_i, OVER_COLOR, "measured peak over the headroom line"),
+    )
+    for picked, color, label in bars:
+        if picked:
+            ax1.bar([xs[i] + w / 2 for i in picked], [meas_peak[i] for i in picked], w,
+                    color=color, label=label)  # fmt: skip
     for x, s in zip(xs, status, strict=True):
         if s != "ok":
             ax1.annotate(s.upper(), (x + w / 2, cap / scale), ha="center", va="bottom",
                          color="#b22222", fontsize=8, fontweight="bold")  # fmt: skip
             ax1.plot([x + w / 2], [cap / scale], marker="x", color="#b22222", markersize=9)
-    ax1.axhline(cap / scale, color="#b22222", lw=1.5, label=f"capacity {cap / scale:.1f} {unit}")
+    if any(s != "ok" for s in status):
+        ax1.plot([], [], "x", color="#b22222", label="no peak measured (oom, timeout, error)")
+    ax1.axhline(cap / scale, color="#b22222", lw=1.5, label=f"capacity {fmt_size(cap)}")
     ax1.axhline(allowed_bytes / scale, color="#b22222", lw=1, ls="--",
                 label=f"headroom line ({plan.margin:.0%} margin)")  # fmt: skip
     ax1.set_ylabel(f"peak per GPU ({unit})")
@@ -64,10 +88,6 @@ def plot_trials(plan: Any, path: Path, allowed_bytes: float) -> Path | None:
     ax2.set_ylabel("tokens/s (all GPUs)")
     ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax2.set_xticks(xs)
-    ax2.set_xticklabels([f"#{i} {lab}" for i, lab in zip(xs, labels, strict=True)],
+    ax2.set_xticklabels([f"#{n} {lab}" for n, lab in zip(numbers, labels, strict=True)],
                         rotation=60, ha="right", fontsize=7)  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
-    tmp.replace(path)
-    return path
+    return fig
