@@ -24,6 +24,7 @@ class SearchDisplay:
         self.allowed = allowed
         self.progress: Progress | None = None
         self.task: Any = None
+        self.running = ""  # the config of the trial that runs now
         self.total = total
         self.done = done
 
@@ -51,8 +52,24 @@ class SearchDisplay:
             self.console.print(text, soft_wrap=True, highlight=False)
 
     def started(self, cand: Candidate) -> None:
+        self.running = cand.config.short()
         if self.progress is not None:
-            self.progress.update(self.task, description=f"running {cand.config.short()}")
+            self.progress.update(self.task, description=f"running {self.running}")
+
+    def trial_progress(self, info: dict[str, Any]) -> None:
+        """What the running trial's rank 0 says it does: building, warm-up or step k of n."""
+        if self.progress is None:
+            return
+        phase, step, steps = info.get("phase"), info.get("step", 0), info.get("steps", 0)
+        doing = {"build": "building the model", "warmup": "warm-up step"}.get(
+            str(phase), f"step {step}/{steps}"
+        )
+        self.progress.update(self.task, description=f"running {self.running}: {doing}")
+
+    def waiting(self, device: str, holder: str) -> None:
+        """Another trial on this host holds a device this one needs."""
+        who = f" ({holder})" if holder else ""
+        self.say(f"waiting for {device}: another trial on this host is using it{who} ...")
 
     def finished(self, number: int, cand: Candidate, result: Any) -> None:
         if self.progress is not None:

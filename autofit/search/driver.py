@@ -2,11 +2,17 @@
 
 1. enumerate the space and estimate every candidate; rule out what cannot fit even if the
    estimate is off by its known error (those never cost a trial);
-2. open (or resume) the study; enqueue the napkin's best distinct candidates not yet measured;
+2. open (or resume) the study; fail the trials of planners on this host that are gone and
+   re-run every interrupted trial's candidate first; enqueue the napkin's best distinct
+   candidates not yet measured;
 3. let TPE propose the rest, one real trial at a time, until `trials` real trials are in the
    study (all workers together) or `timeout` seconds have passed;
 4. verify the fastest candidate that fit with a longer run, then write the plan, the picture
    and the YAML plan into the run folder.
+
+Planners on one host take turns on the devices (`autofit.trial.devlock`): a trial, or a
+verification, waits while another planner's runs, and a verification found done once the lock is
+held is not run again.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from rich.markup import escape
 
 from autofit.config import Config
 from autofit.errors import AutofitError
@@ -75,6 +82,8 @@ def search(
         raise AutofitError(f"--steps must be at least 1; got {steps}.")
     if trial_timeout <= 0:
         raise AutofitError(f"--trial-timeout must be positive seconds; got {trial_timeout}.")
+    from autofit.trial.devlock import device_lock
+
     if run_trial is None:
         from autofit.trial import run_trial
     seq = seq_len or space.seq_len
@@ -102,22 +111,31 @@ def search(
     if console is not None:
         _intro(display, setting, cands, name, url, folder, len(finished))
 
+    hooks = {"on_progress": display.trial_progress, "on_wait": display.waiting}
+
     def measure(cand: Candidate, n_steps: int) -> Any:
         return run_trial(
             model, cand.config, nprocs=hardware.n_gpus, device=device, gpu_memory=gpu_memory,
-            steps=n_steps, timeout_s=trial_timeout,
+            steps=n_steps, timeout_s=trial_timeout, **hooks,
         )  # fmt: skip
 
     with display:
         if cands.trialable and len(finished) < trials:
-            _enqueue_seeds(opt_study, cands, n_seeds(trials))
             objective = Objective(
                 cands, budget, run_trial,
                 on_result=lambda t, c, r: display.finished(t.number, c, r),
-                on_start=display.started,
+                on_start=display.started, trial_kwargs=hooks,
             )  # fmt: skip
+            again = objective.requeue(opt_study)
+            if again:
+                display.say(
+                    f"re-running {len(again)} interrupted trial(s) first: "
+                    + ", ".join(f"#{t.number}" for t in again)
+                )
+            _enqueue_seeds(opt_study, cands, n_seeds(trials))
             start = time.monotonic()
             with _quiet_optuna():
+                _run_reruns(opt_study, objective)
                 for _ in range(MAX_LOST_RACES + 1):
                     left = None if timeout is None else timeout - (time.monotonic() - start)
                     if left is not None and left <= 0:
@@ -144,8 +162,9 @@ def search(
             return measure(cand, n_verify)
 
         best = verify_winner(
-            opt_study, setting, ranked, run_verification, n_verify, display.verified
-        )
+            opt_study, setting, ranked, run_verification, n_verify, display.verified,
+            hold=lambda: device_lock(device, hardware.n_gpus, display.waiting),
+        )  # fmt: skip
     plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
                     limits=(trials, timeout, trial_timeout))  # fmt: skip
     write_run_folder(plan, folder, setting)
@@ -156,6 +175,33 @@ def search(
 # the slower one's `tell` then fails although the other finished the trial. That is a lost race,
 # not an error: the worker goes on with the next trial. PostgreSQL/MySQL storages lock the row.
 MAX_LOST_RACES = 5
+
+
+def _run_reruns(study: optuna.Study, objective: Objective) -> None:
+    """Run the queued re-runs of interrupted trials now, ahead of older queued candidates (the
+    ask-and-tell of `Study.ask`, on a chosen waiting trial rather than the oldest)."""
+    storage = study._storage  # noqa: SLF001 - the compare-and-set that Study.ask uses
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    for t in [t for t in waiting if st.RERUN_OF in t.user_attrs]:
+        try:
+            if not storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.RUNNING):
+                continue  # another worker took it
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        trial = optuna.Trial(study, t._trial_id)
+        with st.heartbeat(storage, t._trial_id):
+            try:
+                value = objective(trial)
+            except optuna.TrialPruned:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
+            except TrialError:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            except BaseException:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+        study.tell(trial, value)
 
 
 def _lost_race(exc: BaseException) -> bool:
@@ -441,12 +487,15 @@ def _intro(
     s = setting
     skipped = sum(cands.counts.values())
     display.say(
-        f"[bold]{s.model.name}[/] on {s.hardware.describe()}: {cands.considered:,} combinations, "
+        f"[bold]{escape(s.model.name)}[/] on {s.hardware.describe()}: {cands.considered:,} "
+        "combinations, "
         f"{len(cands.trialable):,} may fit, {skipped:,} ruled out without a trial; headroom line "
         f"{fmt_size(s.allowed_bytes)} per GPU."
     )
     resumed = f", resuming with {done} trial(s) done" if done else ""
-    display.say(f"study [bold]{name}[/] in {url}{resumed}; run folder {folder}")
+    display.say(
+        f"study [bold]{escape(name)}[/] in {escape(url)}{resumed}; run folder {escape(str(folder))}"
+    )
 
 
 class _quiet_optuna:

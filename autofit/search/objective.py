@@ -15,6 +15,7 @@ the running trials of owners on this host that are gone and queues their candida
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from autofit.search import study as st
 from autofit.search.candidates import Candidates
 
 MEMORY = "memory"  # the constraint's name
+# A worker whose proposal another worker is measuring waits this long before the next proposal.
+BUSY_BACKOFF_S = 1.0
 
 
 class TrialError(Exception):
@@ -125,6 +128,7 @@ class Objective:
         if any(t.state == optuna.trial.TrialState.RUNNING for t in same):
             self.cheap_streak += 1
             trial.set_user_attr("outcome", st.BUSY)
+            time.sleep(BUSY_BACKOFF_S)  # do not spin on a space other workers have taken
             raise optuna.TrialPruned("another worker is measuring this config")
         if st.spent(trial.study) > self.budget.trials:
             self.cheap_streak += 1

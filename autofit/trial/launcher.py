@@ -214,21 +214,27 @@ def _launch(
         )
         deadline = time.monotonic() + timeout_s
         timed_out = False
+
+        def report_progress() -> None:
+            nonlocal last_progress
+            now = _read(progress_path)
+            if on_progress is not None and now and now != last_progress:
+                last_progress = now
+                with contextlib.suppress(ValueError):
+                    on_progress(json.loads(now))
+
         try:
             while True:
                 try:
                     proc.wait(timeout=POLL_S)
+                    report_progress()  # the last step, when it ended between two looks
                     break
                 except subprocess.TimeoutExpired:
                     pass
                 if time.monotonic() > deadline:
                     timed_out = True
                     break
-                now = _read(progress_path)
-                if on_progress is not None and now and now != last_progress:
-                    last_progress = now
-                    with contextlib.suppress(ValueError):
-                        on_progress(json.loads(now))
+                report_progress()
         finally:
             _kill_tree(proc, workdir)  # also clears stragglers after a normal exit
     if timed_out:

@@ -41,9 +41,9 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def plan_cmd(tmp_path: Path, *extra: str, gpus: str = "2") -> list[str]:
+def plan_cmd(tmp_path: Path, *extra: str, gpus: str = "2", space_text: str = SPACE) -> list[str]:
     space = tmp_path / "S.yaml"
-    space.write_text(SPACE)
+    space.write_text(space_text)
     return [
         *AUTOFIT, "plan", "--model", "llama-debug", "--gpus", gpus, "--device", "cpu",
         "--seq-len", "32", "--space", str(space), *extra,
