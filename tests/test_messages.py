@@ -32,7 +32,7 @@ from autofit.space import load_space, parse_space
 from autofit.trial import TrialResult
 from autofit.units import GB, GiB, MiB, fmt_bytes, fmt_mem, fmt_size, size_unit
 
-from .search.conftest import TINY_SPACE, FakeTrials, wide_space
+from .search.conftest import TINY_SPACE, FakeTrials, tiny_search_kwargs, wide_space
 
 runner = CliRunner()
 
@@ -88,20 +88,7 @@ def test_cpu_hardware_reads_as_cpu_processes_without_a_gpu_link():
 # ----- search fixtures ----------------------------------------------------------------------------
 def tiny_kwargs(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     """llama-debug on 2 CPU processes held to 56 MiB, the 12-candidate tiny space."""
-    kw = {
-        "model": resolve_model("llama-debug"),
-        "hardware": resolve_hardware("2", device="cpu", gpu_memory=56 * MiB),
-        "space": load_space(TINY_SPACE),
-        "seq_len": 64,
-        "trials": 4,
-        "steps": 2,
-        "device": "cpu",
-        "gpu_memory": 56 * MiB,
-        "run_dir": tmp_path / "run",
-        "seed": 0,
-    }
-    kw.update(changes)
-    return kw
+    return tiny_search_kwargs(tmp_path, **changes)
 
 
 def tiny_setting(kw: dict[str, Any]) -> Setting:

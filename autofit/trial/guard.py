@@ -139,6 +139,23 @@ def sweep_stale_workdirs(root: str | Path | None = None) -> list[Path]:
     return removed
 
 
+def sweep_orphans(marker: str = "autofit.trial.worker") -> list[int]:
+    """SIGKILL trial processes (torchrun and workers: their command line names `marker`) whose
+    planner is gone: ones this version started cannot outlive it for long, but an older
+    autofit's, or one whose watchdog was stopped, would hold a GPU forever. Returns their pids."""
+    killed = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if marker not in " ".join(proc.info["cmdline"] or ()) or proc.pid == os.getpid():
+                continue
+            planner = proc.environ().get(PLANNER_ENV)
+            orphan = not alive(planner) if planner else proc.ppid() == 1
+            if orphan:
+                proc.kill()
+                killed.append(proc.pid)
+    return killed
+
+
 def _run_torchrun() -> None:
     """`python guard.py TORCHRUN-ARGS...`: torchrun, guarded. Run as a script (not `-m`) so that
     nothing but this file and torch is imported before the guard is in place."""

@@ -160,6 +160,7 @@ def run_trial(
         "steps": steps,
         "warmup": warmup,
     }
+    guard.sweep_orphans(WORKER_MODULE)
     guard.sweep_stale_workdirs()
     with device_lock(device, nprocs, on_wait):
         start = time.monotonic()

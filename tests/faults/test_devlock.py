@@ -95,3 +95,25 @@ def test_a_reused_pid_is_not_taken_for_the_planner() -> None:
     assert guard.alive(me)
     assert not guard.alive(f"{pid}:{float(start) - 100:.3f}")  # same pid, another process
     assert not guard.alive(None)
+
+
+def test_trial_processes_of_a_dead_planner_are_killed_by_the_next_run() -> None:
+    """What an older autofit (no watchdog) left: a 'worker' whose planner is gone."""
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    dead_identity = guard.identity(dead.pid)
+    dead.wait()
+    env = {**os.environ, guard.PLANNER_ENV: dead_identity}
+    env.pop(guard.DEADLINE_ENV, None)
+    script = "import time\ntime.sleep(120)  # autofit.trial.worker"
+    code = f"import sys; sys.argv[0] = 'x'; exec({script!r})"
+    left = subprocess.Popen([sys.executable, "-c", code, "autofit.trial.worker"], env=env)
+    live = subprocess.Popen([sys.executable, "-c", code, "autofit.trial.worker"],
+                            env={**env, guard.PLANNER_ENV: guard.identity()})  # fmt: skip
+    try:
+        killed = guard.sweep_orphans()
+        assert left.pid in killed and live.pid not in killed
+        assert left.wait(timeout=10) == -9
+        assert live.poll() is None
+    finally:
+        live.kill()
+        left.kill()

@@ -61,12 +61,11 @@ def fake() -> FakeTrials:
     return FakeTrials()
 
 
-@pytest.fixture
-def search_kwargs(tmp_path: Path) -> dict[str, Any]:
+def tiny_search_kwargs(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     """A 2-process CPU search of llama-debug over the tiny space under a 56 MiB cap."""
     from autofit.units import MiB
 
-    return {
+    kw = {
         "model": resolve_model("llama-debug"),
         "hardware": resolve_hardware("2", device="cpu", gpu_memory=56 * MiB),
         "space": load_space(TINY_SPACE),
@@ -78,6 +77,13 @@ def search_kwargs(tmp_path: Path) -> dict[str, Any]:
         "run_dir": tmp_path / "run",
         "seed": 0,
     }
+    kw.update(changes)
+    return kw
+
+
+@pytest.fixture
+def search_kwargs(tmp_path: Path) -> dict[str, Any]:
+    return tiny_search_kwargs(tmp_path)
 
 
 def wide_space() -> Any:
