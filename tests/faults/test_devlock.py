@@ -117,3 +117,11 @@ def test_trial_processes_of_a_dead_planner_are_killed_by_the_next_run() -> None:
     finally:
         live.kill()
         left.kill()
+
+
+def test_a_trial_past_its_deadline_kills_itself_even_if_its_planner_is_stuck() -> None:
+    code = ("import time\nfrom autofit.trial.guard import watch\n"
+            "watch(deadline=time.time() + 1.0)\ntime.sleep(60)")  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == -9 and time.monotonic() - start < 20

@@ -225,7 +225,8 @@ def test_default_study_name_is_stable_and_names_the_setting(search_kwargs):
     assert a.startswith("llama-debug-2xcpu-gloo-tiny_space-s64-")
 
 
-def test_two_workers_on_one_storage_share_the_work(search_kwargs, tmp_path):
+def test_two_workers_on_one_storage_share_the_work(search_kwargs, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOFIT_LOCK_DIR", str(tmp_path / "locks"))  # the host's device lock
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     kw = {**search_kwargs, "space": wide_space(), "trials": 6, "storage": storage,
           "study": "shared"}  # fmt: skip
@@ -257,3 +258,5 @@ def test_two_workers_on_one_storage_share_the_work(search_kwargs, tmp_path):
     assert 6 <= len(measured) <= 7  # a race at the very end may start one more
     assert all(fakes), "both workers ran trials"
     assert plans[0].best.config == plans[1].best.config
+    verified = [c for f in fakes for c, steps in f.calls if steps > 2]
+    assert len(verified) == len(set(verified)), "two workers on one host verified one config"
