@@ -139,7 +139,7 @@ def sweep_stale_workdirs(root: str | Path | None = None) -> list[Path]:
     return removed
 
 
-def sweep_orphans(marker: str = "autofit.trial.worker") -> list[int]:
+def sweep_orphans(marker: str) -> list[int]:
     """SIGKILL trial processes (torchrun and workers: their command line names `marker`) whose
     planner is gone: ones this version started cannot outlive it for long, but an older
     autofit's, or one whose watchdog was stopped, would hold a GPU forever. Returns their pids."""

@@ -74,14 +74,23 @@ def host_oom_kills() -> int | None:
     return None
 
 
+def _worker_pids(workdir: Path) -> dict[int, int]:
+    """pid -> rank of every worker that wrote its pid (`pid.<rank>`) at start."""
+    ranks: dict[int, int] = {}
+    for pid_file in workdir.glob("pid.*"):
+        with contextlib.suppress(ValueError, OSError):
+            ranks[int(pid_file.read_text())] = int(pid_file.name.split(".", 1)[1])
+    return ranks
+
+
 def _kill_tree(proc: subprocess.Popen[bytes], workdir: Path) -> None:
     """SIGKILL torchrun's group, every descendant's group, and every worker that wrote a pid."""
     victims: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
         victims = psutil.Process(proc.pid).children(recursive=True)
-    for pid_file in workdir.glob("pid.*"):
-        with contextlib.suppress(ValueError, OSError, psutil.Error):
-            worker = psutil.Process(int(pid_file.read_text()))
+    for pid in _worker_pids(workdir):
+        with contextlib.suppress(psutil.Error):
+            worker = psutil.Process(pid)
             if any(WORKER_MODULE in part for part in worker.cmdline()):
                 victims.append(worker)
     with contextlib.suppress(OSError):
@@ -106,10 +115,7 @@ def _rank_reports(workdir: Path) -> list[dict[str, Any]]:
 
 def _killed_ranks(stderr: str, workdir: Path) -> dict[int, str]:
     """Ranks that torchrun saw die of a signal, and which one (`SIGKILL`...)."""
-    rank_of: dict[int, int] = {}
-    for pid_file in workdir.glob("pid.*"):
-        with contextlib.suppress(ValueError, OSError):
-            rank_of[int(pid_file.read_text())] = int(pid_file.name.split(".", 1)[1])
+    rank_of = _worker_pids(workdir)
     return {rank_of.get(int(pid), -1): name for _sig, name, pid in _KILLED.findall(stderr)}
 
 
@@ -269,6 +275,7 @@ def _classify_failure(
         result.message = ooms[0]["message"]
         return
     killed = _killed_ranks(stderr, workdir)
+    sigkilled = ""  # which worker died of SIGKILL not sent by the OOM killer
     if "SIGKILL" in killed.values():
         rank = next(r for r, name in killed.items() if name == "SIGKILL")
         who = f"rank {rank}" if rank >= 0 else "a worker"
@@ -280,14 +287,14 @@ def _classify_failure(
                 f"({after - oom_kills_before} OOM kill(s) during the trial)."
             )
             return
-        result.message = f"{who} was killed by SIGKILL (not by the kernel's OOM killer)."
+        sigkilled = f"{who} was killed by SIGKILL (not by the kernel's OOM killer)."
     errors = [r["message"] for r in reports if r.get("status") == "error"]
-    if not reports and not result.message:
+    if not reports and not sigkilled:
         kind = oom_kind(stderr + "\n" + stdout)
         if kind is not None:
             result.status, result.oom_of = "oom", kind
             result.message = _tail(stderr, 5)
             return
     result.status = "error"
-    head = errors[0] if errors else result.message or f"torchrun exited with code {returncode}"
+    head = errors[0] if errors else sigkilled or f"torchrun exited with code {returncode}"
     result.message = f"{head}\n--- last lines of stderr ---\n{tail}"

@@ -13,6 +13,7 @@ import pytest
 
 from autofit.trial import guard
 from autofit.trial.devlock import device_keys, device_lock
+from autofit.trial.launcher import WORKER_MODULE
 
 HOLD = """
 import os, sys, time
@@ -104,13 +105,12 @@ def test_trial_processes_of_a_dead_planner_are_killed_by_the_next_run() -> None:
     dead.wait()
     env = {**os.environ, guard.PLANNER_ENV: dead_identity}
     env.pop(guard.DEADLINE_ENV, None)
-    script = "import time\ntime.sleep(120)  # autofit.trial.worker"
-    code = f"import sys; sys.argv[0] = 'x'; exec({script!r})"
-    left = subprocess.Popen([sys.executable, "-c", code, "autofit.trial.worker"], env=env)
-    live = subprocess.Popen([sys.executable, "-c", code, "autofit.trial.worker"],
+    code = "import time; time.sleep(120)"  # its command line names the worker module
+    left = subprocess.Popen([sys.executable, "-c", code, WORKER_MODULE], env=env)
+    live = subprocess.Popen([sys.executable, "-c", code, WORKER_MODULE],
                             env={**env, guard.PLANNER_ENV: guard.identity()})  # fmt: skip
     try:
-        killed = guard.sweep_orphans()
+        killed = guard.sweep_orphans(WORKER_MODULE)
         assert left.pid in killed and live.pid not in killed
         assert left.wait(timeout=10) == -9
         assert live.poll() is None
