@@ -41,7 +41,7 @@ from autofit.search.candidates import (
     n_seeds,
 )
 from autofit.search.display import SearchDisplay
-from autofit.search.objective import Budget, Objective, TrialError
+from autofit.search.objective import Budget, Objective, TrialError, enqueue
 from autofit.search.verify import measured_fits, verify_steps, verify_winner
 from autofit.space import Space
 from autofit.units import fmt_size
@@ -232,7 +232,7 @@ class _Stopper:
             if not untried:
                 study.stop()  # every candidate that may fit has been measured
                 return
-            _enqueue(study, self.cands, untried[0], "fallback")
+            enqueue(study, self.cands, untried[0].config, "fallback")
 
 
 def _untried(study: optuna.Study, cands: Candidates) -> list[Candidate]:
@@ -250,15 +250,8 @@ def _taken_configs(study: optuna.Study) -> set[str]:
         waiting = t.state == optuna.trial.TrialState.WAITING
         running = t.state == optuna.trial.TrialState.RUNNING
         if waiting or st.finished(t) or (running and t.user_attrs.get("outcome") == st.TRIAL):
-            taken.add(json.dumps(cfg, sort_keys=True))
+            taken.add(st.config_key(cfg))
     return taken
-
-
-def _enqueue(study: optuna.Study, cands: Candidates, cand: Candidate, why: str) -> None:
-    study.enqueue_trial(
-        cands.params(cand.config),
-        user_attrs={"config": cand.config.to_dict(), "enqueued": why},
-    )
 
 
 def _enqueue_seeds(study: optuna.Study, cands: Candidates, n: int) -> None:
@@ -268,7 +261,7 @@ def _enqueue_seeds(study: optuna.Study, cands: Candidates, n: int) -> None:
     pool = cands.predicted_fit if cands.setting.prune and cands.predicted_fit else cands.trialable
     for cand in distinct_seeds(pool, n):
         if st.config_key(cand.config) not in taken:
-            _enqueue(study, cands, cand, "napkin")
+            enqueue(study, cands, cand.config, "napkin")
 
 
 def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:

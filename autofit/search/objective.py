@@ -55,6 +55,13 @@ def estimate_attrs(cand: Candidate) -> dict[str, Any]:
     }
 
 
+def enqueue(study: optuna.Study, cands: Candidates, cfg: Config, why: str, **attrs: Any) -> None:
+    """Queue `cfg` as the study's next fixed trial; `why` (user attr `enqueued`) says who asked."""
+    study.enqueue_trial(
+        cands.params(cfg), user_attrs={"config": cfg.to_dict(), "enqueued": why, **attrs}
+    )
+
+
 def memory_constraint(cands: Candidates, cand: Candidate, result: Any) -> float:
     """> 0: over the headroom line (infeasible). An OOM's peak is unknown: at least capacity."""
     allowed = cands.setting.allowed_bytes
@@ -92,10 +99,7 @@ class Objective:
         again = st.interrupted(study)
         for t in again:
             cfg = Config.from_dict(t.user_attrs["config"])
-            study.enqueue_trial(
-                self.cands.params(cfg),
-                user_attrs={"config": cfg.to_dict(), "enqueued": "rerun", st.RERUN_OF: t.number},
-            )
+            enqueue(study, self.cands, cfg, "rerun", **{st.RERUN_OF: t.number})
         return again
 
     def __call__(self, trial: optuna.Trial) -> float:

@@ -48,8 +48,9 @@ BUSY = "busy"  # another worker is measuring this config right now
 SKIPPED = "skipped"  # the trial budget was spent by another worker
 
 
-def config_key(cfg: Config) -> str:
-    return json.dumps(cfg.to_dict(), sort_keys=True)
+def config_key(cfg: Config | dict[str, Any] | None) -> str:
+    """One string per config, for a `Config` or the `config` user attr a trial stores."""
+    return json.dumps(cfg.to_dict() if isinstance(cfg, Config) else cfg, sort_keys=True)
 
 
 def default_study_name(
@@ -105,13 +106,12 @@ def storage_url(url: str) -> str:
     when that is the driver installed."""
     import importlib.util
 
-    for scheme in ("postgresql://", "postgres://"):
-        psycopg3_only = importlib.util.find_spec("psycopg2") is None and bool(
-            importlib.util.find_spec("psycopg")
-        )
-        if url.startswith(scheme) and psycopg3_only:
-            return "postgresql+psycopg://" + url[len(scheme) :]
-    return url
+    scheme = next((s for s in ("postgresql://", "postgres://") if url.startswith(s)), None)
+    if scheme is None or importlib.util.find_spec("psycopg2") is not None:
+        return url
+    if importlib.util.find_spec("psycopg") is None:
+        return url
+    return "postgresql+psycopg://" + url[len(scheme) :]
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
@@ -322,14 +322,14 @@ def interrupted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     trials = study.get_trials(deepcopy=False)
     taken = {t.user_attrs.get(RERUN_OF) for t in trials}
     busy = {
-        json.dumps(t.user_attrs.get("config"), sort_keys=True)
+        config_key(t.user_attrs.get("config"))
         for t in trials
         if finished(t)
         or t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
     }
     out, seen = [], set()
     for t in trials:
-        key = json.dumps(t.user_attrs.get("config"), sort_keys=True)
+        key = config_key(t.user_attrs.get("config"))
         cut = t.user_attrs.get("outcome") == TRIAL and t.state == optuna.trial.TrialState.FAIL
         if cut and not finished(t) and t.number not in taken and key not in busy | seen:
             out.append(t)
