@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
+from autofit.checks import check_steps, check_trial_timeout
 from autofit.config import KNOBS, Config
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
@@ -109,7 +110,7 @@ def plan(
         raise AutofitError(
             f"--global-batch must be a positive number of sequences; got {global_batch}."
         )
-    _check_steps(steps)
+    check_steps(steps)
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
@@ -133,14 +134,6 @@ def plan(
         storage=storage, study=study, run_dir=run_dir, prune=prune, console=console,
         gpu_memory=cap,
     )  # fmt: skip
-
-
-def _check_steps(steps: int) -> None:
-    if steps < 1:
-        raise AutofitError(
-            f"--steps must be at least 1 (optimizer steps measured per trial, after one warm-up "
-            f"step); got {steps}."
-        )
 
 
 def _run_folder(
@@ -191,12 +184,8 @@ def _run_trial_api(
     from autofit.models import check_seq_len, resolve_model
     from autofit.trial import run_trial
 
-    _check_steps(steps)
-    if not timeout > 0:
-        raise AutofitError(
-            f"The trial timeout (--trial-timeout) must be a positive number of seconds; got "
-            f"{timeout}."
-        )
+    check_steps(steps)
+    check_trial_timeout(timeout)
     spec = resolve_model(model)
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)

@@ -65,16 +65,6 @@ def check_dir_writable(folder: str | Path, what: str, hint: str) -> Path:
     return folder
 
 
-def ensure_dir(folder: str | Path, what: str, hint: str) -> Path:
-    """Make `folder` (and its parents) and check it is writable, with one paragraph on failure."""
-    folder = check_dir_writable(folder, what, hint)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise user_error(f"Cannot make {what} ({_why(exc)}).", hint) from None
-    return folder
-
-
 def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
     """Fail with one paragraph unless a file can be written at `path` (its folder may be
     missing: it is made on writing). An existing folder at `path` is refused too."""
@@ -83,6 +73,23 @@ def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
         raise user_error(f"Cannot write {what}: it is a folder; pass a file path.", hint)
     check_dir_writable(path.parent, what, hint)
     return path
+
+
+# ----- trial lengths ------------------------------------------------------------------------------
+def check_steps(steps: int) -> None:
+    if steps < 1:
+        raise AutofitError(
+            f"--steps must be at least 1 (optimizer steps measured per trial, after one warm-up "
+            f"step); got {steps}."
+        )
+
+
+def check_trial_timeout(seconds: float) -> None:
+    if not seconds > 0:
+        raise AutofitError(
+            f"The trial timeout (--trial-timeout) must be a positive number of seconds; got "
+            f"{seconds}."
+        )
 
 
 # ----- names that become folder names -------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any
 import optuna
 from rich.markup import escape
 
+from autofit.checks import check_steps, check_trial_timeout
 from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
@@ -78,10 +79,8 @@ def search(
     `gpu_memory`: the cap trials are held to (bytes; None = the whole GPU). `run_trial`: the
     function that measures a config (default `autofit.trial.run_trial`; tests may wrap it).
     """
-    if steps < 1:
-        raise AutofitError(f"--steps must be at least 1; got {steps}.")
-    if trial_timeout <= 0:
-        raise AutofitError(f"--trial-timeout must be positive seconds; got {trial_timeout}.")
+    check_steps(steps)
+    check_trial_timeout(trial_timeout)
     from autofit.trial.devlock import device_lock
 
     if run_trial is None:
