@@ -19,8 +19,8 @@ from autofit.plan import Candidate, Plan
 if TYPE_CHECKING:
     import torch
 
-    from autofit.trial import TrialResult
-    from autofit.trial.apply import Applied
+    from autofit.build import Applied
+    from autofit.trials import TrialResult
 
 __all__ = [
     "KNOBS",
@@ -93,7 +93,7 @@ def plan(
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
     otherwise an Optuna study runs real trials of the most promising candidates."""
-    from autofit.hardware import check_trial_hardware, resolve_hardware
+    from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
     from autofit.space import load_space
@@ -126,13 +126,11 @@ def plan(
     check_trial_hardware(hw, device, gpus)
     run_dir = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
 
-    # trials are held to the capacity the user named (--gpu-memory) or, on CPU, the CPU cap
-    cap = hw.capacity_bytes if (gpu_memory is not None or device == "cpu") else None
     return search(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, trials=trials,
         timeout=timeout, trial_timeout=trial_timeout, steps=steps, margin=margin, device=device,
         storage=storage, study=study, run_dir=run_dir, prune=prune, console=console,
-        gpu_memory=cap,
+        gpu_memory=trial_memory_cap(hw, device, gpu_memory),
     )  # fmt: skip
 
 
@@ -169,7 +167,7 @@ def _run_folder(
     return folder
 
 
-def _run_trial_api(
+def trial(
     model: str,
     gpus: str = "auto",
     *,
@@ -180,9 +178,9 @@ def _run_trial_api(
     **knobs: Any,
 ) -> TrialResult:
     """Run one real trial (a few FSDP2 training steps in fresh processes) and measure it."""
-    from autofit.hardware import check_trial_hardware, resolve_hardware
+    from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
-    from autofit.trial import run_trial
+    from autofit.trials import run_trial
 
     check_steps(steps)
     check_trial_timeout(timeout)
@@ -190,14 +188,11 @@ def _run_trial_api(
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     check_trial_hardware(hw, device, gpus)
-    cap = hw.capacity_bytes if gpu_memory is not None else None
     return run_trial(
-        spec, _config(knobs), nprocs=hw.n_gpus, device=device, gpu_memory=cap, steps=steps,
+        spec, _config(knobs), nprocs=hw.n_gpus, device=device,
+        gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
         timeout_s=timeout,
     )  # fmt: skip
-
-
-trial = _run_trial_api  # `autofit.trial(...)`; the `autofit.trial` package stays callable too
 
 
 def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any) -> Applied:
@@ -205,7 +200,7 @@ def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any
     plain module (one GPU), DDP or FSDP2 (inside an initialised process group of several ranks),
     and the optimizer. Returns `Applied`: `.model` to call, `.optimizer`, `.autocast()` and
     `.gradient_sync(last_micro_step)` for the training loop. Keyword arguments: `lr`, `device`."""
-    from autofit.trial import apply as _apply
+    from autofit.build import apply as _apply
 
     cfg = config if isinstance(config, Config) else Config.from_dict(dict(config))
     return _apply(model, cfg, **kwargs)

@@ -1,6 +1,6 @@
 """Storage formats of frozen base weights: the facts the builder and the estimator both read.
 
-Plain data, no torch: the estimator imports this, and so do the quantizers in `autofit.trial`.
+Plain data, no torch: the estimator imports this, and so do the quantizers in `autofit.build`.
 """
 
 from __future__ import annotations

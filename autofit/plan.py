@@ -65,7 +65,7 @@ class Candidate:
 
     config: Config
     estimate: Estimate
-    trial: Any | None = None  # autofit.trial.TrialResult when a trial ran
+    trial: Any | None = None  # autofit.trials.TrialResult when a trial ran
     verified: bool = False  # re-run with more steps and still fit
     number: int | None = None  # the Optuna trial number of `trial` (progress lines show it too)
 

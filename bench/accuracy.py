@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autofit.config import Config  # noqa: E402
 from autofit.models import resolve_model  # noqa: E402
-from autofit.trial import run_trial  # noqa: E402
+from autofit.trials import run_trial  # noqa: E402
 
 # (model, knobs): every knob value appears at least once, on both models.
 GRID: list[tuple[str, dict]] = [

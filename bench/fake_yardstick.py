@@ -134,14 +134,14 @@ def trace(model_name: str, world: int, knobs: dict) -> tuple:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from autofit.build.apply import cast_base, cast_trainable
+    from autofit.build.checkpoint import apply_checkpointing
+    from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh
+    from autofit.build.lora import apply_lora
+    from autofit.build.model import build_meta_model, materialize, model_parts
+    from autofit.build.optim import build_optimizer
     from autofit.config import Config, Sharding, sharding_for
     from autofit.models import resolve_model
-    from autofit.trial.apply import cast_base, cast_trainable
-    from autofit.trial.build import build_meta_model, materialize, model_parts
-    from autofit.trial.checkpoint import apply_checkpointing
-    from autofit.trial.fsdp import apply_fsdp, fsdp_root, make_mesh
-    from autofit.trial.lora import apply_lora
-    from autofit.trial.optim import build_optimizer
 
     spec = resolve_model(model_name)
     cfg = Config(**{"seq_len": 2048, **knobs})
@@ -153,7 +153,7 @@ def trace(model_name: str, world: int, knobs: dict) -> tuple:
     mesh = make_mesh("cpu", world)  # made outside the fake mode
     # The builder's steps before sharding run on the meta device outside the fake mode (peft's
     # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
-    # builder's order (autofit/trial/apply.py `prepare`, unquantized: shard, then materialise).
+    # builder's order (autofit/build/apply.py `prepare`, unquantized: shard, then materialise).
     model = build_meta_model(spec)
     cast_base(model, cfg)
     model = apply_lora(model, cfg.lora_rank, cfg.alpha)

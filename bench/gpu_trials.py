@@ -27,7 +27,7 @@ from autofit.config import Config  # noqa: E402
 from autofit.estimate import estimate  # noqa: E402
 from autofit.hardware import resolve_hardware  # noqa: E402
 from autofit.models import resolve_model  # noqa: E402
-from autofit.trial import run_trial  # noqa: E402
+from autofit.trials import run_trial  # noqa: E402
 from autofit.units import GiB  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from autofit.plan import rank_key
 from autofit.search import search
 from autofit.search.candidates import Setting, enumerate_candidates
 from autofit.space import parse_space
-from autofit.trial import run_trial
+from autofit.trials import run_trial
 from autofit.units import parse_size
 
 SPACE = {

@@ -35,7 +35,7 @@ def no_trial_may_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         raise AssertionError("a trial ran although the input was refused up front")
 
     # the package (the attribute `autofit.trial` is the `autofit.trial(...)` function)
-    monkeypatch.setattr(importlib.import_module("autofit.trial"), "run_trial", refuse)
+    monkeypatch.setattr(importlib.import_module("autofit.trials"), "run_trial", refuse)
     monkeypatch.setattr("autofit.hardware.cpu_cores", lambda: 2)
     monkeypatch.chdir(tmp_path)
 

@@ -29,7 +29,7 @@ from autofit.search.display import trial_line
 from autofit.search.driver import no_winner_advice
 from autofit.search.plot import trials_figure
 from autofit.space import load_space, parse_space
-from autofit.trial import TrialResult
+from autofit.trials import TrialResult
 from autofit.units import GB, GiB, MiB, fmt_bytes, fmt_mem, fmt_size, size_unit
 
 from .search.conftest import TINY_SPACE, FakeTrials, tiny_search_kwargs, wide_space

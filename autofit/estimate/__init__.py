@@ -97,7 +97,7 @@ def estimate(
         projections = mem.base_weight_bytes(model, config.quant)
         other = mem.frozen_other_bytes(model)
         # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh
-        # (autofit/trial/fsdp.py `unshardable_params`): those projections stay whole.
+        # (autofit/build/fsdp.py `unshardable_params`): those projections stay whole.
         whole = config.quant == "int8" or (config.quant == "nf4" and shard == 1)
         base = projections + other / shard if whole else (projections + other) / shard
     else:

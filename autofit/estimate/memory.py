@@ -121,7 +121,7 @@ def gathered_bytes(
     model: ModelSpec, quant: str, lora_rank: int, wrap: str, reshard: bool, sharding: Sharding
 ) -> float:
     """Peak bytes of unsharded (all-gathered) parameters held at once on a GPU, at the end of
-    forward, for FSDP2 laid out as torchtitan does (autofit/trial/fsdp.py):
+    forward, for FSDP2 laid out as torchtitan does (autofit/build/fsdp.py):
 
     - `[norm, head]` is not resharded after forward (backward needs it first): gathered;
     - the embedding unit is resharded after forward when `reshard` (else kept);
@@ -254,7 +254,7 @@ def selective_layer_bytes_per_token(model: ModelSpec, lora_rank: int) -> float:
     pointwise ops (torch `create_selective_checkpoint_contexts` with a policy that saves mm/SDPA
     outputs, as torchtitan's `op_sac_save_list`): the checkpointed layer input (2h), the seven
     projection outputs, the SDPA output and LSE. With LoRA, the rank-r lora_A outputs (2r each)
-    are saved; lora_B's r -> d expansions are recomputed unless d < 8r (autofit/trial/checkpoint.py
+    are saved; lora_B's r -> d expansions are recomputed unless d < 8r (autofit/build/checkpoint.py
     LOW_RANK_RATIO), in which case their outputs are saved too."""
     h, q, kv, i = model.hidden, model.q_dim, model.kv_dim, model.intermediate
     outs = (q, kv, kv, h, i, i, h)

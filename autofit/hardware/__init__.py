@@ -264,6 +264,16 @@ def _parse_gpu_memory(value: str | int) -> int:
     return size
 
 
+def trial_memory_cap(hw: Hardware, device: str, gpu_memory: str | int | None) -> int | None:
+    """The memory each trial rank is held to, for `plan` and `trial` alike: the capacity the user
+    named with `--gpu-memory`, and on `--device cpu` always the capacity of `hw` (a CPU process has
+    no device memory of its own to run out of). None: a GPU trial runs into the device's own limit.
+    """
+    if gpu_memory is not None or device == "cpu":
+        return hw.capacity_bytes
+    return None
+
+
 def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> None:
     """Refuse, before any trial runs, hardware that trials cannot run on here: a what-if preset
     (`--gpus 2xrtx3090`) on a machine without those GPUs, or far more CPU processes than cores

@@ -10,7 +10,7 @@
 4. verify the fastest candidate that fit with a longer run, then write the plan, the picture
    and the YAML plan into the run folder.
 
-Planners on one host take turns on the devices (`autofit.trial.devlock`): a trial, or a
+Planners on one host take turns on the devices (`autofit.trials.devlock`): a trial, or a
 verification, waits while another planner's runs, and a verification found done once the lock is
 held is not run again.
 """
@@ -77,14 +77,14 @@ def search(
     """Find the fastest config that fits by measuring it; see the module docstring.
 
     `gpu_memory`: the cap trials are held to (bytes; None = the whole GPU). `run_trial`: the
-    function that measures a config (default `autofit.trial.run_trial`; tests may wrap it).
+    function that measures a config (default `autofit.trials.run_trial`; tests may wrap it).
     """
     check_steps(steps)
     check_trial_timeout(trial_timeout)
-    from autofit.trial.devlock import device_lock
+    from autofit.trials.devlock import device_lock
 
     if run_trial is None:
-        from autofit.trial import run_trial
+        from autofit.trials import run_trial
     seq = seq_len or space.seq_len
     setting = Setting(model, hardware, space, seq, global_batch, margin, device, prune)
     cands = enumerate_candidates(setting)
@@ -265,7 +265,7 @@ def _enqueue_seeds(study: optuna.Study, cands: Candidates, n: int) -> None:
 
 def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
     """A Candidate per finished real trial, in trial order (estimates recomputed: pure math)."""
-    from autofit.trial import TrialResult
+    from autofit.trials import TrialResult
 
     s = cands.setting
     out: list[Candidate] = []
@@ -451,7 +451,7 @@ def load_study_plan(storage: str, study: str) -> Plan:
     ranked = measured_fits(setting, trial_cands)
     best = None
     from autofit.search.verify import fits, stored_verification
-    from autofit.trial import TrialResult
+    from autofit.trials import TrialResult
 
     for cand in ranked:
         stored = stored_verification(opt_study, cand)

@@ -286,7 +286,7 @@ def heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
 
 def owner() -> dict[str, str]:
     """This process, as the owner of the trial it is about to run."""
-    from autofit.trial.guard import hostname, identity
+    from autofit.trials.guard import hostname, identity
 
     return {"host": hostname(), "process": identity()}
 
@@ -294,7 +294,7 @@ def owner() -> dict[str, str]:
 def owner_gone(t: optuna.trial.FrozenTrial) -> bool:
     """A trial whose owner is a process on this host that no longer runs. (An owner on another
     host is judged by its heartbeat instead.)"""
-    from autofit.trial.guard import alive, hostname
+    from autofit.trials.guard import alive, hostname
 
     who = t.user_attrs.get(OWNER)
     return bool(who) and who.get("host") == hostname() and not alive(who.get("process"))

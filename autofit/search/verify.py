@@ -57,7 +57,7 @@ def verify_winner(
 
     `hold()` is held while a verification is looked up and run (the host's device lock), so of
     two planners on one host that reach the same winner only the first verifies it."""
-    from autofit.trial import TrialResult
+    from autofit.trials import TrialResult
 
     for cand in ranked[:MAX_VERIFY]:
         stored = stored_verification(study, cand)

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autofit.trial.guard import PLANNER_ENV
+from autofit.trials.guard import PLANNER_ENV
 
 AUTOFIT = [sys.executable, "-m", "autofit.cli"]
 SPACE = """\
@@ -66,7 +66,7 @@ def workers_of(planner_pid: int) -> list[psutil.Process]:
     for proc in trial_processes(planner_pid):
         with contextlib.suppress(psutil.Error):
             cmd = proc.cmdline()
-            if cmd[1:4] == ["-u", "-m", "autofit.trial.worker"]:  # not torchrun, which names it
+            if cmd[1:4] == ["-u", "-m", "autofit.trials.worker"]:  # not torchrun, which names it
                 out.append(proc)
     return out
 

@@ -17,9 +17,9 @@ import torch
 
 from autofit.config import Config
 from autofit.errors import GPU, HOST, oom_kind
-from autofit.trial import TrialResult, run_trial
-from autofit.trial.launcher import _classify_failure
-from autofit.trial.memory import TensorTracker
+from autofit.trials import TrialResult, run_trial
+from autofit.trials.launcher import _classify_failure
+from autofit.trials.memory import TensorTracker
 
 SHORT = {"seq_len": 32, "micro_batch": 1, "lora_rank": 8}
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from autofit.trial import guard
-from autofit.trial.devlock import device_keys, device_lock
-from autofit.trial.launcher import WORKER_MODULE
+from autofit.trials import guard
+from autofit.trials.devlock import device_keys, device_lock
+from autofit.trials.launcher import WORKER_MODULE
 
 HOLD = """
 import os, sys, time
-from autofit.trial.devlock import device_lock
+from autofit.trials.devlock import device_lock
 with device_lock("cpu", 2):
     print("held", flush=True)
     time.sleep(float(sys.argv[1]))
@@ -120,7 +120,7 @@ def test_trial_processes_of_a_dead_planner_are_killed_by_the_next_run() -> None:
 
 
 def test_a_trial_past_its_deadline_kills_itself_even_if_its_planner_is_stuck() -> None:
-    code = ("import time\nfrom autofit.trial.guard import watch\n"
+    code = ("import time\nfrom autofit.trials.guard import watch\n"
             "watch(deadline=time.time() + 1.0)\ntime.sleep(60)")  # fmt: skip
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], timeout=60)

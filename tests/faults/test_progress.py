@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from autofit.config import Config
-from autofit.trial import run_trial
+from autofit.trials import run_trial
 
 pytestmark = pytest.mark.slow
 

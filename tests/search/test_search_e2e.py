@@ -14,7 +14,7 @@ import pytest
 
 from autofit.search import search
 from autofit.search import study as st
-from autofit.trial import run_trial
+from autofit.trials import run_trial
 from autofit.units import MiB
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import torch
 
 from autofit.config import Config
 from autofit.models import PRESETS
-from autofit.trial import TrialResult, run_trial
-from autofit.trial.memory import TensorTracker
+from autofit.trials import TrialResult, run_trial
+from autofit.trials.memory import TensorTracker
 from autofit.units import MiB
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_hung_trial_times_out_and_leaves_no_process(monkeypatch: pytest.MonkeyPa
     leftover = [
         p
         for p in psutil.process_iter(["pid", "cmdline"])
-        if "autofit.trial.worker" in " ".join(p.info["cmdline"] or []) and p.pid not in before
+        if "autofit.trials.worker" in " ".join(p.info["cmdline"] or []) and p.pid not in before
     ]
     assert not leftover
 

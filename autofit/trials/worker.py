@@ -1,4 +1,4 @@
-"""The trial's torchrun entry: `python -m autofit.trial.worker --spec SPEC.json --out OUT.json`.
+"""The trial's torchrun entry: `python -m autofit.trials.worker --spec SPEC.json --out OUT.json`.
 
 Each rank builds the model, runs warm-up then measured steps, and writes `OUT.json.rank<R>.json`
 (status, message and, for an OOM, whether the GPU or the host ran out); rank 0 also writes
@@ -32,19 +32,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from autofit.build.apply import Applied, build_for_trial
+from autofit.build.optim import is_compiled_step
 from autofit.config import Config
 from autofit.errors import oom_kind
 from autofit.models import ModelSpec
-from autofit.trial.apply import Applied, build_for_trial
-from autofit.trial.guard import guard_trial_process
-from autofit.trial.memory import (
+from autofit.trials.guard import guard_trial_process
+from autofit.trials.memory import (
     TensorTracker,
     cap_cuda,
     device_used_bytes,
     host_peak_bytes,
     untracked,
 )
-from autofit.trial.optim import is_compiled_step
 
 HANG_ENV = "AUTOFIT_TRIAL_TEST_HANG"
 FAULT_ENV = "AUTOFIT_TRIAL_TEST_FAULT"

@@ -4,8 +4,8 @@ Quantizing one decoder layer at a time (materialise it from meta, quantize, shar
 builder in `apply.py`) keeps the transient full-precision copy to one layer, so a 70B base never
 needs its bf16 size anywhere. The projections may already be wrapped by peft LoRA: then the
 weight quantized is the wrapped `base_layer`'s.
-NF4 weights shard under FSDP2 on any number of ranks (`autofit.trial.nf4`); torchao's
-`Int8Tensor` cannot (no `aten.split`), so `autofit.trial.fsdp.unshardable_params` lists them for
+NF4 weights shard under FSDP2 on any number of ranks (`autofit.build.nf4`); torchao's
+`Int8Tensor` cannot (no `aten.split`), so `autofit.build.fsdp.unshardable_params` lists them for
 `fully_shard`'s `ignored_params`: they stay replicated on every GPU, as Accelerate does for
 bitsandbytes weights.
 """
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from autofit.models import PROJECTIONS
-from autofit.trial.build import materialize
+from autofit.build.model import materialize
 
 
 def is_projection(module: nn.Module, name: str) -> bool:
@@ -50,7 +50,7 @@ def quantize_layer(layer: nn.Module, quant: str, device: torch.device | None = N
 
 
 def _to_nf4(linear: nn.Linear) -> None:
-    from autofit.trial.nf4 import to_shardable_nf4
+    from autofit.build.nf4 import to_shardable_nf4
 
     weight = linear.weight.detach().to(torch.bfloat16)
     linear.weight = nn.Parameter(to_shardable_nf4(weight, _world_size()), requires_grad=False)

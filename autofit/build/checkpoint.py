@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from autofit.trial.build import decoder_layers
+from autofit.build.model import decoder_layers
 
 aten = torch.ops.aten
 

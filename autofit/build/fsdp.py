@@ -24,8 +24,8 @@ from torch.distributed.fsdp import (
 )
 
 from autofit.config import Config, wrap_units
-from autofit.trial.build import ModelParts
-from autofit.trial.dtypes import train_dtype
+from autofit.build.model import ModelParts
+from autofit.build.dtypes import train_dtype
 
 
 def make_mesh(device_type: str, world_size: int) -> DeviceMesh:

@@ -16,7 +16,7 @@ from autofit.config import Config
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
-from autofit.trial import TrialResult, run_trial
+from autofit.trials import TrialResult, run_trial
 
 pytestmark = pytest.mark.slow
 

@@ -28,15 +28,15 @@ import psutil
 from autofit.config import Config, sharding_for
 from autofit.errors import GPU, HOST, AutofitError, oom_kind
 from autofit.models import ModelSpec, resolve_model
-from autofit.trial import guard
-from autofit.trial.devlock import device_lock
-from autofit.trial.result import TrialResult
+from autofit.trials import guard
+from autofit.trials.devlock import device_lock
+from autofit.trials.result import TrialResult
 
 STDERR_TAIL_LINES = 25
 POLL_S = 0.2
 # Trial processes kill themselves this long after the trial's limit, should the caller be stuck.
 DEADLINE_GRACE_S = 30.0
-WORKER_MODULE = "autofit.trial.worker"
+WORKER_MODULE = "autofit.trials.worker"
 _KILLED = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
 
 

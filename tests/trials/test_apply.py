@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from autofit.build import apply
+from autofit.build.apply import Applied
 from autofit.config import Config, Sharding
 from autofit.models import PRESETS
-from autofit.trial import apply
-from autofit.trial.apply import Applied
 
 
 def small_model() -> torch.nn.Module:
