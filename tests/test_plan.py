@@ -9,9 +9,8 @@ from autofit.errors import HardwareError
 from autofit.hardware import GPU, Hardware, resolve_gpus
 from autofit.models import PRESETS
 from autofit.plan import (
-    PRUNE_NO_BF16,
-    PRUNE_OVER_CAPACITY,
     Candidate,
+    PruneReason,
     estimate_space,
     plan_estimates,
     rank_key,
@@ -56,7 +55,7 @@ def test_estimate_space_splits_fitting_and_pruned():
     )
     # a full fine-tune of 7B fits 24 GB only with its model states on the host
     assert fitting and all(c.config.offload == "params" for c in fitting)
-    assert counts[PRUNE_OVER_CAPACITY] > 0
+    assert counts[PruneReason.OVER_CAPACITY] > 0
     assert len(fitting) + len(rejected) + counts["quant needs LoRA"] <= considered
 
 
@@ -86,7 +85,7 @@ def test_gpus_without_bf16_are_pruned_with_that_reason():
     hw = Hardware((t4,), host_ram_bytes=64 * 1024**3, cpu_cores=8)
     plan = plan_estimates(PRESETS["llama-debug"], hw, load_space("qlora"))
     assert plan.best is None
-    assert plan.pruned[PRUNE_NO_BF16] > 0
+    assert plan.pruned[PruneReason.NO_BF16] > 0
     assert "no bf16 support" in plan.advice
 
 

@@ -195,7 +195,7 @@ def estimate(
     capacity = gpu.memory_bytes
     usable = mem.usable_bytes(capacity, device)
     host_cap = hardware.host_ram_bytes
-    fits = reserved <= usable and (host <= 0.8 * host_cap if host else True)
+    fits = reserved <= usable and (host <= mem.usable_host_bytes(host_cap) if host else True)
 
     # --- time ------------------------------------------------------------------------------------
     times = step_time(model, hardware, config, trainable, shard)

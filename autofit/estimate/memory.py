@@ -334,3 +334,13 @@ def cuda_context_bytes(device: str) -> int:
 def usable_bytes(capacity: float, device: str) -> float:
     """What `max_memory_reserved` may reach on a GPU of `capacity`: capacity minus context."""
     return capacity - cuda_context_bytes(device)
+
+
+HOST_RAM_USABLE = 0.8
+"""Share of host RAM that offloaded state (and pinned copies) may take: the rest is the OS, the
+data loader and the Python processes themselves."""
+
+
+def usable_host_bytes(host_capacity: float) -> float:
+    """What offloaded state may take of a host with `host_capacity` bytes of RAM."""
+    return HOST_RAM_USABLE * host_capacity

@@ -5,7 +5,6 @@ says a candidate may fit and may be fast, and declares a verified winner.
 the plan of an existing study without running anything (`autofit export`).
 """
 
-from autofit.search.candidates import ESTIMATE_ERROR
 from autofit.search.driver import load_study_plan, search
 
-__all__ = ["ESTIMATE_ERROR", "load_study_plan", "search"]
+__all__ = ["load_study_plan", "search"]

@@ -2,9 +2,9 @@
 trial may spend time on and the ones the estimate rules out, and the Optuna parameters over them.
 
 A candidate is ruled out when its estimated peak is above the headroom line (usable memory x
-(1 - margin)) by more than the estimate's known error: it could not be the winner even if the
-estimate were off by that much. Candidates between the line and line x (1 + error) may run: the
-measurement decides.
+(1 - margin)) by more than `autofit.plan.PRUNE_TOLERANCE`: it could not be the winner even if the
+estimate were off by that much. Candidates between the line and line x (1 + tolerance) may run:
+the measurement decides (`autofit.plan.search_prune_reason`).
 """
 
 from __future__ import annotations
@@ -20,24 +20,8 @@ from autofit.errors import ConfigError
 from autofit.estimate.memory import usable_bytes
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
-from autofit.plan import (
-    PRUNE_OVER_CAPACITY,
-    PRUNE_OVER_MARGIN,
-    Candidate,
-    estimate_all,
-    prune_reason,
-    rank_key,
-)
+from autofit.plan import Candidate, PruneReason, estimate_all, rank_key, search_prune_reason
 from autofit.space import Space
-
-# Relative error of the napkin peak, |estimated / measured - 1|: the bound the accuracy benchmark
-# (bench/accuracy.py, docs/accuracy.md) holds the estimator to. Candidates within it of the headroom
-# line are measured rather than trusted to the estimate either way.
-ESTIMATE_ERROR = 0.10
-
-PRUNE_BEYOND_ERROR = (
-    f"estimated peak more than {ESTIMATE_ERROR:.0%} (the estimate's error) above the headroom line"
-)
 
 # Two candidates whose estimated speed and peak are both within this of each other are the same
 # to the napkin: seeding the study with both would spend a trial learning nothing new.
@@ -69,7 +53,7 @@ class Candidates:
     all: dict[Config, Candidate]
     trialable: list[Candidate]  # may cost a trial, ranked best first by estimate
     predicted_fit: list[Candidate]  # trialable and estimated under the headroom line, ranked
-    pruned: dict[Config, str]  # ruled out by the estimate, with the reason
+    pruned: dict[Config, PruneReason]  # ruled out by the estimate, with the reason
     counts: Counter[str]  # skipped without a trial, by reason (rules of the space included)
     considered: int
     names: list[str] = field(default_factory=list)  # knobs that vary: the Optuna params
@@ -109,14 +93,11 @@ def enumerate_candidates(setting: Setting) -> Candidates:
     every: dict[Config, Candidate] = {}
     trialable: list[Candidate] = []
     predicted: list[Candidate] = []
-    pruned: dict[Config, str] = {}
-    limit = s.allowed_bytes * (1 + ESTIMATE_ERROR)
+    pruned: dict[Config, PruneReason] = {}
     for cand in all_cands:
         cfg = cand.config
         every[cfg] = cand
-        reason = prune_reason(cand.estimate, s.margin, s.hardware)
-        if reason in (PRUNE_OVER_CAPACITY, PRUNE_OVER_MARGIN):
-            reason = PRUNE_BEYOND_ERROR if cand.estimate.peak_bytes > limit else None
+        reason = search_prune_reason(cand.estimate, s.margin, s.hardware, s.allowed_bytes)
         if reason and s.prune:
             pruned[cfg] = reason
             counts[reason] += 1

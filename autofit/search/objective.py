@@ -116,7 +116,7 @@ class Objective:
         trial.set_user_attr("estimate", estimate_attrs(cand))
         reason = self.cands.pruned.get(cfg)
         if reason is not None:
-            trial.set_user_attr("reason", reason)
+            trial.set_user_attr("reason", reason.value)
             return self._cheap(trial, st.PRUNED, max(self.cands.overshoot(cand), 1e-3), 0.0)
         # Claim the config before looking for others measuring it: two workers that propose the
         # same config at once then both see each other's claim and at most one measures it (at

@@ -1,0 +1,97 @@
+"""The enumerate-and-estimate loop: every valid config of a space with its estimate, split into what
+may fit (ranked) and what the estimate rules out; `plan_estimates` is the estimate-only plan
+(`--no-trials`, `trials=0`). The search starts from the same list and replaces estimates with
+measurements."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from autofit.estimate import estimate
+from autofit.hardware import Hardware
+from autofit.models import ModelSpec
+from autofit.plan.explain import infeasible_advice, winner_reason
+from autofit.plan.prune import DEFAULT_MARGIN, prune_reason
+from autofit.plan.rank import rank_key
+from autofit.plan.types import Candidate, Plan
+from autofit.space import Space
+
+
+def estimate_all(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    *,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    device: str = "cuda",
+) -> tuple[list[Candidate], Counter[str], int]:
+    """Every valid config of the space with its estimate (space order), the combinations the
+    space's rules skipped (by reason), and how many combinations were considered in all."""
+    configs, skipped = space.candidates(hardware.n_gpus, seq_len=seq_len, global_batch=global_batch)
+    cands = [Candidate(cfg, estimate(model, hardware, cfg, device=device)) for cfg in configs]
+    return cands, Counter(skipped), len(configs) + sum(skipped.values())
+
+
+def estimate_space(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    *,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    device: str = "cuda",
+) -> tuple[list[Candidate], list[Candidate], Counter[str], int]:
+    """(fitting candidates ranked best first, pruned candidates, prune counts, considered)."""
+    cands, pruned_counts, considered = estimate_all(
+        model, hardware, space, seq_len=seq_len, global_batch=global_batch, device=device
+    )
+    fitting: list[Candidate] = []
+    rejected: list[Candidate] = []
+    for cand in cands:
+        reason = prune_reason(cand.estimate, margin, hardware)
+        if reason:
+            pruned_counts[reason] += 1
+            rejected.append(cand)
+        else:
+            fitting.append(cand)
+    fitting.sort(key=rank_key)
+    return fitting, rejected, pruned_counts, considered
+
+
+def plan_estimates(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    *,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    device: str = "cuda",
+) -> Plan:
+    """An estimate-only plan: the candidate with the highest estimated tokens/s that fits."""
+    seq = seq_len or space.seq_len
+    fitting, rejected, pruned, considered = estimate_space(
+        model, hardware, space, seq_len=seq, global_batch=global_batch, margin=margin,
+        device=device,
+    )  # fmt: skip
+    plan = Plan(
+        model=model,
+        hardware=hardware,
+        space=space,
+        seq_len=seq,
+        global_batch=global_batch,
+        margin=margin,
+        device=device,
+        best=fitting[0] if fitting else None,
+        ranked=fitting,
+        pruned=pruned,
+        considered=considered,
+    )
+    if fitting:
+        plan.reason = winner_reason(fitting[0], fitting[1:], hardware, measured=False)
+    else:
+        plan.advice = infeasible_advice(model, hardware, space, rejected, seq, global_batch,
+                                        margin, device, skipped=pruned)  # fmt: skip
+    return plan

@@ -1,0 +1,197 @@
+"""The sentences users read about a plan: why the winner won, what to do when nothing fits, and
+where every considered combination went (`tally`)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from autofit.config import derive_grad_accum
+from autofit.estimate import estimate
+from autofit.estimate.memory import HOST_RAM_USABLE, usable_host_bytes
+from autofit.hardware import Hardware
+from autofit.models import ModelSpec
+from autofit.plan.outcome import Outcome, trial_status
+from autofit.plan.prune import PruneReason, host_ram_bound, prune_reason
+from autofit.plan.rank import TIE_TOLERANCE, faster, slower
+from autofit.space import Space
+from autofit.units import fmt_bytes, fmt_size
+
+if TYPE_CHECKING:
+    from autofit.plan.types import Candidate, Plan
+
+ESTIMATE_REASONS = {r.value for r in PruneReason}
+"""Prune reasons that come from the estimate (the others are rules of the space)."""
+
+# How a plan's considered combinations split up (`Plan.tally`): each lands in exactly one.
+TALLY_FIT_ESTIMATED = "fit (estimated)"
+TALLY_FIT_MEASURED = "fit (measured under the headroom line)"
+TALLY_OUTCOMES = {
+    "over line": "ran, but peaked over the headroom line",
+    "oom": "ran out of memory",
+    "timeout": "timed out (--trial-timeout)",
+    "error": "failed with an error",
+}
+TALLY_NOT_TRIED = "not tried (may fit; the trial budget or the search time ran out)"
+TALLY_BY_ESTIMATE = "ruled out by the estimate"
+TALLY_INVALID = "invalid (break a rule of the space or --global-batch)"
+
+
+def tally(plan: Plan) -> list[tuple[str, int, list[tuple[str, int]]]]:
+    """Where each of the `considered` combinations went, as (what, how many, [(reason, how
+    many)]); every combination is in exactly one row, so the counts add up to `considered`.
+    A search's measured configs count once each (by their latest trial)."""
+    by_estimate = Counter({r: n for r, n in plan.pruned.items() if r in ESTIMATE_REASONS})
+    by_rule = Counter({r: n for r, n in plan.pruned.items() if r not in ESTIMATE_REASONS})
+    rows: list[tuple[str, int, list[tuple[str, int]]]] = []
+    if plan.searched:
+        latest = {c.config: c for c in plan.trials}
+        outcomes = Counter(trial_status(c.trial, plan.allowed_bytes) for c in latest.values())
+        rows.append((TALLY_FIT_MEASURED, outcomes.pop(Outcome.OK, 0), []))
+        for status, n in outcomes.most_common():
+            rows.append((TALLY_OUTCOMES.get(status, status), n, []))
+        untried = plan.considered - sum(plan.pruned.values()) - len(latest)
+        rows.append((TALLY_NOT_TRIED, max(untried, 0), []))
+    else:
+        rows.append((TALLY_FIT_ESTIMATED, len(plan.ranked), []))
+    rows.append((TALLY_BY_ESTIMATE, sum(by_estimate.values()), by_estimate.most_common()))
+    rows.append((TALLY_INVALID, sum(by_rule.values()), by_rule.most_common()))
+    return rows
+
+
+def winner_reason(
+    best: Candidate, others: list[Candidate], hardware: Hardware, *, measured: bool
+) -> str:
+    """One line on why `best` won, e.g. '1.8x the tokens/s of the next config; 21.3 of 24 GiB'."""
+    what = "measured" if measured else "estimated"
+    cap = best.estimate.usable_bytes
+    mem = f"peak {fmt_size(best.peak_bytes)} of {fmt_size(cap)} usable"
+    if not others:
+        return f"the only config that fits ({what} {best.tokens_per_s:,.0f} tokens/s; {mem})."
+    quicker = [c for c in others if faster(c.tokens_per_s, best.tokens_per_s)]
+    slow = [c for c in others if slower(c.tokens_per_s, best.tokens_per_s)]
+    ties = [c for c in others if c not in quicker and c not in slow]
+    text = ""
+    if slow:
+        nxt = max(slow, key=lambda c: c.tokens_per_s)
+        ratio = best.tokens_per_s / nxt.tokens_per_s if nxt.tokens_per_s else float("inf")
+        label = nxt.config.short()
+        text = f"{ratio:.2f}x the {what} tokens/s of the next config that fits ('{label}')"
+    if ties:
+        tie = (
+            f"ties within {TIE_TOLERANCE:.1%} with {len(ties)} other config(s) and is the "
+            "plainest of them"
+        )
+        text = f"{text}; {tie}" if text else tie
+    if quicker and measured:
+        text += (
+            f"; {len(quicker)} faster config(s) fit in their first trial but failed verification "
+            "(over the headroom line or not ok when re-run with more steps)"
+        )
+    return f"{text.lstrip('; ')}; {mem}."
+
+
+def infeasible_advice(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    rejected: list[Candidate],
+    seq_len: int,
+    global_batch: int | None,
+    margin: float,
+    device: str,
+    skipped: Counter[str] | None = None,
+) -> str:
+    """Nothing fits: name the nearest candidate, what dominates its memory, and what would help.
+    `rejected`: the candidates ruled out by memory; `skipped`: combinations the space's rules
+    (and --global-batch) skipped, by reason, for when there is no candidate at all."""
+    if not hardware.gpu.bf16:
+        return (
+            f"{hardware.gpu.name} has no bf16 support (compute capability "
+            f"{hardware.gpu.compute_capability}); autofit plans bf16 training, which needs an "
+            "Ampere (8.0) or newer GPU."
+        )
+    if not rejected:
+        return invalid_space_advice(space, hardware, global_batch, skipped or Counter())
+
+    def overshoot(c: Candidate) -> float:
+        e = c.estimate
+        host = e.host_bytes / max(usable_host_bytes(e.host_capacity_bytes), 1)
+        return max(e.peak_bytes / max(e.usable_bytes * (1 - margin), 1), host)
+
+    nearest = min(rejected, key=overshoot)
+    est = nearest.estimate
+    part, size = max(est.breakdown.items(), key=lambda kv: kv[1])
+    host_bound = host_ram_bound(est)
+    bound = (
+        f"host RAM: it offloads {fmt_bytes(est.host_bytes)} to a host with "
+        f"{fmt_bytes(est.host_capacity_bytes)}"
+        if host_bound
+        else f"GPU memory: {fmt_bytes(est.peak_bytes)} per GPU, mostly "
+        f"{part.replace('_', ' ')} ({fmt_bytes(size)})"
+    )
+    lines = [
+        f"Nothing in space '{space.name}' fits {hardware.describe()} "
+        f"({fmt_bytes(est.usable_bytes)} usable per GPU, {margin:.0%} headroom kept). Nearest: "
+        f"'{nearest.config.short()}', bound by {bound}."
+    ]
+    tips = []
+    if host_bound:
+        need = est.host_bytes / HOST_RAM_USABLE
+        tips.append(f"a host with at least {fmt_bytes(need)} of RAM")
+
+    gpus = hardware.gpus
+    for k in (2, 4, 8, 16, 32, 64):
+        n = len(gpus) * k
+        more = replace(hardware, gpus=tuple(replace(gpus[0], index=i) for i in range(n)))
+        more_est = estimate(model, more, nearest.config, device=device)
+        if prune_reason(more_est, margin, more) is None:
+            tips.append(f"{n} GPUs of this kind")
+            break
+    seq = seq_len
+    while seq > 128:
+        seq //= 2
+        cfg = nearest.config.replace(seq_len=seq)
+        if prune_reason(estimate(model, hardware, cfg, device=device), margin, hardware) is None:
+            tips.append(f"--seq-len {seq}")
+            break
+    knobs = space.knobs
+    if "nf4" not in knobs["quant"]:
+        tips.append("a space with quant nf4 (--space qlora)")
+    if "params" not in knobs["offload"]:
+        tips.append("a space with offload params (--space full or default)")
+    if "full" not in knobs["checkpointing"]:
+        tips.append("checkpointing full")
+    if tips:
+        lines.append("What would make it fit: " + "; or ".join(tips) + ".")
+    return " ".join(lines)
+
+
+def invalid_space_advice(
+    space: Space, hardware: Hardware, global_batch: int | None, skipped: Counter[str]
+) -> str:
+    """No combination of the space is a valid config: which rules removed them, and the
+    --global-batch hint only when the global batch alone leaves no micro_batch possible."""
+    n = hardware.n_gpus
+    micro = list(space.knobs.get("micro_batch", ()))
+    if global_batch and micro and all(derive_grad_accum(global_batch, mb, n) is None
+                                      for mb in micro):  # fmt: skip
+        step = min(micro) * n
+        every = math.lcm(*(mb * n for mb in micro))
+        example = -(-global_batch // every) * every
+        return (
+            f"--global-batch {global_batch} rules out every candidate: micro_batch x grad_accum x "
+            f"{n} GPU(s) must equal it, and it is not a multiple of micro_batch x {n} for any "
+            f"micro_batch of space '{space.name}' ({', '.join(map(str, micro))}). Use a multiple "
+            f"of {step} (e.g. --global-batch {example}, which every micro_batch of the space "
+            "divides), or leave --global-batch unset."
+        )
+    total = sum(skipped.values())
+    reasons = "; ".join(f"{k:,} {r}" for r, k in skipped.most_common())
+    return (
+        f"No combination of space '{space.name}' is a valid config on {n} GPU(s): all {total:,} "
+        f"break a rule ({reasons or 'none recorded'}). Widen the space's knob values (e.g. "
+        "lora_rank above 0 for quantized bases, a wrap other than none for offload=params)."
+    )

@@ -1,0 +1,65 @@
+"""Pruning policy: which candidates the estimate rules out, and why (`PruneReason`).
+
+Two rules read the same estimate. An estimate-only plan keeps what fits under the headroom line
+(`prune_reason`). A search also measures candidates whose estimated peak is above the line by less
+than `PRUNE_TOLERANCE`, since the estimate may be off by that much (`search_prune_reason`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from autofit.estimate import Estimate
+from autofit.estimate.memory import usable_host_bytes
+from autofit.hardware import Hardware
+
+DEFAULT_MARGIN = 0.05
+"""Headroom kept under usable GPU memory by default (`--margin`)."""
+
+PRUNE_TOLERANCE = 0.10
+"""How far above the headroom line (as a fraction) an estimated peak may be and a search still
+measure its candidate rather than trust the estimate: the bound `bench/accuracy.py` holds the
+napkin peak to, |estimated / measured - 1| (docs/accuracy.md)."""
+
+
+class PruneReason(StrEnum):
+    """Why the estimate rules a candidate out; the value is the sentence users read."""
+
+    NO_BF16 = "GPU has no bf16 support"
+    HOST_RAM = "offloaded state above host RAM"
+    OVER_CAPACITY = "estimated peak above GPU memory"
+    OVER_MARGIN = "estimated peak within the headroom margin"
+    BEYOND_TOLERANCE = (
+        f"estimated peak more than {PRUNE_TOLERANCE:.0%} (the estimate's error) above the "
+        "headroom line"
+    )
+
+
+def host_ram_bound(est: Estimate) -> bool:
+    """The offloaded state needs more host RAM than a run may use."""
+    return est.host_bytes > usable_host_bytes(est.host_capacity_bytes)
+
+
+def prune_reason(est: Estimate, margin: float, hardware: Hardware) -> PruneReason | None:
+    """Why an estimate rules its candidate out, or None if it may fit with `margin` headroom."""
+    if not hardware.gpu.bf16:
+        return PruneReason.NO_BF16
+    if host_ram_bound(est):
+        return PruneReason.HOST_RAM
+    if est.peak_bytes > est.usable_bytes:
+        return PruneReason.OVER_CAPACITY
+    if est.peak_bytes > est.usable_bytes * (1 - margin):
+        return PruneReason.OVER_MARGIN
+    return None
+
+
+def search_prune_reason(
+    est: Estimate, margin: float, hardware: Hardware, allowed_bytes: float
+) -> PruneReason | None:
+    """A search's rule: over the headroom line `allowed_bytes` by more than `PRUNE_TOLERANCE` is
+    ruled out; closer than that, the measurement decides (None)."""
+    reason = prune_reason(est, margin, hardware)
+    if reason in (PruneReason.OVER_CAPACITY, PruneReason.OVER_MARGIN):
+        beyond = est.peak_bytes > allowed_bytes * (1 + PRUNE_TOLERANCE)
+        return PruneReason.BEYOND_TOLERANCE if beyond else None
+    return reason

@@ -1,0 +1,47 @@
+"""Ranking: fastest first, speeds within `TIE_TOLERANCE` count as equal, then the plainest config,
+then the lower peak."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from autofit.config import Config
+
+if TYPE_CHECKING:
+    from autofit.plan.types import Candidate
+
+TIE_TOLERANCE = 0.005
+"""Two speeds within 0.5% of each other are a tie: below what a few trial steps can tell apart."""
+
+
+def complexity(cfg: Config) -> int:
+    """How far a config departs from the plain recipe (AdamW, no offload, mixed precision, no
+    recompute): among equally fast configs users want the plainest."""
+    return (
+        (cfg.optimizer != "adamw")
+        + (cfg.offload != "none")
+        + (cfg.precision != "bf16-mixed")
+        + (cfg.checkpointing != "none")
+        + (not cfg.reshard)
+    )
+
+
+def speed_bucket(tokens_per_s: float) -> int:
+    """Speeds on a log scale in steps of `TIE_TOLERANCE`: equal buckets rank as equally fast."""
+    return int(math.log(max(tokens_per_s, 1e-9)) / math.log(1 + TIE_TOLERANCE))
+
+
+def rank_key(c: Candidate) -> tuple[int, int, int]:
+    """Fastest first; speeds within 0.5% count as equal, then the plainest, then the lower peak."""
+    return (-speed_bucket(c.tokens_per_s), complexity(c.config), c.peak_bytes)
+
+
+def faster(a: float, b: float) -> bool:
+    """Speed `a` beats `b` by more than the tie tolerance."""
+    return a > b * (1 + TIE_TOLERANCE)
+
+
+def slower(a: float, b: float) -> bool:
+    """Speed `a` is below `b` by more than the tie tolerance."""
+    return a < b / (1 + TIE_TOLERANCE)

@@ -1,0 +1,144 @@
+"""The plan's data: `Candidate` (a config, its estimate, its trial) and `Plan` (the winner and the
+evidence)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autofit.config import Config
+from autofit.estimate import Estimate
+from autofit.estimate.memory import usable_bytes
+from autofit.export import export_plan
+from autofit.hardware import Hardware
+from autofit.models import ModelSpec
+from autofit.plan.explain import tally
+from autofit.plan.outcome import Outcome
+from autofit.space import Space
+from autofit.trials.result import TrialResult
+
+
+@dataclass
+class Candidate:
+    """One configuration with its napkin estimate and, if it ran, its measured trial."""
+
+    config: Config
+    estimate: Estimate
+    trial: TrialResult | None = None  # the measured run, when a trial ran
+    verified: bool = False  # re-run with more steps and still fit
+    number: int | None = None  # the Optuna trial number of `trial` (progress lines show it too)
+
+    @property
+    def measured(self) -> bool:
+        return self.trial is not None and self.trial.status == Outcome.OK
+
+    @property
+    def tokens_per_s(self) -> float:
+        if self.measured and self.trial.tokens_per_s is not None:
+            return float(self.trial.tokens_per_s)
+        return self.estimate.tokens_per_s
+
+    @property
+    def peak_bytes(self) -> int:
+        if self.measured and self.trial.peak_bytes is not None:
+            return int(self.trial.peak_bytes)
+        return self.estimate.peak_bytes
+
+    @property
+    def step_time_s(self) -> float:
+        if self.measured and self.trial.step_time_s is not None:
+            return float(self.trial.step_time_s)
+        return self.estimate.step_time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "label": self.config.short(),
+            "measured": self.measured,
+            "verified": self.verified,
+            "tokens_per_s": self.tokens_per_s,
+            "peak_bytes": self.peak_bytes,
+            "step_time_s": self.step_time_s,
+            "estimate": {
+                "peak_bytes": self.estimate.peak_bytes,
+                "peak_allocated_bytes": self.estimate.peak_allocated_bytes,
+                "tokens_per_s": self.estimate.tokens_per_s,
+                "step_time_s": self.estimate.step_time_s,
+                "breakdown": self.estimate.breakdown,
+            },
+            "trial": self.trial.to_dict() if self.trial is not None else None,
+            "trial_number": self.number,
+        }
+
+
+@dataclass
+class Plan:
+    """The outcome of planning: `best`, the evidence, and what was pruned and why."""
+
+    model: ModelSpec
+    hardware: Hardware
+    space: Space
+    seq_len: int
+    global_batch: int | None
+    margin: float
+    device: str
+    best: Candidate | None
+    ranked: list[Candidate]  # candidates that fit, best first
+    trials: list[Candidate] = field(default_factory=list)  # candidates that ran a trial
+    pruned: Counter[str] = field(default_factory=Counter)  # PruneReason or a space rule
+    considered: int = 0
+    reason: str = ""
+    advice: str = ""  # when nothing fits: what bound hardest and what would help
+    storage: str | None = None
+    study_name: str | None = None
+    run_dir: str | None = None
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.hardware.capacity_bytes
+
+    @property
+    def allowed_bytes(self) -> float:
+        """The headroom line: a measured winner's peak must stay at or below it."""
+        return usable_bytes(self.capacity_bytes, self.device) * (1 - self.margin)
+
+    @property
+    def searched(self) -> bool:
+        """A search's plan (a study with trials), not an estimate-only one."""
+        return self.study_name is not None or bool(self.trials)
+
+    def tally(self) -> list[tuple[str, int, list[tuple[str, int]]]]:
+        """Where each of the `considered` combinations went, as (what, how many, [(reason, how
+        many)]); every combination is in exactly one row (`explain.tally`)."""
+        return tally(self)
+
+    def export(self, format: str, path: str | Path) -> list[Path]:
+        """Write the winner as `autofit` YAML, an `accelerate` FSDP2 config or `trainer` JSON."""
+        return export_plan(self, format, path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.name,
+            "n_params": self.model.n_params,
+            "hardware": self.hardware.to_dict(),
+            "space": self.space.name,
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "margin": self.margin,
+            "device": self.device,
+            "capacity_bytes": self.capacity_bytes,
+            "best": self.best.to_dict() if self.best else None,
+            "reason": self.reason,
+            "advice": self.advice,
+            "considered": self.considered,
+            "fitting": len(self.ranked),
+            "pruned": dict(self.pruned),
+            "tally": {what: n for what, n, _ in self.tally()},
+            "ranked": [c.to_dict() for c in self.ranked[:20]],
+            "trials": [c.to_dict() for c in self.trials],
+            "storage": self.storage,
+            "study": self.study_name,
+            "run_dir": self.run_dir,
+        }
