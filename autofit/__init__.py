@@ -119,6 +119,7 @@ def plan(
         return plan_estimates(
             spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device
         )
+    from autofit.report.run_folder import write_run_folder
     from autofit.search import search
 
     # everything a search needs is checked before its first trial: the hardware trials run on,
@@ -126,12 +127,14 @@ def plan(
     check_trial_hardware(hw, device, gpus)
     run_dir = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
 
-    return search(
+    result = search(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, trials=trials,
         timeout=timeout, trial_timeout=trial_timeout, steps=steps, margin=margin, device=device,
         storage=storage, study=study, run_dir=run_dir, prune=prune, console=console,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory),
     )  # fmt: skip
+    write_run_folder(result, run_dir)
+    return result
 
 
 def _run_folder(

@@ -20,6 +20,7 @@ from autofit import interrupt, report
 from autofit.config import KNOB_HELP, KNOBS, Config, coerce_knob
 from autofit.errors import AutofitError
 from autofit.interrupt import stop_signals_interrupt
+from autofit.units import fmt_bytes
 
 app = typer.Typer(
     add_completion=False,
@@ -207,7 +208,7 @@ def hardware(
     if hw is None:
         out.print(
             f"No NVIDIA GPU driver found ({escape(str(reason))}), so there are no GPUs to list.\n"
-            f"Host: {report.fmt_bytes(host_ram_bytes())} RAM, {cpu_cores()} CPU cores.\n"
+            f"Host: {fmt_bytes(host_ram_bytes())} RAM, {cpu_cores()} CPU cores.\n"
             "You can still plan: name the hardware with --gpus KxNAME (e.g. --gpus 2xrtx3090; "
             "`autofit hardware --presets` lists the names) and add --no-trials, or run real "
             "trials of small models with --device cpu."
@@ -220,7 +221,7 @@ def hardware(
         pairs = report.pairs_table(hw)
         if pairs is not None:
             out.print(pairs)
-    out.print(f"Host: {report.fmt_bytes(hw.host_ram_bytes)} RAM, {hw.cpu_cores} CPU cores.")
+    out.print(f"Host: {fmt_bytes(hw.host_ram_bytes)} RAM, {hw.cpu_cores} CPU cores.")
 
 
 def _preset_dict(p: Any) -> dict[str, Any]:

@@ -64,11 +64,6 @@ def fmt_count(n: float) -> str:
     return f"{n:g}"
 
 
-def fmt_mem(n: float | None, capacity: float | None = None) -> str:
-    """Kept for callers: `fmt_size(n)` (the unit follows the size; `capacity` is ignored)."""
-    return fmt_size(n)
-
-
 # ----- printing sizes: the one place that picks a unit -------------------------------------------
 SIZE_UNITS = (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024))
 

@@ -23,14 +23,14 @@ from autofit.export import example_script, launch_command, launch_note
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import Candidate, plan_estimates, trial_status
+from autofit.report.live import trial_line
+from autofit.report.plot import trials_figure
 from autofit.search import search
 from autofit.search.candidates import Setting, enumerate_candidates
-from autofit.search.display import trial_line
 from autofit.search.driver import no_winner_advice
-from autofit.search.plot import trials_figure
 from autofit.space import load_space, parse_space
 from autofit.trials import TrialResult
-from autofit.units import GB, GiB, MiB, fmt_bytes, fmt_mem, fmt_size, size_unit
+from autofit.units import GB, GiB, MiB, fmt_bytes, fmt_size, size_unit
 
 from .search.conftest import TINY_SPACE, FakeTrials, tiny_search_kwargs, wide_space
 
@@ -60,7 +60,6 @@ def test_sizes_print_in_the_unit_their_magnitude_needs(n, text):
 def test_the_old_size_helpers_print_through_the_same_function():
     assert fmt_bytes(30 * MiB) == "30.0 MiB"  # was "0.0 GiB"
     assert fmt_bytes(80 * GB, "GB") == "80.0 GB"  # an explicit unit still wins
-    assert fmt_mem(21 * MiB, 80 * GiB) == "21.0 MiB"  # the capacity no longer picks the unit
     assert size_unit(56 * MiB) == ("MiB", MiB)
 
 

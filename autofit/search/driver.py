@@ -17,7 +17,6 @@ held is not run again.
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan import Candidate, Plan, infeasible_advice, trial_status, winner_reason
+from autofit.report.live import SearchDisplay
 from autofit.search import study as st
 from autofit.search.candidates import (
     Candidates,
@@ -41,10 +41,18 @@ from autofit.search.candidates import (
     enumerate_candidates,
     n_seeds,
 )
-from autofit.search.display import SearchDisplay
 from autofit.search.objective import Budget, Objective, TrialError, enqueue
-from autofit.search.verify import measured_fits, verify_steps, verify_winner
+from autofit.search.verify import (
+    fits,
+    measured_fits,
+    stored_verification,
+    verify_steps,
+    verify_winner,
+)
 from autofit.space import Space
+from autofit.trials import run_trial as trials_run_trial
+from autofit.trials.devlock import device_lock
+from autofit.trials.result import TrialResult
 from autofit.units import fmt_size
 
 # After this many proposals in a row that cost no trial (pruned, duplicate, invalid), the
@@ -72,7 +80,7 @@ def search(
     console: Any = None,
     gpu_memory: int | None = None,
     seed: int | None = None,
-    run_trial: Callable[..., Any] | None = None,
+    run_trial: Callable[..., TrialResult] | None = None,
 ) -> Plan:
     """Find the fastest config that fits by measuring it; see the module docstring.
 
@@ -81,10 +89,8 @@ def search(
     """
     check_steps(steps)
     check_trial_timeout(trial_timeout)
-    from autofit.trials.devlock import device_lock
-
     if run_trial is None:
-        from autofit.trials import run_trial
+        run_trial = trials_run_trial
     seq = seq_len or space.seq_len
     setting = Setting(model, hardware, space, seq, global_batch, margin, device, prune)
     cands = enumerate_candidates(setting)
@@ -112,7 +118,7 @@ def search(
 
     hooks = {"on_progress": display.trial_progress, "on_wait": display.waiting}
 
-    def measure(cand: Candidate, n_steps: int) -> Any:
+    def measure(cand: Candidate, n_steps: int) -> TrialResult:
         return run_trial(
             model, cand.config, nprocs=hardware.n_gpus, device=device, gpu_memory=gpu_memory,
             steps=n_steps, timeout_s=trial_timeout, **hooks,
@@ -156,7 +162,7 @@ def search(
         ranked = measured_fits(setting, trial_cands)
         n_verify = verify_steps(steps)
 
-        def run_verification(cand: Candidate) -> Any:
+        def run_verification(cand: Candidate) -> TrialResult:
             display.verifying(cand, n_verify)
             return measure(cand, n_verify)
 
@@ -166,7 +172,6 @@ def search(
         )  # fmt: skip
     plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
                     limits=(trials, timeout, trial_timeout))  # fmt: skip
-    write_run_folder(plan, folder, setting)
     return plan
 
 
@@ -265,7 +270,6 @@ def _enqueue_seeds(study: optuna.Study, cands: Candidates, n: int) -> None:
 
 def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
     """A Candidate per finished real trial, in trial order (estimates recomputed: pure math)."""
-    from autofit.trials import TrialResult
 
     s = cands.setting
     out: list[Candidate] = []
@@ -308,8 +312,6 @@ def assemble(
     )  # fmt: skip
     if best is not None:
         plan.reason = winner_reason(best, ranked[1:], s.hardware, measured=True)
-        from autofit.search.verify import stored_verification
-
         check = stored_verification(study, best)
         if check:
             speed = check.get("tokens_per_s") or 0
@@ -417,17 +419,6 @@ def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str
     )  # fmt: skip
 
 
-def write_run_folder(plan: Plan, folder: Path, setting: Setting) -> None:
-    """plan.json (everything), plan.yaml (the autofit export) and trials.png."""
-    from autofit.export import atomic_write
-    from autofit.search.plot import plot_trials
-
-    atomic_write(folder / "plan.json", json.dumps(plan.to_dict(), indent=2, default=str) + "\n")
-    if plan.best is not None:
-        plan.export("autofit", folder / "plan.yaml")
-    plot_trials(plan, folder / "trials.png", setting.allowed_bytes)
-
-
 def load_study_plan(storage: str, study: str) -> Plan:
     """The plan of an existing study, from storage alone (no trial runs)."""
     opt_study = st.load_study(storage, study)
@@ -450,8 +441,6 @@ def load_study_plan(storage: str, study: str) -> Plan:
     trial_cands = rebuild_trials(opt_study, cands)
     ranked = measured_fits(setting, trial_cands)
     best = None
-    from autofit.search.verify import fits, stored_verification
-    from autofit.trials import TrialResult
 
     for cand in ranked:
         stored = stored_verification(opt_study, cand)

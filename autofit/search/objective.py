@@ -26,6 +26,7 @@ from autofit.config import Config
 from autofit.plan import Candidate
 from autofit.search import study as st
 from autofit.search.candidates import Candidates
+from autofit.trials.result import TrialResult
 
 MEMORY = "memory"  # the constraint's name
 # A worker whose proposal another worker is measuring waits this long before the next proposal.
@@ -62,7 +63,7 @@ def enqueue(study: optuna.Study, cands: Candidates, cfg: Config, why: str, **att
     )
 
 
-def memory_constraint(cands: Candidates, cand: Candidate, result: Any) -> float:
+def memory_constraint(cands: Candidates, cand: Candidate, result: TrialResult) -> float:
     """> 0: over the headroom line (infeasible). An OOM's peak is unknown: at least capacity."""
     allowed = cands.setting.allowed_bytes
     if result.status == "ok" and result.peak_bytes is not None:
@@ -78,8 +79,8 @@ class Objective:
         self,
         cands: Candidates,
         budget: Budget,
-        run_trial: Callable[..., Any],
-        on_result: Callable[[optuna.Trial, Candidate, Any], None] | None = None,
+        run_trial: Callable[..., TrialResult],
+        on_result: Callable[[optuna.Trial, Candidate, TrialResult], None] | None = None,
         on_start: Callable[[Candidate], None] | None = None,
         trial_kwargs: dict[str, Any] | None = None,
     ) -> None:

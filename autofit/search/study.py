@@ -27,6 +27,7 @@ from autofit.errors import AutofitError
 from autofit.hardware import GPU, Hardware
 from autofit.models import ModelSpec
 from autofit.space import Space
+from autofit.trials.guard import alive, hostname, identity
 
 SCHEMA = 1
 META_KEY = "autofit"
@@ -286,16 +287,12 @@ def heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
 
 def owner() -> dict[str, str]:
     """This process, as the owner of the trial it is about to run."""
-    from autofit.trials.guard import hostname, identity
-
     return {"host": hostname(), "process": identity()}
 
 
 def owner_gone(t: optuna.trial.FrozenTrial) -> bool:
     """A trial whose owner is a process on this host that no longer runs. (An owner on another
     host is judged by its heartbeat instead.)"""
-    from autofit.trials.guard import alive, hostname
-
     who = t.user_attrs.get(OWNER)
     return bool(who) and who.get("host") == hostname() and not alive(who.get("process"))
 

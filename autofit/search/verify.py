@@ -18,6 +18,7 @@ import optuna
 from autofit.plan import Candidate, rank_key
 from autofit.search import study as st
 from autofit.search.candidates import Setting
+from autofit.trials.result import TrialResult
 
 MAX_VERIFY = 3  # candidates to try before giving up on verification
 
@@ -26,7 +27,7 @@ def verify_steps(steps: int) -> int:
     return max(2 * steps, steps + 2)
 
 
-def fits(setting: Setting, result: Any) -> bool:
+def fits(setting: Setting, result: TrialResult) -> bool:
     return (
         result is not None
         and result.status == "ok"
@@ -48,16 +49,15 @@ def verify_winner(
     study: optuna.Study,
     setting: Setting,
     ranked: list[Candidate],
-    run: Callable[[Candidate], Any],
+    run: Callable[[Candidate], TrialResult],
     steps: int,
-    on_verified: Callable[[Candidate, Any, bool], None] | None = None,
+    on_verified: Callable[[Candidate, TrialResult, bool], None] | None = None,
     hold: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Candidate | None:
     """The first of `ranked` whose longer re-run still fits; None when none does.
 
     `hold()` is held while a verification is looked up and run (the host's device lock), so of
     two planners on one host that reach the same winner only the first verifies it."""
-    from autofit.trials import TrialResult
 
     for cand in ranked[:MAX_VERIFY]:
         stored = stored_verification(study, cand)

@@ -14,6 +14,7 @@ import pytest
 
 from autofit.errors import AutofitError
 from autofit.models import resolve_model
+from autofit.report.run_folder import write_run_folder
 from autofit.search import load_study_plan, search
 from autofit.search import study as st
 from autofit.search.candidates import (
@@ -209,6 +210,8 @@ def test_run_folder_keeps_study_plan_and_picture(fake, search_kwargs):
     plan = run(fake, **search_kwargs)
     folder = search_kwargs["run_dir"]
     assert (folder / "study.db").is_file()
+    assert not (folder / "plan.json").exists()  # the search keeps its study; the caller the plan
+    write_run_folder(plan, folder)
     data = json.loads((folder / "plan.json").read_text())
     assert data["best"]["config"] == plan.best.config.to_dict()
     assert "pruned" in data and data["trials"]

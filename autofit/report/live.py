@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autofit.plan import Candidate, trial_status
+from autofit.trials.result import TrialResult
 from autofit.units import fmt_size
 
 STATUS_STYLE = {
@@ -71,7 +72,7 @@ class SearchDisplay:
         who = f" ({holder})" if holder else ""
         self.say(f"waiting for {device}: another trial on this host is using it{who} ...")
 
-    def finished(self, number: int, cand: Candidate, result: Any) -> None:
+    def finished(self, number: int, cand: Candidate, result: TrialResult) -> None:
         if self.progress is not None:
             self.progress.advance(self.task)
             self.progress.update(self.task, description="")
@@ -80,14 +81,14 @@ class SearchDisplay:
     def verifying(self, cand: Candidate, steps: int) -> None:
         self.say(f"verifying the best: {cand.config.short()} with {steps} steps ...")
 
-    def verified(self, cand: Candidate, result: Any, ok: bool) -> None:
+    def verified(self, cand: Candidate, result: TrialResult, ok: bool) -> None:
         verdict = "[green]holds[/]" if ok else "[red]failed[/]"
         peak = fmt_size(result.peak_bytes)
         speed = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else result.status
         self.say(f"  verification {verdict}: peak {peak}, {speed}")
 
 
-def trial_line(number: int, cand: Candidate, result: Any, allowed: float) -> str:
+def trial_line(number: int, cand: Candidate, result: TrialResult, allowed: float) -> str:
     """`#3   ok        full mb8x1 wrap=layer  peak 50.8 MiB (est 49.9 MiB) / line 53.2 MiB ...`;
     `number` is the Optuna trial number, the one the final table shows; a run that peaked above
     the headroom line reads `over line`."""

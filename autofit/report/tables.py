@@ -1,4 +1,4 @@
-"""Human-readable output (rich tables) for the CLI. JSON output does not come through here."""
+"""Rich tables and reports for the CLI: hardware, models, an estimate, a trial, a plan."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from rich.table import Table
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
+from autofit.plan import Plan, trial_status
+from autofit.trials.result import TrialResult
 from autofit.units import fmt_bytes, fmt_count, fmt_size
 
 
@@ -138,7 +140,7 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
 RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "checkpointing")
 
 
-def plan_table(plan: Any, limit: int = 15) -> Table:
+def plan_table(plan: Plan, limit: int = 15) -> Table:
     """The best `limit` distinct recipes, each the best-ranked (and plainest) of its variants."""
     cap = plan.hardware.capacity_bytes
     rows: dict[tuple[Any, ...], list[Any]] = {}
@@ -181,7 +183,7 @@ def plan_table(plan: Any, limit: int = 15) -> Table:
     return table
 
 
-def pruned_lines(plan: Any) -> list[str]:
+def pruned_lines(plan: Plan) -> list[str]:
     """Where the considered combinations went, one row each way (`Plan.tally`), the reasons under
     each; the rows add up to the total on the first line."""
     lines = [f"{plan.considered:,} combinations considered:"]
@@ -200,7 +202,7 @@ SHARDING_TEXT = {
 }
 
 
-def trial_report(console: Console, result: Any) -> None:
+def trial_report(console: Console, result: TrialResult) -> None:
     status = {"ok": "[green]ok[/]", "oom": "[yellow]oom[/]"}.get(
         result.status, f"[red]{result.status}[/]"
     )
@@ -226,11 +228,10 @@ def trial_report(console: Console, result: Any) -> None:
         console.print(f"  {result.message}")
 
 
-def trials_table(plan: Any) -> Table:
+def trials_table(plan: Plan) -> Table:
     """Every real trial of a search: estimate beside measurement, the winner marked. `#` is the
     Optuna trial number, as in the progress lines; a run over the headroom line reads `over line`.
     """
-    from autofit.plan import trial_status
 
     cap = plan.hardware.capacity_bytes
     line = plan.allowed_bytes
@@ -256,7 +257,7 @@ def trials_table(plan: Any) -> Table:
     return table
 
 
-def plan_report(console: Console, plan: Any, written: list[Any] | None = None) -> None:
+def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) -> None:
     hw = plan.hardware
     console.print(
         f"[bold]{plan.model.name}[/] ({fmt_count(plan.model.n_params)} params) on "

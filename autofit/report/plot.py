@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autofit.plan import trial_status
+from autofit.plan import Plan, trial_status
 from autofit.units import fmt_size, size_unit
 
 UNDER_COLOR = "#2e8b57"  # measured peak at or under the headroom line
 OVER_COLOR = "#d2691e"  # measured peak above it: ran, but cannot be the winner
 
 
-def plot_trials(plan: Any, path: Path, allowed_bytes: float) -> Path | None:
+def plot_trials(plan: Plan, path: Path, allowed_bytes: float) -> Path | None:
     """Write the picture; None when there is nothing to draw (no trials ran)."""
     fig = trials_figure(plan, allowed_bytes)
     if fig is None:
@@ -25,7 +25,7 @@ def plot_trials(plan: Any, path: Path, allowed_bytes: float) -> Path | None:
     return path
 
 
-def trials_figure(plan: Any, allowed_bytes: float) -> Any:
+def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     """The matplotlib Figure of `plot_trials` (None when no trial ran). Trials are labelled by
     their Optuna number, as in the progress lines and the trials table."""
     if not plan.trials:

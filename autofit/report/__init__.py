@@ -1,0 +1,30 @@
+"""What people read: rich tables for the CLI (`tables`), the live progress of a search (`live`),
+the picture of its trials (`plot`) and the run folder (`run_folder`). Sizes are printed by
+`autofit.units.fmt_size`, the one place that picks a unit. JSON output does not come through here.
+"""
+
+from autofit.report.tables import (
+    estimate_report,
+    hardware_table,
+    models_table,
+    pairs_table,
+    plan_report,
+    plan_table,
+    presets_table,
+    pruned_lines,
+    trial_report,
+    trials_table,
+)
+
+__all__ = [
+    "estimate_report",
+    "hardware_table",
+    "models_table",
+    "pairs_table",
+    "plan_report",
+    "plan_table",
+    "presets_table",
+    "pruned_lines",
+    "trial_report",
+    "trials_table",
+]

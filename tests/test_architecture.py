@@ -1,0 +1,112 @@
+"""The shape of the package: data flows one way (docs/architecture.md), and plain data does not
+import torch. Both are read from the code itself: the import statements (ast) and `sys.modules` of
+a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import autofit
+
+ROOT = Path(autofit.__file__).parent
+
+# Lowest first. A unit may import units of its own layer or of layers below, never above; the
+# public API (`autofit/__init__.py`) and the CLI sit on top. docs/architecture.md draws the same.
+LAYERS: list[set[str]] = [
+    {"_version", "errors", "units", "checks", "interrupt", "formats"},  # plain facts and helpers
+    {"config", "models", "hardware", "space", "request", "recipe"},  # the inputs
+    {"estimate"},  # napkin memory and time
+    {"build", "trials", "export"},  # torch builder, trial processes; export reads a plan's fields
+    {"plan"},  # candidates, pruning, ranking, the plan and its sentences
+    {"report"},  # what people read (tables, live progress, picture, run folder)
+    {"search"},  # the Optuna study: estimate -> trials -> plan
+    {"", "cli", "__main__"},  # the public API and the CLI
+]
+TORCH_FREE = ("autofit", "autofit.search", "autofit.plan", "autofit.report", "autofit.trials",
+              "autofit.cli", "autofit.export", "autofit.trials.launcher")  # fmt: skip
+
+
+def unit(module: str) -> str:
+    """`autofit.search.driver` -> 'search'; `autofit` -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def imports() -> dict[str, set[tuple[str, str]]]:
+    """unit -> {(imported unit, where)}, counting imports inside functions too, not the ones
+    under `if TYPE_CHECKING:` (annotations only)."""
+    found: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for path in ROOT.rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                if name == "autofit" or name.startswith("autofit."):
+                    src, dst = unit(module.replace(".__init__", "")), unit(name)
+                    if src != dst:
+                        found[src].add((dst, f"{path.relative_to(ROOT.parent)}:{node.lineno}"))
+    return found
+
+
+def layer_of(name: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if name in layer:
+            return i
+    raise AssertionError(f"autofit.{name} has no layer: add it to LAYERS and docs/architecture.md")
+
+
+def test_no_module_reaches_up_a_layer():
+    wrong = [
+        f"{where}: autofit.{src or '__init__'} (layer {layer_of(src)}) imports autofit.{dst} "
+        f"(layer {layer_of(dst)})"
+        for src, targets in imports().items()
+        for dst, where in sorted(targets)
+        if layer_of(dst) > layer_of(src)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_unit_has_a_layer():
+    units = {p.stem for p in ROOT.glob("*.py")} | {
+        p.parent.name for p in ROOT.glob("*/__init__.py")
+    }
+    for name in units - {"__init__"}:
+        layer_of(name)
+
+
+def test_plain_modules_do_not_import_torch():
+    """Data types, the search, the plan and the CLI load without torch (it costs seconds); only the
+    builder and the trial worker import it."""
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in TORCH_FREE)
+        + "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_trial_is_the_public_function_and_trials_the_package():
+    import autofit.trials
+
+    assert callable(autofit.trial) and autofit.trial.__module__ == "autofit"
+    assert autofit.trials.run_trial.__module__ == "autofit.trials.launcher"
+    assert type(sys.modules["autofit.trials"]).__name__ == "module"  # no class swap
