@@ -19,16 +19,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from autofit.config import Config, Sharding, sharding_for
-from autofit.models import ModelSpec
-from autofit.build.model import build_meta_model, has_meta, materialize, model_parts
 from autofit.build.checkpoint import apply_checkpointing
 from autofit.build.ddp import apply_ddp
 from autofit.build.dtypes import autocast_dtype, base_dtype, train_dtype
 from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh
 from autofit.build.lora import apply_lora
+from autofit.build.model import build_meta_model, has_meta, materialize, model_parts
 from autofit.build.optim import LR, build_optimizer
 from autofit.build.quantize import quantize_layer
+from autofit.config import Config, Sharding, sharding_for
+from autofit.models import ModelSpec
 
 
 @dataclass

@@ -23,9 +23,9 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from autofit.config import Config, wrap_units
-from autofit.build.model import ModelParts
 from autofit.build.dtypes import train_dtype
+from autofit.build.model import ModelParts
+from autofit.config import Config, wrap_units
 
 
 def make_mesh(device_type: str, world_size: int) -> DeviceMesh:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autofit.models import PROJECTIONS
 from autofit.build.model import materialize
+from autofit.models import PROJECTIONS
 
 
 def is_projection(module: nn.Module, name: str) -> bool:
