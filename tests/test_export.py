@@ -31,12 +31,6 @@ def _qlora(hardware: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def qlora_plan():
-    """llama-7b QLoRA on two RTX 3090s."""
-    return _qlora("2xrtx3090")
-
-
-@pytest.fixture(scope="module")
 def one_gpu_plan():
     """llama-7b QLoRA on one RTX 3090."""
     return _qlora("1xrtx3090")

@@ -17,13 +17,7 @@ from autofit.plan import (
     winner_reason,
 )
 from autofit.space import load_space
-
-LLAMA_7B = PRESETS["llama-7b"]
-
-
-@pytest.fixture(scope="module")
-def qlora_plan():
-    return plan_estimates(LLAMA_7B, resolve_gpus("2xrtx3090"), load_space("qlora"))
+from tests.conftest import LLAMA_7B
 
 
 def test_plan_picks_a_winner_that_fits_with_headroom(qlora_plan):

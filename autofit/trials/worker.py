@@ -6,11 +6,6 @@ Each rank builds the model, runs warm-up then measured steps, and writes `OUT.js
 
 Every worker dies with the planner (`guard`) and offers itself first to the kernel's OOM killer,
 so a host that runs out of RAM kills a trial, not the planner that records it.
-
-Test-only faults (env `AUTOFIT_TRIAL_TEST_FAULT`), so the launcher's paths can be tested: `hang`
-(every rank hangs after joining the process group; also `AUTOFIT_TRIAL_TEST_HANG=1`),
-`hang-collective` (rank 0 waits in a collective that rank 1 never joins), `host-oom` (rank 0
-allocates host memory until something stops it).
 """
 
 from __future__ import annotations
@@ -46,8 +41,6 @@ from autofit.trials.memory import (
     untracked,
 )
 
-HANG_ENV = "AUTOFIT_TRIAL_TEST_HANG"
-FAULT_ENV = "AUTOFIT_TRIAL_TEST_FAULT"
 # Joining the process group and every collective after it fail in this time rather than at the
 # trial's own limit: a peer that never comes costs seconds. Ranks build the same model at the same
 # pace, so no healthy collective waits this long for a peer.
@@ -66,19 +59,6 @@ def collective_timeout() -> datetime.timedelta:
 def _offer_to_oom_killer() -> None:
     with contextlib.suppress(OSError):
         Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
-
-
-def _test_fault(rank: int) -> None:
-    fault = os.environ.get(FAULT_ENV) or ("hang" if os.environ.get(HANG_ENV) == "1" else "")
-    if fault == "hang" or (fault == "hang-collective" and rank != 0):
-        while True:
-            time.sleep(1)
-    if fault == "hang-collective":
-        dist.barrier()
-    if fault == "host-oom" and rank == 0:
-        hog = []
-        while True:
-            hog.append(bytearray(64 << 20))  # bytearray() touches its pages: resident at once
 
 
 class Progress:
@@ -139,7 +119,6 @@ def run(
         device = torch.device("cpu")
         capacity = gpu_memory
         dist.init_process_group("gloo", timeout=collective_timeout())
-    _test_fault(rank)
     progress("build")
 
     config = Config.from_dict(spec["config"])

@@ -6,15 +6,14 @@ import itertools
 
 import pytest
 
-from autofit.config import Config, Sharding
+from autofit.config import Config
 from autofit.estimate import BREAKDOWN_KEYS, estimate
 from autofit.estimate import memory as mem
 from autofit.hardware import resolve_gpus
 from autofit.models import PRESETS
+from tests.conftest import LLAMA_7B, GiB
 
-LLAMA_7B = PRESETS["llama-7b"]
 N_7B = 6_738_415_616
-GiB = 1024**3
 
 QLORA = dict(quant="nf4", lora_rank=64, micro_batch=1, seq_len=2048, checkpointing="full")
 
@@ -87,9 +86,6 @@ def test_full_fine_tune_model_states_are_16_bytes_per_param_sharded():
         b = e.breakdown
         assert b["trainable_weights"] == pytest.approx(4 * N_7B / n, abs=1)
         assert b["optimizer_state"] == pytest.approx(8 * N_7B / n, abs=1)
-        if e.peak_phase == "optimizer":
-            unit = mem.unit_grad_bytes(LLAMA_7B, 0, "layer", Sharding.FSDP2)
-            assert b["gradients"] == pytest.approx(4 * N_7B / n + unit, abs=1)
 
 
 def test_lora_trains_only_the_adapters():
@@ -97,9 +93,6 @@ def test_lora_trains_only_the_adapters():
     lora = 159_907_840
     assert e.breakdown["trainable_weights"] == 4 * lora
     assert e.breakdown["optimizer_state"] == 8 * lora
-    assert e.breakdown["base_weights"] == pytest.approx(
-        mem.base_weight_bytes(LLAMA_7B, "nf4") + mem.frozen_other_bytes(LLAMA_7B), abs=1
-    )
 
 
 def test_nf4_base_is_sharded_across_gpus():

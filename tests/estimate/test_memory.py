@@ -1,4 +1,5 @@
-"""Napkin memory terms checked against hand-worked numbers."""
+"""Napkin memory terms checked against published and hand-worked numbers. The estimate as a
+whole is held to measured trials in `test_against_trials.py`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import pytest
 from autofit.config import Sharding
 from autofit.estimate import memory as mem
 from autofit.models import PRESETS
-
-LLAMA_7B = PRESETS["llama-7b"]
+from tests.conftest import LLAMA_7B
 
 
 def test_mixed_precision_adamw_full_fine_tune_is_16_bytes_per_param():
@@ -62,28 +62,6 @@ def test_int8_base_adds_one_bf16_scale_per_output_row():
     rows = 4096 + 4096 + 4096 + 4096 + 11008 + 11008 + 4096  # out rows of q k v o gate up down
     expected = LLAMA_7B.linear_params * 1 + LLAMA_7B.layers * rows * 2
     assert mem.base_weight_bytes(LLAMA_7B, "int8") == expected
-
-
-def test_nf4_base_of_llama_7b_by_hand():
-    assert mem.base_weight_bytes(LLAMA_7B, "nf4") == pytest.approx(
-        LLAMA_7B.linear_params * (0.5 + 1 / 64 + 2 / (64 * 256))
-    )
-
-
-def test_adamw8bit_state_is_two_bytes_plus_block_scales():
-    # exp_avg and exp_avg_sq: 1 B each + one fp32 scale per 256-value block
-    assert mem.optimizer_bytes_per_param("adamw8bit", "bf16-mixed") == pytest.approx(
-        2 * (1 + 4 / 256)
-    )
-    assert mem.optimizer_bytes_per_param("adamw8bit", "bf16-mixed") == pytest.approx(2.03125)
-
-
-def test_adamw4bit_state_is_one_byte_plus_block_scales():
-    # 0.5 B each + one fp32 scale per 128-value block
-    assert mem.optimizer_bytes_per_param("adamw4bit", "bf16-mixed") == pytest.approx(
-        2 * (0.5 + 4 / 128)
-    )
-    assert mem.optimizer_bytes_per_param("adamw4bit", "bf16-mixed") == pytest.approx(1.0625)
 
 
 def test_low_bit_optimizer_state_does_not_depend_on_precision():
@@ -145,20 +123,6 @@ def test_int8_base_is_never_all_gathered():
     nf4 = mem.gathered_layer_bytes(LLAMA_7B, "nf4", 16)
     int8 = mem.gathered_layer_bytes(LLAMA_7B, "int8", 16)
     assert int8 < nf4
-    assert int8 == pytest.approx(LLAMA_7B.lora_params(16) / 32 * 2 + LLAMA_7B.layer_norm_params * 2)
-
-
-def test_logits_and_loss_are_ten_bytes_per_token_per_vocab_entry():
-    assert mem.logits_loss_bytes(LLAMA_7B, 2, 1024) == 2 * 1024 * 10 * 32000
-
-
-def test_activation_per_token_formula_by_hand_for_llama_7b():
-    h, i, heads = 4096, 11008, 32
-    # norms 12h, attention 6q + 4kv + 4 x heads (q = kv = h here), MLP 8i
-    assert mem.layer_activation_bytes_per_token(LLAMA_7B, 0) == 12 * h + 10 * h + 4 * heads + 8 * i
-    assert mem.layer_activation_bytes_per_token(LLAMA_7B, 64) == pytest.approx(
-        mem.layer_activation_bytes_per_token(LLAMA_7B, 0) + 14 * 64
-    )
 
 
 @pytest.mark.parametrize("name", [n for n, m in PRESETS.items() if m.layers >= 4])

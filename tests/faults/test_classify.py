@@ -20,6 +20,7 @@ from autofit.errors import GPU, HOST, oom_kind
 from autofit.trials import TrialResult, run_trial
 from autofit.trials.launcher import _classify_failure
 from autofit.trials.memory import TensorTracker
+from tests.faults.inject import fault_env
 
 SHORT = {"seq_len": 32, "micro_batch": 1, "lora_rank": 8}
 
@@ -78,7 +79,8 @@ def test_a_rank_that_reported_an_error_is_not_reread_as_oom(tmp_path: Path) -> N
 def test_hung_collective_fails_in_seconds_not_at_the_trial_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("AUTOFIT_TRIAL_TEST_FAULT", "hang-collective")
+    for name, value in fault_env("hang-collective").items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("AUTOFIT_COLLECTIVE_TIMEOUT_S", "3")
     result = run_trial("llama-debug", Config(**SHORT), nprocs=2, device="cpu", timeout_s=120)
     assert result.status == "error", result.message
@@ -109,7 +111,7 @@ def test_a_worker_killed_by_the_hosts_oom_killer_is_an_oom_of_host_memory(tmp_pa
     group = _memory_cgroup(3 << 30)
     if group is None:
         pytest.skip("no writable cgroup-v1 memory controller here")
-    env = {**os.environ, "AUTOFIT_TRIAL_TEST_FAULT": "host-oom", "TMPDIR": str(tmp_path),
+    env = {**os.environ, **fault_env("host-oom"), "TMPDIR": str(tmp_path),
            "AUTOFIT_LOCK_DIR": str(tmp_path / "locks")}  # fmt: skip
     cmd = [sys.executable, "-m", "autofit.cli", "trial", "--model", "llama-debug", "--gpus", "1",
            "--device", "cpu", "--seq-len", "32", "--json"]  # fmt: skip

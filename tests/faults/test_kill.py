@@ -13,6 +13,7 @@ import pytest
 
 from autofit.search import study as st
 from tests.faults.conftest import cli_env, plan_cmd, trial_processes, wait_for, workers_of
+from tests.faults.inject import fault_env
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ def _start_hung_plan(spawn, tmp_path: Path):  # type: ignore[no-untyped-def]
     """The issue's repro: a 2-rank CPU plan whose trial hangs, --trial-timeout 20."""
     cmd = plan_cmd(tmp_path, "--trials", "2", "--storage", f"sqlite:///{tmp_path}/h.db",
                    "--study", "h", "--trial-timeout", "20")  # fmt: skip
-    env = cli_env(tmp_path, AUTOFIT_TRIAL_TEST_HANG="1")
+    env = cli_env(tmp_path, **fault_env("hang"))
     planner = spawn(cmd, env, tmp_path)
     wait_for(lambda: len(workers_of(planner.pid)) == 2, 90, "both ranks of the hung trial")
     return planner

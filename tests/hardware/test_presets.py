@@ -7,9 +7,7 @@ import pytest
 from autofit.errors import HardwareError
 from autofit.hardware import GPU_PRESETS, preset_hardware, resolve_gpus, resolve_hardware
 from autofit.hardware.presets import find_preset, match_preset_by_name
-
-GiB = 1024**3
-MiB = 1024**2
+from tests.conftest import GiB, MiB
 
 REQUIRED = (
     "rtx3090",

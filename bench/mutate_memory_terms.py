@@ -1,0 +1,86 @@
+"""Does the suite notice a wrong memory term? Scale each term of the estimator by 0.7 and 1.3.
+
+    python bench/mutate_memory_terms.py [--json measured.json]
+
+Runs the CPU trials of `tests/estimate/measured.py` once (or reads them from `--json`, which it
+writes after measuring), prints each case's error against what docs/accuracy.md records, then for
+every byte-counting function of `autofit/estimate/memory.py` and each factor replaces the function
+with one that returns factor x the original and asks the tests' own check (`measured.problem`)
+whether any case now fails. Every cell of the table should say "caught".
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autofit.estimate import memory as mem  # noqa: E402
+from autofit.trials import TrialResult  # noqa: E402
+from tests.estimate.measured import CASES, error, measure, problem  # noqa: E402
+
+FACTORS = (0.7, 1.3)
+# GPU-only terms: a CPU trial has no CUDA context nor caching allocator to hold them to.
+GPU_ONLY = {"cuda_context_bytes", "usable_bytes", "allocator_overhead"}
+
+
+def memory_terms() -> list[str]:
+    """Every function of `memory.py` that returns bytes (`*_bytes`, `*_bytes_per_param`, ...)."""
+    names = []
+    for name, fn in vars(mem).items():
+        if not callable(fn) or getattr(fn, "__module__", None) != mem.__name__:
+            continue
+        if inspect.isclass(fn) or name.startswith("_") or name in GPU_ONLY:
+            continue
+        if "bytes" in name:
+            names.append(name)
+    return names
+
+
+def caught(term: str, factor: float, measured: dict[str, TrialResult]) -> list[str]:
+    original = getattr(mem, term)
+
+    def scaled(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return original(*args, **kwargs) * factor
+
+    with mock.patch.object(mem, term, scaled):
+        return [c.name for c in CASES if problem(c, measured[c.name])]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="read measured trials here, or write them")
+    args = parser.parse_args()
+    if args.json and args.json.is_file():
+        data = json.loads(args.json.read_text())
+        measured = {k: TrialResult.from_dict(v) for k, v in data.items()}
+    else:
+        measured = {c.name: measure(c) for c in CASES}
+        if args.json:
+            args.json.write_text(json.dumps({k: r.to_dict() for k, r in measured.items()}))
+    print(f"{'case':30} {'measured MiB':>12} {'error':>7} {'recorded':>9}  check")
+    for c in CASES:
+        r = measured[c.name]
+        err = error(c, r.peak_bytes) if r.peak_bytes else float("nan")
+        mib = (r.peak_bytes or 0) / 2**20
+        print(f"{c.name:30} {mib:12.2f} {err:+7.1%} {c.expected:+9.1%}  "
+              f"{'ok' if problem(c, r) is None else 'FAILS'}")  # fmt: skip
+    print(f"\n{'term':34} {'x0.7':28} {'x1.3':28}")
+    missed = 0
+    for term in memory_terms():
+        cells = []
+        for factor in FACTORS:
+            by = caught(term, factor, measured)
+            missed += not by
+            cells.append(f"caught ({by[0]})" if by else "NOT CAUGHT")
+        print(f"{term:34} {cells[0]:28} {cells[1]:28}")
+    print(f"\n{missed} of {2 * len(memory_terms())} mutations not caught")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Faults for the trial tests, injected from outside the worker (issue 9, point 9).
+
+Python imports `sitecustomize` from the path at start-up of every process. `fault_env()` (in
+`__init__.py`) puts this folder on `PYTHONPATH`, which the launcher passes on to torchrun and its
+workers, and names a fault in `AUTOFIT_TEST_FAULT`. Only in a trial worker (torchrun sets
+`LOCAL_RANK`) does this file act: it wraps `torch.distributed.init_process_group`, which the worker
+calls through the module, so that right after a rank has joined the process group
+
+- `hang`: every rank hangs;
+- `hang-collective`: rank 0 waits in a collective (a barrier) that the other ranks never join;
+- `host-oom`: rank 0 allocates host memory until something stops it.
+
+Every other process (the planner, torchrun) imports nothing and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+FAULT_ENV = "AUTOFIT_TEST_FAULT"
+FAULTS = ("hang", "hang-collective", "host-oom")
+
+
+def _hang() -> None:
+    import time
+
+    while True:
+        time.sleep(1)
+
+
+def _inject(fault: str) -> None:
+    import torch.distributed as dist
+
+    join = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        join(*args, **kwargs)
+        rank = dist.get_rank()
+        if fault == "hang" or (fault == "hang-collective" and rank != 0):
+            _hang()
+        if fault == "hang-collective":
+            dist.barrier()
+        if fault == "host-oom" and rank == 0:
+            hog = []
+            while True:
+                hog.append(bytearray(64 << 20))  # bytearray() touches its pages: resident at once
+
+    dist.init_process_group = init_process_group
+
+
+_fault = os.environ.get(FAULT_ENV, "")
+if _fault and "LOCAL_RANK" in os.environ:
+    if _fault not in FAULTS:
+        raise SystemExit(f"{FAULT_ENV}={_fault!r}: expected one of {', '.join(FAULTS)}")
+    _inject(_fault)
