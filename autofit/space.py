@@ -58,7 +58,20 @@ class Space:
             "path": self.path,
             "seq_len": self.seq_len,
             "knobs": {k: list(v) for k, v in self.knobs.items()},
+            "description": self.description,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Space:
+        """The inverse of `to_dict` (values as stored: a study's space was validated when it was
+        loaded, so it is not validated again)."""
+        return cls(
+            name=data["name"],
+            path=data["path"],
+            knobs={k: tuple(v) for k, v in data["knobs"].items()},
+            seq_len=data["seq_len"],
+            description=data.get("description", ""),
+        )
 
     def candidates(
         self, n_gpus: int, *, seq_len: int | None = None, global_batch: int | None = None

@@ -17,34 +17,17 @@ from optuna.distributions import CategoricalDistribution
 
 from autofit.config import KNOBS, Config, derive_grad_accum
 from autofit.errors import ConfigError
-from autofit.estimate.memory import usable_bytes
-from autofit.hardware import Hardware
-from autofit.models import ModelSpec
 from autofit.plan import Candidate, PruneReason, estimate_all, rank_key, search_prune_reason
-from autofit.space import Space
+from autofit.request import PlanRequest
 
 # Two candidates whose estimated speed and peak are both within this of each other are the same
 # to the napkin: seeding the study with both would spend a trial learning nothing new.
 DISTINCT = 0.02
 
 
-@dataclass(frozen=True)
-class Setting:
-    """What a search is for: the fixed inputs every part of it reads."""
-
-    model: ModelSpec
-    hardware: Hardware
-    space: Space
-    seq_len: int
-    global_batch: int | None
-    margin: float
-    device: str
-    prune: bool = True
-
-    @property
-    def allowed_bytes(self) -> float:
-        """The headroom line: the winner's measured peak must stay at or below it."""
-        return usable_bytes(self.hardware.capacity_bytes, self.device) * (1 - self.margin)
+# What a search is for: the fixed inputs every part of it reads (model, hardware, space, seq_len,
+# global_batch, margin, device, prune; `allowed_bytes`, the headroom line, derived from them).
+Setting = PlanRequest
 
 
 @dataclass
