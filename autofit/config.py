@@ -129,7 +129,8 @@ def knob_type(name: str) -> Any:
     (`autofit.space.SpaceFile`) both validate with it."""
     allowed = KNOBS[name]
     if name in _INT_KNOBS:
-        return Annotated[int, BeforeValidator(_not_bool), Field(ge=_INT_KNOBS[name])]
+        # the bound before the validator: the JSON schema then reads it as `minimum`
+        return Annotated[int, Field(ge=_INT_KNOBS[name]), BeforeValidator(_not_bool)]
     assert allowed is not None
     if all(isinstance(v, bool) for v in allowed):
         return Annotated[bool, BeforeValidator(_text)]
