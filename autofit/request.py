@@ -5,7 +5,8 @@ their names), the fixed settings, how many real trials the search may spend (`bu
 its study lives (`study`). Plain nested dataclasses, as torchtitan's `JobConfig`:
 
 - `autofit.plan(...)` checks its keyword arguments and builds one (`PlanRequest.of`);
-- the search reads it (the search's `Setting` is this type) and stores `to_dict()` in its study;
+- the search reads it (its `Setting` is the request plus the headroom line) and stores
+  `to_dict()` in its study;
 - `autofit export` and a resumed search read it back with `from_dict`, which also reads the
   metadata of studies written before this type existed (the same keys, fewer of them).
 
@@ -18,11 +19,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autofit.estimate.memory import usable_bytes
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
-from autofit.plan.prune import DEFAULT_MARGIN
 from autofit.space import Space
+
+# The headroom a winner keeps below usable memory unless `margin` says otherwise.
+DEFAULT_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,6 @@ class PlanRequest:
     prune: bool = True  # False: trials may run candidates the estimate rules out
     budget: SearchBudget = field(default_factory=SearchBudget)
     study: StudyPlace = field(default_factory=StudyPlace)
-
-    @property
-    def allowed_bytes(self) -> float:
-        """The headroom line: the winner's measured peak must stay at or below it."""
-        return usable_bytes(self.hardware.capacity_bytes, self.device) * (1 - self.margin)
 
     @classmethod
     def of(

@@ -10,13 +10,14 @@ the measurement decides (`autofit.plan.search_prune_reason`).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
 from autofit.config import KNOBS, Config, derive_grad_accum
 from autofit.errors import ConfigError
+from autofit.estimate.memory import usable_bytes
 from autofit.plan import Candidate, PruneReason, estimate_all, rank_key, search_prune_reason
 from autofit.request import PlanRequest
 
@@ -25,9 +26,17 @@ from autofit.request import PlanRequest
 DISTINCT = 0.02
 
 
-# What a search is for: the fixed inputs every part of it reads (model, hardware, space, seq_len,
-# global_batch, margin, device, prune; `allowed_bytes`, the headroom line, derived from them).
-Setting = PlanRequest
+class Setting(PlanRequest):
+    """What a search is for: its request, and the headroom line derived from it."""
+
+    @classmethod
+    def from_request(cls, request: PlanRequest) -> Setting:
+        return cls(**{f.name: getattr(request, f.name) for f in fields(request)})
+
+    @property
+    def allowed_bytes(self) -> float:
+        """The headroom line: the winner's measured peak must stay at or below it."""
+        return usable_bytes(self.hardware.capacity_bytes, self.device) * (1 - self.margin)
 
 
 @dataclass

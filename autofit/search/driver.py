@@ -73,7 +73,7 @@ def search(
     `run_trial`: the function that measures a config (default `autofit.trials.run_trial`; tests
     may wrap it).
     """
-    setting = request if request is not None else PlanRequest.of(**fields)
+    setting = Setting.from_request(request if request is not None else PlanRequest.of(**fields))
     model, hardware, budget = setting.model, setting.hardware, setting.budget
     trials, timeout, device = budget.trials, budget.timeout, setting.device
     check_steps(budget.steps)
@@ -410,12 +410,13 @@ def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str
 def load_study_plan(storage: str, study: str) -> Plan:
     """The plan of an existing study, from storage alone (no trial runs)."""
     opt_study = st.load_study(storage, study)
-    setting = st.stored_request(opt_study)
-    if setting is None:
+    request = st.stored_request(opt_study)
+    if request is None:
         raise AutofitError(
             f"Study {study!r} in {storage} was not made by `autofit plan` (it has no autofit "
             "metadata), so there is no plan to export."
         )
+    setting = Setting.from_request(request)
     cands = enumerate_candidates(setting)
     trial_cands = rebuild_trials(opt_study, cands)
     ranked = measured_fits(setting, trial_cands)
