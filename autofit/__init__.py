@@ -96,6 +96,7 @@ def plan(
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
+    from autofit.request import PlanRequest
     from autofit.space import load_space
 
     if not 0 <= margin < 1:
@@ -125,15 +126,15 @@ def plan(
     # everything a search needs is checked before its first trial: the hardware trials run on,
     # and the run folder it writes at the end
     check_trial_hardware(hw, device, gpus)
-    run_dir = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
-
-    result = search(
-        spec, hw, sp, seq_len=seq_len, global_batch=global_batch, trials=trials,
-        timeout=timeout, trial_timeout=trial_timeout, steps=steps, margin=margin, device=device,
-        storage=storage, study=study, run_dir=run_dir, prune=prune, console=console,
-        gpu_memory=trial_memory_cap(hw, device, gpu_memory),
+    folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
+    request = PlanRequest.of(
+        spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device,
+        prune=prune, trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
+        gpu_memory=trial_memory_cap(hw, device, gpu_memory), storage=storage, study=study,
+        run_dir=folder,
     )  # fmt: skip
-    write_run_folder(result, run_dir)
+    result = search(request, console=console)
+    write_run_folder(result, folder)
     return result
 
 

@@ -10,7 +10,9 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autofit.errors import ConfigError
 
@@ -44,7 +46,7 @@ KNOB_HELP: dict[str, str] = {
     "seq_len": "tokens per sequence (fixed per plan)",
 }
 
-# Integer knobs and whether 0 is allowed.
+# Integer knobs and their least value.
 _INT_KNOBS = {"lora_rank": 0, "micro_batch": 1, "grad_accum": 1, "seq_len": 1}
 
 
@@ -109,58 +111,71 @@ def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
     return sharding is not Sharding.FSDP2 and fp32_trainable(precision, optimizer)
 
 
-def _coerce_bool(value: Any) -> bool:
+def _text(value: Any) -> Any:
+    """Choices and booleans are read case-insensitively, around spaces ('NF4', ' true ')."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _not_bool(value: Any) -> Any:
+    """`True` is not a count (pydantic's lax int would read it as 1)."""
     if isinstance(value, bool):
-        return value
+        raise ValueError("a boolean is not a whole number")
+    return value
+
+
+def knob_type(name: str) -> Any:
+    """The pydantic type of one knob's value, from `KNOBS`: a `Literal` of its choices, a whole
+    number >= its least value, or a boolean. `coerce_knob` and the space file's schema
+    (`autofit.space.SpaceFile`) both validate with it."""
+    allowed = KNOBS[name]
+    if name in _INT_KNOBS:
+        # the bound before the validator: the JSON schema then reads it as `minimum`
+        return Annotated[int, Field(ge=_INT_KNOBS[name]), BeforeValidator(_not_bool)]
+    assert allowed is not None
+    if all(isinstance(v, bool) for v in allowed):
+        return Annotated[bool, BeforeValidator(_text)]
+    return Annotated[Literal[allowed], BeforeValidator(_text)]  # type: ignore[valid-type]
+
+
+_ADAPTERS = {name: TypeAdapter(knob_type(name)) for name in KNOBS}
+
+
+def knob_error(name: str, value: Any, where: str = "") -> str:
+    """The sentence for a value `name` cannot take: the knob, the value and what is allowed."""
+    place = f" in {where}" if where else ""
+    if name in _INT_KNOBS:
+        return f"Knob {name!r}{place} must be a whole number >= {_INT_KNOBS[name]}; got {value!r}."
+    allowed = KNOBS[name]
+    assert allowed is not None
+    if all(isinstance(v, bool) for v in allowed):
+        return f"Knob {name!r}{place} must be true or false; got {value!r}."
+    from autofit.errors import did_you_mean
+
     text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(value)
+    return (
+        f"Knob {name!r}{place} cannot be {value!r}.{did_you_mean(text, map(str, allowed))} "
+        f"Allowed values: {', '.join(map(str, allowed))}."
+    )
+
+
+def unknown_knob_error(name: str, where: str = "") -> str:
+    from autofit.errors import did_you_mean
+
+    place = f" in {where}" if where else ""
+    return (
+        f"Unknown knob {name!r}{place}.{did_you_mean(name, KNOBS)} Knobs are: {', '.join(KNOBS)}."
+    )
 
 
 def coerce_knob(name: str, value: Any, where: str = "") -> Any:
     """Check and convert one knob value; raise `ConfigError` naming the knob and allowed values."""
-    place = f" in {where}" if where else ""
-    if name not in KNOBS:
-        from autofit.errors import did_you_mean
-
-        raise ConfigError(
-            f"Unknown knob {name!r}{place}.{did_you_mean(name, KNOBS)} "
-            f"Knobs are: {', '.join(KNOBS)}."
-        )
-    allowed = KNOBS[name]
-    if name in _INT_KNOBS:
-        low = _INT_KNOBS[name]
-        try:
-            if isinstance(value, bool) or float(value) != int(float(value)):
-                raise ValueError
-            number = int(float(value))
-        except (TypeError, ValueError, OverflowError):  # OverflowError: inf (e.g. YAML .inf)
-            number = None
-        if number is None or number < low:
-            raise ConfigError(
-                f"Knob {name!r}{place} must be a whole number >= {low}; got {value!r}."
-            )
-        return number
-    if name == "reshard":
-        try:
-            return _coerce_bool(value)
-        except ValueError:
-            raise ConfigError(
-                f"Knob 'reshard'{place} must be true or false; got {value!r}."
-            ) from None
-    text = str(value).strip().lower()
-    assert allowed is not None
-    if text not in allowed:
-        from autofit.errors import did_you_mean
-
-        raise ConfigError(
-            f"Knob {name!r}{place} cannot be {value!r}.{did_you_mean(text, map(str, allowed))} "
-            f"Allowed values: {', '.join(map(str, allowed))}."
-        )
-    return text
+    adapter = _ADAPTERS.get(name)
+    if adapter is None:
+        raise ConfigError(unknown_knob_error(name, where))
+    try:
+        return adapter.validate_python(value)
+    except ValidationError:
+        raise ConfigError(knob_error(name, value, where)) from None
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,21 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
-from autofit.config import KNOBS, Config, broken_rule, coerce_knob, derive_grad_accum
-from autofit.errors import ConfigError, SpaceError, did_you_mean
+from autofit.config import (
+    KNOB_HELP,
+    KNOBS,
+    Config,
+    broken_rule,
+    derive_grad_accum,
+    knob_error,
+    knob_type,
+)
+from autofit.errors import SpaceError, did_you_mean
 
 
 def spaces_dir() -> Path:
@@ -58,7 +67,20 @@ class Space:
             "path": self.path,
             "seq_len": self.seq_len,
             "knobs": {k: list(v) for k, v in self.knobs.items()},
+            "description": self.description,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Space:
+        """The inverse of `to_dict` (values as stored: a study's space was validated when it was
+        loaded, so it is not validated again)."""
+        return cls(
+            name=data["name"],
+            path=data["path"],
+            knobs={k: tuple(v) for k, v in data["knobs"].items()},
+            seq_len=data["seq_len"],
+            description=data.get("description", ""),
+        )
 
     def candidates(
         self, n_gpus: int, *, seq_len: int | None = None, global_batch: int | None = None
@@ -157,49 +179,131 @@ def load_space(name_or_path: str | Path = "default") -> Space:
     return parse_space(data, str(path), name=path.stem)
 
 
+# ----- the space file's schema: pydantic owns parsing, errors and the JSON schema ---------------
+SPACE_KEYS = ("knobs", "seq_len", "description", "name")
+
+
+def _as_list(value: Any) -> Any:
+    """A single value stands for a one-element list (`quant: nf4`)."""
+    return value if isinstance(value, list) else [value]
+
+
+def _as_text(value: Any) -> Any:
+    """`name` and `description` are read as text, whatever YAML made of them (`name: 2024`)."""
+    return value if value is None or isinstance(value, str) else str(value)
+
+
+def _description(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _knob_list(name: str) -> Any:
+    item = knob_type(name)
+    values = Annotated[list[item], Field(min_length=1)]  # type: ignore[valid-type]
+    return Annotated[
+        values,
+        BeforeValidator(_as_list, json_schema_input_type=values | item),  # type: ignore[operator]
+        Field(description=KNOB_HELP[name]),
+    ]
+
+
+_DEFAULTS = Config()
+SpaceKnobs = create_model(
+    "SpaceKnobs",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="Each knob -> its candidate values; a knob left out has its default value alone.",
+    **{  # type: ignore[call-overload]
+        k: (_knob_list(k), [getattr(_DEFAULTS, k)]) for k in KNOBS if k != "seq_len"
+    },
+)
+
+
+class SpaceFile(BaseModel):
+    """A search-space file (`search_spaces/*.yaml`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="autofit search space",
+        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
+    )
+
+    knobs: SpaceKnobs  # type: ignore[valid-type]
+    seq_len: knob_type("seq_len") = Field(  # type: ignore[valid-type]
+        2048, description="Tokens per sequence when the plan names none (--seq-len)."
+    )
+    description: Annotated[str, BeforeValidator(_description)] = Field(
+        "", description="One line on what the space is for."
+    )
+    name: Annotated[str | None, BeforeValidator(_as_text)] = Field(
+        None, description="The space's name in plans (default: the file's name without .yaml)."
+    )
+
+
+def space_schema() -> dict[str, Any]:
+    """The JSON schema of a space file; `docs/space.schema.json` is this, written out (a test
+    keeps the two equal)."""
+    return SpaceFile.model_json_schema()
+
+
 def parse_space(data: Any, where: str, name: str = "custom") -> Space:
-    if not isinstance(data, dict) or not isinstance(data.get("knobs"), dict):
-        raise SpaceError(
+    """A space from a space file's parsed YAML; `SpaceError` naming `where` and the first
+    mistake (in file order) when it is not one."""
+    try:
+        parsed = SpaceFile.model_validate(data)
+    except ValidationError as exc:
+        raise SpaceError(_space_error(exc, data, where)) from None
+    values = parsed.knobs.model_dump()  # type: ignore[attr-defined]
+    # the file's knobs in its order, then the others (their default alone) in KNOBS order
+    order = [*data["knobs"], *values]
+    knobs = {key: tuple(dict.fromkeys(values[key])) for key in dict.fromkeys(order)}
+    return Space(
+        name=parsed.name if parsed.name is not None else name,
+        path=where,
+        knobs=knobs,
+        seq_len=parsed.seq_len,
+        description=parsed.description,
+    )
+
+
+def _space_error(exc: ValidationError, data: Any, where: str) -> str:
+    """The one sentence for the first mistake: the shape, then top-level keys, then the knobs in
+    the order the file lists them, then seq_len."""
+    order = (
+        list(data["knobs"])
+        if isinstance(data, dict) and isinstance(data.get("knobs"), dict)
+        else []
+    )
+
+    def rank(err: Any) -> tuple[int, int]:
+        loc = err["loc"]
+        if not loc or loc == ("knobs",):
+            return (0, 0)
+        if len(loc) == 1 and loc[0] != "seq_len":
+            return (1, 0)
+        if loc[0] == "knobs":
+            return (2, order.index(loc[1]) if loc[1] in order else len(order))
+        return (3, 0)
+
+    err = min(exc.errors(), key=rank)
+    loc, kind = err["loc"], err["type"]
+    if not loc or loc == ("knobs",):
+        return (
             f"{where}: expected a mapping with a `knobs:` mapping (knob name -> list of values), "
             f"for example `knobs: {{quant: [none, nf4], lora_rank: [0, 16]}}`."
         )
-    extra = set(data) - {"knobs", "seq_len", "description", "name"}
-    if extra:
-        raise SpaceError(
-            f"{where}: unknown top-level key {sorted(extra)[0]!r}. Allowed: knobs, seq_len, "
-            "description, name."
+    if loc[0] == "seq_len":
+        return knob_error("seq_len", err["input"], f"{where}, seq_len")
+    if len(loc) == 1:
+        if kind == "extra_forbidden":
+            return f"{where}: unknown top-level key {loc[0]!r}. Allowed: {', '.join(SPACE_KEYS)}."
+        return f"{where}: {loc[0]} {err['msg'].lower()}; got {err['input']!r}."
+    key = str(loc[1])
+    if kind == "extra_forbidden":
+        allowed = [k for k in KNOBS if k != "seq_len"]
+        return (
+            f"{where}: unknown knob {key!r}.{did_you_mean(key, allowed)} Knobs: "
+            f"{', '.join(allowed)} (seq_len is a top-level key)."
         )
-    knobs: dict[str, tuple[Any, ...]] = {}
-    defaults = Config()
-    for key, raw in data["knobs"].items():
-        if key not in KNOBS or key == "seq_len":
-            allowed = [k for k in KNOBS if k != "seq_len"]
-            raise SpaceError(
-                f"{where}: unknown knob {key!r}.{did_you_mean(str(key), allowed)} Knobs: "
-                f"{', '.join(allowed)} (seq_len is a top-level key)."
-            )
-        values = raw if isinstance(raw, list) else [raw]
-        if not values:
-            raise SpaceError(f"{where}: knob {key!r} has an empty list; give at least one value.")
-        try:
-            coerced = tuple(
-                dict.fromkeys(coerce_knob(key, v, f"{where}, knob {key!r}") for v in values)
-            )
-        except ConfigError as exc:
-            raise SpaceError(str(exc)) from None
-        knobs[key] = coerced
-    for key in KNOBS:
-        if key not in knobs and key != "seq_len":
-            knobs[key] = (getattr(defaults, key),)
-    seq = data.get("seq_len", 2048)
-    try:
-        seq = coerce_knob("seq_len", seq, f"{where}, seq_len")
-    except ConfigError as exc:
-        raise SpaceError(str(exc)) from None
-    return Space(
-        name=str(data.get("name", name)),
-        path=where,
-        knobs=knobs,
-        seq_len=seq,
-        description=str(data.get("description", "")),
-    )
+    if kind == "too_short":
+        return f"{where}: knob {key!r} has an empty list; give at least one value."
+    return knob_error(key, err["input"], f"{where}, knob {key!r}")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Annotated
+
+from pydantic import ByteSize, Field, TypeAdapter, ValidationError
 
 from autofit.errors import AutofitError
 
@@ -10,41 +14,28 @@ GiB = 1024**3
 MiB = 1024**2
 GB = 1000**3
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 1024**4,
-}
+# A positive byte count, or a number with a unit: pydantic's `ByteSize` reads the units (B, KB/KiB,
+# MB/MiB, GB/GiB, TB/TiB, ...; a bare K/M/G/T is decimal) and the number.
+_SIZE = TypeAdapter(Annotated[ByteSize, Field(gt=0)])
+# `ByteSize` reads the leading size of a text and ignores the rest; a size is the whole text.
+_ONE_SIZE = re.compile(r"\s*[0-9]*\.?[0-9]+\s*[a-zA-Z]*\s*")
 
 
 def parse_size(text: str | int | float) -> int:
     """Parse a memory size such as `24GiB`, `80GB`, `1.5 TiB` or a plain byte count."""
-    if isinstance(text, int | float):
-        if text <= 0:
-            raise AutofitError(f"A memory size must be positive; got {text}.")
-        return int(text)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS:
-        raise AutofitError(
-            f"Cannot read the memory size {text!r}. Write a number with a unit, for example "
-            "'24GiB', '80GB', '512MiB' (GiB/MiB are powers of 1024, GB/MB powers of 1000)."
-        )
-    value = float(match.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise AutofitError(f"A memory size must be positive; got {text!r}.")
-    return int(value)
+    number = isinstance(text, int | float) and not isinstance(text, bool) and math.isfinite(text)
+    if number and text <= 0:
+        raise AutofitError(f"A memory size must be positive; got {text}.")
+    if number or (isinstance(text, str) and _ONE_SIZE.fullmatch(text)):
+        try:
+            return int(_SIZE.validate_python(int(text) if number else text))
+        except ValidationError as exc:
+            if exc.errors()[0]["type"] == "greater_than":  # '0GiB'
+                raise AutofitError(f"A memory size must be positive; got {text!r}.") from None
+    raise AutofitError(
+        f"Cannot read the memory size {text!r}. Write a number with a unit, for example "
+        "'24GiB', '80GB', '512MiB' (GiB/MiB are powers of 1024, GB/MB powers of 1000)."
+    )
 
 
 def fmt_bytes(n: float, unit: str | None = None) -> str:

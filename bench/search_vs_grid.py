@@ -69,8 +69,8 @@ def main() -> None:
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         plan = search(
-            model, hw, space, seq_len=64, trials=args.trials, steps=args.steps,
-            margin=args.margin, device="cpu", gpu_memory=cap, run_dir=Path(tmp),
+            model=model, hardware=hw, space=space, seq_len=64, trials=args.trials,
+            steps=args.steps, margin=args.margin, device="cpu", gpu_memory=cap, run_dir=Path(tmp),
         )  # fmt: skip
     search_s = time.monotonic() - start
     if plan.best is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -37,6 +37,15 @@ class GPU:
         d["bf16"] = self.bf16
         d["fp8"] = self.fp8
         return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GPU:
+        """The inverse of `to_dict` (derived keys such as `bf16` are recomputed, not read)."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        major, minor = str(values["compute_capability"]).split(".")
+        values["compute_capability"] = (int(major), int(minor))
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,19 @@ class Hardware:
             "cpu_cores": self.cpu_cores,
             "source": self.source,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Hardware:
+        """The inverse of `to_dict`."""
+        return cls(
+            gpus=tuple(GPU.from_dict(g) for g in data["gpus"]),
+            link=data["link"],
+            link_bw_gbs=data["link_bw_gbs"],
+            host_ram_bytes=data["host_ram_bytes"],
+            cpu_cores=data["cpu_cores"],
+            source=data["source"],
+            pairs=tuple((p["a"], p["b"], p["link"]) for p in data.get("pairs", [])),
+        )
 
 
 def host_ram_bytes() -> int:

@@ -10,7 +10,7 @@ the measurement decides (`autofit.plan.search_prune_reason`).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from optuna.distributions import CategoricalDistribution
@@ -18,28 +18,20 @@ from optuna.distributions import CategoricalDistribution
 from autofit.config import KNOBS, Config, derive_grad_accum
 from autofit.errors import ConfigError
 from autofit.estimate.memory import usable_bytes
-from autofit.hardware import Hardware
-from autofit.models import ModelSpec
 from autofit.plan import Candidate, PruneReason, estimate_all, rank_key, search_prune_reason
-from autofit.space import Space
+from autofit.request import PlanRequest
 
 # Two candidates whose estimated speed and peak are both within this of each other are the same
 # to the napkin: seeding the study with both would spend a trial learning nothing new.
 DISTINCT = 0.02
 
 
-@dataclass(frozen=True)
-class Setting:
-    """What a search is for: the fixed inputs every part of it reads."""
+class Setting(PlanRequest):
+    """What a search is for: its request, and the headroom line derived from it."""
 
-    model: ModelSpec
-    hardware: Hardware
-    space: Space
-    seq_len: int
-    global_batch: int | None
-    margin: float
-    device: str
-    prune: bool = True
+    @classmethod
+    def from_request(cls, request: PlanRequest) -> Setting:
+        return cls(**{f.name: getattr(request, f.name) for f in fields(request)})
 
     @property
     def allowed_bytes(self) -> float:

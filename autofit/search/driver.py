@@ -29,10 +29,9 @@ from rich.markup import escape
 from autofit.checks import check_steps, check_trial_timeout
 from autofit.config import Config
 from autofit.errors import AutofitError
-from autofit.hardware import Hardware
-from autofit.models import ModelSpec
 from autofit.plan import Candidate, Plan, infeasible_advice, trial_status, winner_reason
 from autofit.report.live import SearchDisplay
+from autofit.request import PlanRequest
 from autofit.search import study as st
 from autofit.search.candidates import (
     Candidates,
@@ -41,7 +40,7 @@ from autofit.search.candidates import (
     enumerate_candidates,
     n_seeds,
 )
-from autofit.search.objective import Budget, Objective, TrialError, enqueue
+from autofit.search.objective import Objective, TrialError, enqueue
 from autofit.search.verify import (
     fits,
     measured_fits,
@@ -49,7 +48,6 @@ from autofit.search.verify import (
     verify_steps,
     verify_winner,
 )
-from autofit.space import Space
 from autofit.trials import run_trial as trials_run_trial
 from autofit.trials.devlock import device_lock
 from autofit.trials.result import TrialResult
@@ -61,43 +59,35 @@ MAX_CHEAP_STREAK = 25
 
 
 def search(
-    model: ModelSpec,
-    hardware: Hardware,
-    space: Space,
+    request: PlanRequest | None = None,
     *,
-    seq_len: int | None = None,
-    global_batch: int | None = None,
-    trials: int = 20,
-    timeout: float | None = None,
-    trial_timeout: float = 600.0,
-    steps: int = 3,
-    margin: float = 0.05,
-    device: str = "cuda",
-    storage: str | None = None,
-    study: str | None = None,
-    run_dir: str | Path | None = None,
-    prune: bool = True,
     console: Any = None,
-    gpu_memory: int | None = None,
     seed: int | None = None,
     run_trial: Callable[..., TrialResult] | None = None,
+    **fields: Any,
 ) -> Plan:
     """Find the fastest config that fits by measuring it; see the module docstring.
 
-    `gpu_memory`: the cap trials are held to (bytes; None = the whole GPU). `run_trial`: the
-    function that measures a config (default `autofit.trials.run_trial`; tests may wrap it).
+    `request`: what to plan for; or its flat keyword form as `fields` (`PlanRequest.of`: model,
+    hardware, space, seq_len, ..., gpu_memory: the cap trials are held to in bytes).
+    `run_trial`: the function that measures a config (default `autofit.trials.run_trial`; tests
+    may wrap it).
     """
-    check_steps(steps)
-    check_trial_timeout(trial_timeout)
+    setting = Setting.from_request(request if request is not None else PlanRequest.of(**fields))
+    model, hardware, budget = setting.model, setting.hardware, setting.budget
+    trials, timeout, device = budget.trials, budget.timeout, setting.device
+    check_steps(budget.steps)
+    check_trial_timeout(budget.trial_timeout)
     if run_trial is None:
         run_trial = trials_run_trial
-    seq = seq_len or space.seq_len
-    setting = Setting(model, hardware, space, seq, global_batch, margin, device, prune)
     cands = enumerate_candidates(setting)
-    name = study or st.default_study_name(model, hardware, space, seq, global_batch, device)
+    name = setting.study.name or st.default_study_name(
+        model, hardware, setting.space, setting.seq_len, setting.global_batch, device
+    )
+    run_dir = setting.study.run_dir
     folder = Path(run_dir) if run_dir is not None else Path("autofit-runs") / name
     folder.mkdir(parents=True, exist_ok=True)
-    url = storage or st.default_storage(folder)
+    url = setting.study.storage or st.default_storage(folder)
     store = st.open_storage(url)
     sampler = optuna.samplers.TPESampler(
         seed=seed, multivariate=True, constant_liar=True, n_startup_trials=5
@@ -107,9 +97,7 @@ def search(
             study_name=name, storage=store, direction="maximize", sampler=sampler,
             load_if_exists=True,
         )  # fmt: skip
-    meta = st.metadata(model, hardware, space, seq, global_batch, device, margin)
-    st.check_metadata(opt_study, meta)
-    budget = Budget(trials, steps, trial_timeout, gpu_memory)
+    st.check_metadata(opt_study, setting)
 
     finished = [t for t in st.real_trials(opt_study) if st.finished(t)]
     display = SearchDisplay(console, trials, min(len(finished), trials), setting.allowed_bytes)
@@ -120,8 +108,8 @@ def search(
 
     def measure(cand: Candidate, n_steps: int) -> TrialResult:
         return run_trial(
-            model, cand.config, nprocs=hardware.n_gpus, device=device, gpu_memory=gpu_memory,
-            steps=n_steps, timeout_s=trial_timeout, **hooks,
+            model, cand.config, nprocs=hardware.n_gpus, device=device,
+            gpu_memory=budget.gpu_memory, steps=n_steps, timeout_s=budget.trial_timeout, **hooks,
         )  # fmt: skip
 
     with display:
@@ -160,7 +148,7 @@ def search(
 
         trial_cands = rebuild_trials(opt_study, cands)
         ranked = measured_fits(setting, trial_cands)
-        n_verify = verify_steps(steps)
+        n_verify = verify_steps(budget.steps)
 
         def run_verification(cand: Candidate) -> TrialResult:
             display.verifying(cand, n_verify)
@@ -171,7 +159,7 @@ def search(
             hold=lambda: device_lock(device, hardware.n_gpus, display.waiting),
         )  # fmt: skip
     plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
-                    limits=(trials, timeout, trial_timeout))  # fmt: skip
+                    limits=(trials, timeout, budget.trial_timeout))  # fmt: skip
     return plan
 
 
@@ -422,21 +410,13 @@ def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str
 def load_study_plan(storage: str, study: str) -> Plan:
     """The plan of an existing study, from storage alone (no trial runs)."""
     opt_study = st.load_study(storage, study)
-    meta = opt_study.user_attrs.get(st.META_KEY)
-    if not meta:
+    request = st.stored_request(opt_study)
+    if request is None:
         raise AutofitError(
             f"Study {study!r} in {storage} was not made by `autofit plan` (it has no autofit "
             "metadata), so there is no plan to export."
         )
-    setting = Setting(
-        model=ModelSpec(**meta["model"]),
-        hardware=st.hardware_from_dict(meta["hardware"]),
-        space=st.space_from_dict(meta["space"]),
-        seq_len=meta["seq_len"],
-        global_batch=meta["global_batch"],
-        margin=meta["margin"],
-        device=meta["device"],
-    )
+    setting = Setting.from_request(request)
     cands = enumerate_candidates(setting)
     trial_cands = rebuild_trials(opt_study, cands)
     ranked = measured_fits(setting, trial_cands)

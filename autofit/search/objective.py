@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
 from autofit.config import Config
 from autofit.plan import Candidate
+from autofit.request import SearchBudget
 from autofit.search import study as st
 from autofit.search.candidates import Candidates
 from autofit.trials.result import TrialResult
@@ -35,14 +35,6 @@ BUSY_BACKOFF_S = 1.0
 
 class TrialError(Exception):
     """A trial that failed for a reason other than memory (recorded as a FAIL trial)."""
-
-
-@dataclass
-class Budget:
-    trials: int
-    steps: int
-    trial_timeout: float
-    gpu_memory: int | None
 
 
 def estimate_attrs(cand: Candidate) -> dict[str, Any]:
@@ -78,7 +70,7 @@ class Objective:
     def __init__(
         self,
         cands: Candidates,
-        budget: Budget,
+        budget: SearchBudget,
         run_trial: Callable[..., TrialResult],
         on_result: Callable[[optuna.Trial, Candidate, TrialResult], None] | None = None,
         on_start: Callable[[Candidate], None] | None = None,

@@ -1,9 +1,9 @@
 """The Optuna study behind a search: its name, its storage, and what each trial records.
 
 Every trial stores its config, the napkin estimate and the measured `TrialResult` as user attrs,
-and the study stores the model, hardware and space it was made for. That is enough to rebuild the
-whole plan from storage alone (`load_study_plan`, `autofit export`) and to resume without
-repeating a finished trial, after Ctrl-C, a killed process, or on another machine.
+and the study stores the request it was made for (`PlanRequest.to_dict()`). That is enough to
+rebuild the whole plan from storage alone (`load_study_plan`, `autofit export`) and to resume
+without repeating a finished trial, after Ctrl-C, a killed process, or on another machine.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import optuna
 
 from autofit.config import Config
 from autofit.errors import AutofitError
-from autofit.hardware import GPU, Hardware
+from autofit.hardware import Hardware
 from autofit.models import ModelSpec
+from autofit.request import PlanRequest
 from autofit.space import Space
 from autofit.trials.guard import alive, hostname, identity
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the metadata is `PlanRequest.to_dict()`; 1 had a subset of its keys
 META_KEY = "autofit"
 # A worker that stops sending heartbeats for GRACE_S (killed, machine lost) has its running trial
 # marked FAIL by the next worker that starts a trial; that config may then be tried again. On the
@@ -150,81 +151,48 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     ) from None
 
 
-def metadata(
-    model: ModelSpec,
-    hardware: Hardware,
-    space: Space,
-    seq_len: int,
-    global_batch: int | None,
-    device: str,
-    margin: float,
-) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "model": asdict(model),
-        "hardware": hardware.to_dict(),
-        "space": {**space.to_dict(), "description": space.description},
-        "seq_len": seq_len,
-        "global_batch": global_batch,
-        "device": device,
-        "margin": margin,
-    }
+def metadata(request: PlanRequest) -> dict[str, Any]:
+    """What a study stores about itself: the request it was made for (`PlanRequest.to_dict`)."""
+    return {"schema": SCHEMA, **request.to_dict()}
 
 
-def check_metadata(study: optuna.Study, meta: dict[str, Any]) -> None:
+def stored_request(study: optuna.Study) -> PlanRequest | None:
+    """The request a study was made for, or None for a study `autofit plan` did not make.
+
+    Studies of schema 1 (before `PlanRequest`) stored model, hardware, space, seq_len,
+    global_batch, device and margin under the same keys; `from_dict` reads them too."""
+    meta = study.user_attrs.get(META_KEY)
+    return PlanRequest.from_dict(meta) if meta else None
+
+
+def check_metadata(study: optuna.Study, request: PlanRequest) -> None:
     """A study made for another model, hardware or space cannot be resumed with these settings."""
-    old = study.user_attrs.get(META_KEY)
+    old = stored_request(study)
     if old is None:
-        study.set_user_attr(META_KEY, meta)
+        study.set_user_attr(META_KEY, metadata(request))
         return
     for key in ("model", "seq_len", "global_batch", "device"):
-        if old.get(key) != meta.get(key):
+        was, now = getattr(old, key), getattr(request, key)
+        if was != now:
             raise AutofitError(
                 f"Study {study.study_name!r} was made for another setting ({key} differs: "
-                f"{_short(old.get(key))} there, {_short(meta.get(key))} now). Drop --study to get "
+                f"{_short(was)} there, {_short(now)} now). Drop --study to get "
                 "a study named for these settings, or pass a new --study name."
             )
-    if old["space"]["knobs"] != meta["space"]["knobs"]:
+    if old.space.knobs != request.space.knobs:
         raise AutofitError(
             f"Study {study.study_name!r} was made for a different search space. Drop --study, "
             "or pass a new --study name."
         )
-    if old.get("margin") != meta.get("margin"):
-        study.set_user_attr(META_KEY, {**old, "margin": meta["margin"]})
+    if old.margin != request.margin:
+        stored = study.user_attrs[META_KEY]
+        study.set_user_attr(META_KEY, {**stored, "margin": request.margin})
 
 
 def _short(value: Any) -> str:
-    if isinstance(value, dict) and "name" in value:
-        return repr(value["name"])
+    if isinstance(value, ModelSpec):
+        return repr(value.name)
     return repr(value)
-
-
-def hardware_from_dict(data: dict[str, Any]) -> Hardware:
-    gpus = []
-    for g in data["gpus"]:
-        fields = {k: v for k, v in g.items() if k not in ("bf16", "fp8")}
-        cc = str(fields["compute_capability"]).split(".")
-        fields["compute_capability"] = (int(cc[0]), int(cc[1]))
-        gpus.append(GPU(**fields))
-    return Hardware(
-        gpus=tuple(gpus),
-        link=data["link"],
-        link_bw_gbs=data["link_bw_gbs"],
-        host_ram_bytes=data["host_ram_bytes"],
-        cpu_cores=data["cpu_cores"],
-        source=data["source"],
-        pairs=tuple((p["a"], p["b"], p["link"]) for p in data.get("pairs", [])),
-    )
-
-
-def space_from_dict(data: dict[str, Any]) -> Space:
-    return Space(
-        name=data["name"],
-        path=data["path"],
-        knobs={k: tuple(v) for k, v in data["knobs"].items()},
-        seq_len=data["seq_len"],
-        description=data.get("description", ""),
-    )
 
 
 def load_study(storage: str | optuna.storages.BaseStorage, name: str) -> optuna.Study:

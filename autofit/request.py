@@ -1,0 +1,142 @@
+"""What a plan is asked for, in one shape.
+
+`PlanRequest` holds every input of a plan, resolved: the model, the hardware and the space (not
+their names), the fixed settings, how many real trials the search may spend (`budget`) and where
+its study lives (`study`). Plain nested dataclasses, as torchtitan's `JobConfig`:
+
+- `autofit.plan(...)` checks its keyword arguments and builds one (`PlanRequest.of`);
+- the search reads it (its `Setting` is the request plus the headroom line) and stores
+  `to_dict()` in its study;
+- `autofit export` and a resumed search read it back with `from_dict`, which also reads the
+  metadata of studies written before this type existed (the same keys, fewer of them).
+
+Torch-free: it holds only plain data types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from autofit.hardware import Hardware
+from autofit.models import ModelSpec
+from autofit.space import Space
+
+# The headroom a winner keeps below usable memory unless `margin` says otherwise.
+DEFAULT_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """What the search may spend on real trials."""
+
+    trials: int = 20  # real trials, all workers together
+    timeout: float | None = None  # seconds for the whole search (--search-timeout)
+    trial_timeout: float = 600.0  # seconds one trial may run (--trial-timeout)
+    steps: int = 3  # measured steps per trial (--steps)
+    gpu_memory: int | None = None  # bytes each trial is held to (None: the whole GPU)
+
+
+@dataclass(frozen=True)
+class StudyPlace:
+    """Where the search's study and its run folder live (None: the defaults named for the
+    request, `autofit-runs/<study>/study.db`)."""
+
+    storage: str | None = None  # an Optuna RDB URL
+    name: str | None = None  # the study's name
+    run_dir: str | None = None  # plan.json, plan.yaml and trials.png are written here
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Every input of a plan. Its own fields say what the plan is for; `budget` and `study` say
+    how the search runs and where it keeps its evidence."""
+
+    model: ModelSpec
+    hardware: Hardware
+    space: Space
+    seq_len: int
+    global_batch: int | None = None
+    margin: float = DEFAULT_MARGIN
+    device: str = "cuda"
+    prune: bool = True  # False: trials may run candidates the estimate rules out
+    budget: SearchBudget = field(default_factory=SearchBudget)
+    study: StudyPlace = field(default_factory=StudyPlace)
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelSpec,
+        hardware: Hardware,
+        space: Space,
+        *,
+        seq_len: int | None = None,
+        global_batch: int | None = None,
+        margin: float = DEFAULT_MARGIN,
+        device: str = "cuda",
+        prune: bool = True,
+        trials: int = 20,
+        timeout: float | None = None,
+        trial_timeout: float = 600.0,
+        steps: int = 3,
+        gpu_memory: int | None = None,
+        storage: str | None = None,
+        study: str | None = None,
+        run_dir: str | Path | None = None,
+    ) -> PlanRequest:
+        """A request from the flat keyword arguments of `autofit.plan` (and the search's
+        callers); `seq_len` defaults to the space's."""
+        return cls(
+            model=model,
+            hardware=hardware,
+            space=space,
+            seq_len=seq_len or space.seq_len,
+            global_batch=global_batch,
+            margin=margin,
+            device=device,
+            prune=prune,
+            budget=SearchBudget(trials, timeout, trial_timeout, steps, gpu_memory),
+            study=StudyPlace(storage, study, str(run_dir) if run_dir is not None else None),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: what a study stores as its metadata."""
+        return {
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "space": self.space.to_dict(),
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "margin": self.margin,
+            "device": self.device,
+            "prune": self.prune,
+            "budget": _plain(self.budget),
+            "study": _plain(self.study),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanRequest:
+        """The inverse of `to_dict`. Keys it does not know are ignored, and the sections that
+        studies written by earlier versions lack (`prune`, `budget`, `study`) take defaults."""
+        return cls(
+            model=ModelSpec.from_dict(data["model"]),
+            hardware=Hardware.from_dict(data["hardware"]),
+            space=Space.from_dict(data["space"]),
+            seq_len=data["seq_len"],
+            global_batch=data.get("global_batch"),
+            margin=data.get("margin", DEFAULT_MARGIN),
+            device=data.get("device", "cuda"),
+            prune=data.get("prune", True),
+            budget=_section(SearchBudget, data.get("budget")),
+            study=_section(StudyPlace, data.get("study")),
+        )
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in fields(section)}
+
+
+def _section(cls: Any, data: dict[str, Any] | None) -> Any:
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in (data or {}).items() if k in names})
