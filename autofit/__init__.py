@@ -15,6 +15,7 @@ from autofit.config import KNOBS, Config
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
+from autofit.request import DEFAULT_MARGIN
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +83,7 @@ def plan(
     timeout: float | None = None,
     trial_timeout: float = 600.0,
     steps: int = 3,
-    margin: float = 0.05,
+    margin: float = DEFAULT_MARGIN,
     device: str = "cuda",
     gpu_memory: str | int | None = None,
     storage: str | None = None,

@@ -12,7 +12,6 @@ from autofit.plan.enumerate import estimate_all, estimate_space, plan_estimates
 from autofit.plan.explain import infeasible_advice, tally, winner_reason
 from autofit.plan.outcome import Outcome, trial_status
 from autofit.plan.prune import (
-    DEFAULT_MARGIN,
     PRUNE_TOLERANCE,
     PruneReason,
     prune_reason,
@@ -20,6 +19,7 @@ from autofit.plan.prune import (
 )
 from autofit.plan.rank import TIE_TOLERANCE, complexity, rank_key
 from autofit.plan.types import Candidate, Plan
+from autofit.request import DEFAULT_MARGIN
 
 __all__ = [
     "DEFAULT_MARGIN",

@@ -11,9 +11,10 @@ from autofit.estimate import estimate
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan.explain import infeasible_advice, winner_reason
-from autofit.plan.prune import DEFAULT_MARGIN, prune_reason
+from autofit.plan.prune import prune_reason
 from autofit.plan.rank import rank_key
 from autofit.plan.types import Candidate, Plan
+from autofit.request import DEFAULT_MARGIN
 from autofit.space import Space
 
 

@@ -13,9 +13,6 @@ from autofit.estimate import Estimate
 from autofit.estimate.memory import usable_host_bytes
 from autofit.hardware import Hardware
 
-DEFAULT_MARGIN = 0.05
-"""Headroom kept under usable GPU memory by default (`--margin`)."""
-
 PRUNE_TOLERANCE = 0.10
 """How far above the headroom line (as a fraction) an estimated peak may be and a search still
 measure its candidate rather than trust the estimate: the bound `bench/accuracy.py` holds the
