@@ -1,9 +1,11 @@
 """Activation checkpointing of decoder layers: `full`, `every-2`, or `selective` (op-level).
 
 `selective` wraps each layer with a selective-checkpoint context (torch.utils.checkpoint
-`create_selective_checkpoint_contexts`) that saves matmul and attention outputs and recomputes the
-cheap element-wise ops, as torchtitan's op-level SAC does; LoRA's rank-r -> d expansions (lora_B)
-are recomputed too, since storing their full-width outputs would cost as much as the base's.
+`create_selective_checkpoint_contexts`) that saves every matmul and attention output and recomputes
+the cheap element-wise ops. (torchtitan's op-level SAC saves only every other matmul, trading some
+recompute for memory; autofit saves them all.) LoRA's rank-r -> d expansions (lora_B) are
+recomputed too (`autofit.recipe.is_low_rank_expansion`, which the estimator counts by), since
+storing their full-width outputs would cost as much as the base's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from autofit.build.model import decoder_layers
+from autofit.recipe import is_low_rank_expansion
 
 aten = torch.ops.aten
 
@@ -32,16 +35,11 @@ _SAVE_OPS = {
 }
 
 
-# A matmul whose contraction dim is this many times smaller than its output width is a low-rank
-# expansion (LoRA's B): cheap to recompute, expensive to store; recompute it.
-LOW_RANK_RATIO = 8
-
-
 def _is_low_rank_expansion(op: Any, args: tuple[Any, ...]) -> bool:
     if op not in (aten.mm.default, aten.addmm.default):
         return False
     a, b = (args[1], args[2]) if op is aten.addmm.default else (args[0], args[1])
-    return a.shape[-1] * LOW_RANK_RATIO <= b.shape[-1]
+    return is_low_rank_expansion(a.shape[-1], b.shape[-1])
 
 
 def _save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

@@ -1,23 +1,43 @@
-"""Which dtype each kind of parameter is stored in, decided once for the builder and FSDP2."""
+"""Which dtype each kind of parameter is stored in, decided once for the builder and FSDP2.
+
+The rules are `autofit.recipe`'s (the estimator counts bytes from the same names); this module only
+maps them to torch dtypes.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from autofit.config import Config, Sharding, fp32_trainable, uses_autocast
+import autofit.recipe as recipe
+from autofit.config import Config, Sharding, uses_autocast
+
+TORCH_DTYPES: dict[str, torch.dtype] = {recipe.BF16: torch.bfloat16, recipe.FP32: torch.float32}
 
 
 def train_dtype(config: Config) -> torch.dtype:
-    """Trainable (master) params: fp32 or bf16 per `autofit.config.fp32_trainable` (bf16-mixed, or a
-    torchao low-bit AdamW), compute in bf16 either way."""
-    return torch.float32 if fp32_trainable(config.precision, config.optimizer) else torch.bfloat16
+    """Trainable (master) params: fp32 or bf16 per `autofit.recipe.trainable_dtype` (bf16-mixed,
+    or a torchao low-bit AdamW), compute in bf16 either way."""
+    return TORCH_DTYPES[recipe.trainable_dtype(config.precision, config.optimizer)]
 
 
 def base_dtype(config: Config) -> torch.dtype:
-    """Frozen LoRA base: bf16 (before any quantization); a full fine-tune has no frozen base."""
-    return torch.bfloat16 if config.is_lora else train_dtype(config)
+    """Frozen LoRA base: `autofit.recipe.FROZEN_DTYPE` (bf16, before any quantization); a full
+    fine-tune has no frozen base."""
+    return TORCH_DTYPES[recipe.FROZEN_DTYPE] if config.is_lora else train_dtype(config)
+
+
+def compute_dtype() -> torch.dtype:
+    """Matmuls in bf16 (`autofit.recipe.COMPUTE_DTYPE`): autocast's and FSDP2's `param_dtype`."""
+    return TORCH_DTYPES[recipe.COMPUTE_DTYPE]
+
+
+def reduce_dtype(config: Config) -> torch.dtype:
+    """Gradient reduction: fp32 under bf16-mixed, else bf16 (`autofit.recipe.reduce_dtype`)."""
+    return TORCH_DTYPES[recipe.reduce_dtype(config.precision)]
 
 
 def autocast_dtype(config: Config, sharding: Sharding) -> torch.dtype | None:
     """bf16 where `autofit.config.uses_autocast` says the run autocasts, else None."""
-    return torch.bfloat16 if uses_autocast(config.precision, config.optimizer, sharding) else None
+    if uses_autocast(config.precision, config.optimizer, sharding):
+        return compute_dtype()
+    return None

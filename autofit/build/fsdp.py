@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -23,7 +22,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from autofit.build.dtypes import train_dtype
+from autofit.build.dtypes import compute_dtype, reduce_dtype, train_dtype
 from autofit.build.model import ModelParts
 from autofit.config import Config, wrap_units
 
@@ -35,10 +34,9 @@ def make_mesh(device_type: str, world_size: int) -> DeviceMesh:
 
 def mp_policy(config: Config) -> MixedPrecisionPolicy:
     """bf16 compute; reduce in fp32 under bf16-mixed. Pure bf16 params need no policy."""
-    if train_dtype(config) == torch.bfloat16:
+    if train_dtype(config) == compute_dtype():
         return MixedPrecisionPolicy()
-    reduce = torch.float32 if config.precision == "bf16-mixed" else torch.bfloat16
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+    return MixedPrecisionPolicy(param_dtype=compute_dtype(), reduce_dtype=reduce_dtype(config))
 
 
 def offload_policy(offload: str, device_type: str) -> OffloadPolicy:

@@ -40,7 +40,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor as _nf4
 from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor, to_nf4
 
-from autofit.formats import NF4_BLOCK, NF4_QUANTIZE_CHUNK, NF4_SCALER_BLOCK
+from autofit.recipe import NF4_BLOCK, NF4_QUANTIZE_CHUNK, NF4_SCALER_BLOCK
 
 aten = torch.ops.aten
 

@@ -7,16 +7,18 @@ import torch
 from torch import nn
 
 from autofit.config import Config
+from autofit.recipe import LOW_BIT_STATES
 
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """torch AdamW, or the torchao class `autofit.recipe.LOW_BIT_STATES` names."""
     if name == "adamw":
         return torch.optim.AdamW
-    from torchao.optim import AdamW4bit, AdamW8bit
+    import torchao.optim
 
-    return {"adamw8bit": AdamW8bit, "adamw4bit": AdamW4bit}[name]
+    return getattr(torchao.optim, LOW_BIT_STATES[name].torchao_class)
 
 
 def build_optimizer(
@@ -41,6 +43,8 @@ def build_optimizer(
         raise ValueError("the model has no trainable parameters")
     cls = optimizer_class(config.optimizer)
     kwargs: dict[str, object] = {"lr": lr, "weight_decay": 0.0}
+    if config.optimizer in LOW_BIT_STATES:  # the block size the estimator counts, not a default
+        kwargs["block_size"] = LOW_BIT_STATES[config.optimizer].block
     if cls is torch.optim.AdamW and device_type == "cuda" and config.offload != "params":
         kwargs["fused"] = True
     if config.offload == "optimizer" and device_type == "cuda":
@@ -55,4 +59,4 @@ def build_optimizer(
 
 def is_compiled_step(name: str) -> bool:
     """torchao's low-bit optimizers `torch.compile` their step: no dispatch mode may be active."""
-    return name in ("adamw8bit", "adamw4bit")
+    return name in LOW_BIT_STATES

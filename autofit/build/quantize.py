@@ -15,8 +15,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import autofit.recipe as recipe
+from autofit.build.dtypes import TORCH_DTYPES
 from autofit.build.model import materialize
 from autofit.models import PROJECTIONS
+
+_FROZEN = TORCH_DTYPES[recipe.FROZEN_DTYPE]  # what a base weight is quantized from
 
 
 def is_projection(module: nn.Module, name: str) -> bool:
@@ -52,7 +56,7 @@ def quantize_layer(layer: nn.Module, quant: str, device: torch.device | None = N
 def _to_nf4(linear: nn.Linear) -> None:
     from autofit.build.nf4 import to_shardable_nf4
 
-    weight = linear.weight.detach().to(torch.bfloat16)
+    weight = linear.weight.detach().to(_FROZEN)
     linear.weight = nn.Parameter(to_shardable_nf4(weight, _world_size()), requires_grad=False)
 
 
@@ -66,7 +70,7 @@ def _world_size() -> int:
 def _to_int8(linear: nn.Linear) -> None:
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    linear.weight.data = linear.weight.data.to(torch.bfloat16)
+    linear.weight.data = linear.weight.data.to(_FROZEN)
     config = Int8WeightOnlyConfig(set_inductor_config=False)
     quantize_(linear, config, filter_fn=lambda mod, _fqn: mod is linear)
     linear.weight.requires_grad_(False)

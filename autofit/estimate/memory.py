@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from autofit.config import Sharding, fp32_trainable, wrap_group_size
-from autofit.formats import nf4_bytes_per_param
+import autofit.recipe as recipe
+from autofit.config import Sharding, wrap_group_size
 from autofit.models import ModelSpec
 
-BF16 = 2
-FP32 = 4
+BF16 = recipe.DTYPE_BYTES[recipe.BF16]
+FP32 = recipe.DTYPE_BYTES[recipe.FP32]
 MiB = 1024**2
 
 
@@ -22,25 +22,25 @@ MiB = 1024**2
 def base_bytes_per_param(quant: str) -> float:
     """Bytes per frozen base-projection weight, quantization scales included.
 
-    - none: bf16 (2 B); autofit keeps a frozen base in bf16 whatever `precision` says.
+    - none: `autofit.recipe.FROZEN_DTYPE` (bf16, 2 B) whatever `precision` says.
     - int8: torchao int8 weight-only: 1 B + one bf16 scale per output row, counted per model in
       `base_weight_bytes` (torchao `Int8WeightOnlyConfig`, per-channel symmetric).
-    - nf4: torchao `to_nf4` (QLoRA, Dettmers et al. 2023): `autofit.formats.nf4_bytes_per_param`
+    - nf4: torchao `to_nf4` (QLoRA, Dettmers et al. 2023): `autofit.recipe.nf4_bytes_per_param`
       (4-bit codes + an int8 scale per 64 weights + a bf16 factor per 64 x 256 weights).
     """
     if quant == "nf4":
-        return nf4_bytes_per_param()
+        return recipe.nf4_bytes_per_param()
     if quant == "int8":
         return 1.0
-    return float(BF16)
+    return float(recipe.DTYPE_BYTES[recipe.FROZEN_DTYPE])
 
 
 def master_bytes(precision: str, optimizer: str = "adamw") -> int:
     """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
     `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32; the plain module
     and DDP keep fp32 params under bf16 autocast), else bf16; the rule is
-    `autofit.config.fp32_trainable`, which the builder reads too."""
-    return FP32 if fp32_trainable(precision, optimizer) else BF16
+    `autofit.recipe.trainable_dtype`, which the builder reads too."""
+    return recipe.DTYPE_BYTES[recipe.trainable_dtype(precision, optimizer)]
 
 
 def grad_bytes(precision: str, optimizer: str = "adamw") -> int:
@@ -51,21 +51,16 @@ def grad_bytes(precision: str, optimizer: str = "adamw") -> int:
 
 def accumulated_grad_bytes(precision: str) -> int:
     """Unsharded gradients kept across micro-steps without sync: FSDP2 converts them to
-    `reduce_dtype` (fp32 under bf16-mixed); under pure bf16 they stay bf16."""
-    return FP32 if precision == "bf16-mixed" else BF16
+    `reduce_dtype` (fp32 under bf16-mixed); under pure bf16 they stay bf16
+    (`autofit.recipe.reduce_dtype`, which the builder's `MixedPrecisionPolicy` reads too)."""
+    return recipe.DTYPE_BYTES[recipe.reduce_dtype(precision)]
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str) -> float:
-    """AdamW keeps exp_avg and exp_avg_sq: 2 x param dtype (Loshchilov & Hutter; torch.optim).
-    torchao AdamW8bit: 2 x (1 B + fp32 scale per 256-value block); AdamW4bit: 2 x (0.5 B + fp32
-    scale per 128-value block) (torchao.optim, block_size defaults). With fp32 masters, AdamW is
-    the classic 4 + 4 + 8 = 16 B/param of mixed-precision training (ZeRO paper, Rajbhandari et al.
-    2020: 1.5B params -> 24 GB)."""
-    if optimizer == "adamw8bit":
-        return 2 * (1 + 4 / 256)
-    if optimizer == "adamw4bit":
-        return 2 * (0.5 + 4 / 128)
-    return 2 * master_bytes(precision, optimizer)
+    """AdamW's two moments in the param's dtype, or torchao AdamW8bit / AdamW4bit's block-wise
+    quantized ones: `autofit.recipe.optimizer_state_bytes_per_param` (whose block sizes the builder
+    passes to torchao)."""
+    return recipe.optimizer_state_bytes_per_param(optimizer, master_bytes(precision, optimizer))
 
 
 # ----- parameter groups -------------------------------------------------------------------------
@@ -245,22 +240,26 @@ def layer_activation_bytes_per_token(model: ModelSpec, lora_rank: int) -> float:
     - LoRA: the rank-r output of each of the 7 lora_A (2r each) -> 14r
     """
     h, q, kv, i = model.hidden, model.q_dim, model.kv_dim, model.intermediate
-    return 12 * h + 6 * q + 4 * kv + 4 * model.heads + 8 * i + 14 * max(lora_rank, 0)
+    lora_a_outputs = len(model.projection_shapes()) * 2 * max(lora_rank, 0)
+    return 12 * h + 6 * q + 4 * kv + 4 * model.heads + 8 * i + lora_a_outputs
 
 
 @lru_cache(maxsize=4096)
 def selective_layer_bytes_per_token(model: ModelSpec, lora_rank: int) -> float:
     """Op-level selective checkpointing keeps matmul and attention outputs and recomputes the
-    pointwise ops (torch `create_selective_checkpoint_contexts` with a policy that saves mm/SDPA
-    outputs, as torchtitan's `op_sac_save_list`): the checkpointed layer input (2h), the seven
-    projection outputs, the SDPA output and LSE. With LoRA, the rank-r lora_A outputs (2r each)
-    are saved; lora_B's r -> d expansions are recomputed unless d < 8r (autofit/build/checkpoint.py
-    LOW_RANK_RATIO), in which case their outputs are saved too."""
-    h, q, kv, i = model.hidden, model.q_dim, model.kv_dim, model.intermediate
-    outs = (q, kv, kv, h, i, i, h)
+    pointwise ops (torch `create_selective_checkpoint_contexts` with a policy that saves every
+    mm/SDPA output; torchtitan's op-level SAC saves only every other matmul): the checkpointed
+    layer input (2h), the seven projection outputs, the SDPA output and LSE. With LoRA, the rank-r
+    lora_A outputs (2r each) are saved; lora_B's r -> d expansions are recomputed unless d < 8r
+    (`autofit.recipe.is_low_rank_expansion`, the rule autofit/build/checkpoint.py applies), in
+    which case their outputs are saved too."""
+    h, q = model.hidden, model.q_dim
+    outs = tuple(out for _, out in model.projection_shapes().values())
     lora = 0
     if lora_rank > 0:
-        lora = 14 * lora_rank + sum(2 * d for d in outs if lora_rank * 8 > d)
+        lora = len(outs) * 2 * lora_rank + sum(
+            2 * d for d in outs if not recipe.is_low_rank_expansion(lora_rank, d)
+        )
     return 2 * h + 2 * sum(outs) + 2 * q + 4 * model.heads + lora
 
 

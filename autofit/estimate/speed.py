@@ -17,6 +17,7 @@ from autofit.estimate.memory import (
     master_bytes,
 )
 from autofit.models import ModelSpec
+from autofit.recipe import state_value_bytes
 
 # Fraction of peak bf16 tensor throughput a well-fed dense transformer step reaches: 40-55% MFU
 # is what torchtitan and Megatron report for Llama 7B-70B on A100/H100 at a few thousand tokens
@@ -143,7 +144,7 @@ def optimizer_step_time(
     if on_cpu:
         return trainable_per_gpu / CPU_ADAM_PARAMS_PER_S
     pb = master_bytes(precision, optimizer)
-    state = {"adamw8bit": 1.0, "adamw4bit": 0.5}.get(optimizer, float(pb))
+    state = state_value_bytes(optimizer, pb)
     touched = trainable_per_gpu * (2 * pb + pb + 4 * state)
     return touched / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)
 

@@ -1,0 +1,131 @@
+"""The recipe: facts the builder applies and the estimator counts, each written once.
+
+Plain data and arithmetic, no torch. `autofit.estimate` reads these to count bytes; `autofit.build`
+reads the same names to cast, quantize, checkpoint and build the optimizer, so a measured trial and
+its estimate cannot drift apart. Two rules between knobs that both also read live with the knobs:
+which trainable params are fp32 (`autofit.config.fp32_trainable`) and how a `wrap` holds the model
+(`autofit.config.sharding_for`). The projections LoRA targets and quantization touches are part of
+the architecture (`autofit.models.PROJECTIONS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofit.config import fp32_trainable
+
+# ----- dtypes -----------------------------------------------------------------------------------
+# Named by string so this module needs no torch; `autofit.build.dtypes` maps them to torch dtypes.
+BF16 = "bf16"
+FP32 = "fp32"
+DTYPE_BYTES: dict[str, int] = {BF16: 2, FP32: 4}
+
+FROZEN_DTYPE = BF16
+"""A LoRA run's frozen weights (the base before quantization, embeddings, norms, LM head): bf16
+whatever `precision` says, as QLoRA recipes (torchtune, answer.ai) keep them."""
+
+COMPUTE_DTYPE = BF16
+"""Matmuls run in bf16: autocast's dtype for the plain module and DDP, FSDP2's `param_dtype`."""
+
+
+def trainable_dtype(precision: str, optimizer: str) -> str:
+    """Trainable (master) params and their sharded gradients: fp32 where
+    `autofit.config.fp32_trainable` says so (bf16-mixed, or a torchao low-bit AdamW), else bf16."""
+    return FP32 if fp32_trainable(precision, optimizer) else BF16
+
+
+def reduce_dtype(precision: str) -> str:
+    """Gradients are reduced (and, under FSDP2 with `grad_accum > 1`, accumulated unsharded) in
+    fp32 under bf16-mixed (`MixedPrecisionPolicy(reduce_dtype=fp32)`), in bf16 under pure bf16."""
+    return FP32 if precision == "bf16-mixed" else BF16
+
+
+# ----- optimizer state --------------------------------------------------------------------------
+ADAM_MOMENTS = 2
+"""AdamW keeps exp_avg and exp_avg_sq per parameter (Loshchilov & Hutter; torch.optim)."""
+
+
+@dataclass(frozen=True)
+class LowBitState:
+    """How a torchao low-bit AdamW stores each moment (torchao 0.18 `torchao/optim/adam.py`,
+    `subclass_8bit.py`, `subclass_4bit.py`): `value_bytes` per value and one fp32 scale per
+    `block` values."""
+
+    torchao_class: str  # the class in `torchao.optim`
+    value_bytes: float
+    block: int
+
+
+LOW_BIT_STATES: dict[str, LowBitState] = {
+    "adamw8bit": LowBitState("AdamW8bit", value_bytes=1, block=256),
+    "adamw4bit": LowBitState("AdamW4bit", value_bytes=0.5, block=128),
+}
+"""Optimizer knob value -> its quantized state. The block sizes are torchao's defaults, and the
+builder passes them to torchao explicitly (`block_size`), so a torchao default change cannot make
+the estimate stale."""
+
+LOW_BIT_SCALE_BYTES = 4
+"""Each block's scale is fp32 (`torch.zeros(n // block_size)` in torchao's `OptimState*.zeros`)."""
+
+LOW_BIT_MIN_NUMEL = 4096
+"""torchao quantizes a state only for a (local, per-rank) tensor of at least 4096 values that is a
+whole number of blocks ("follow bitsandbytes", `_AdamBase._new_buffer`); smaller ones keep plain
+state in the param's dtype."""
+
+
+def low_bit_quantizes(optimizer: str, local_numel: int) -> bool:
+    """Whether torchao keeps this (local shard of a) parameter's moments quantized."""
+    state = LOW_BIT_STATES.get(optimizer)
+    if state is None:
+        return False
+    return local_numel >= LOW_BIT_MIN_NUMEL and local_numel % state.block == 0
+
+
+def state_value_bytes(optimizer: str, param_bytes: int) -> float:
+    """Bytes of one moment value: the quantized width of a low-bit AdamW, else the param's."""
+    state = LOW_BIT_STATES.get(optimizer)
+    return float(state.value_bytes) if state is not None else float(param_bytes)
+
+
+def optimizer_state_bytes_per_param(optimizer: str, param_bytes: int) -> float:
+    """Both moments per parameter. AdamW: 2 x the param's bytes (with fp32 masters the classic
+    4 + 4 + 8 = 16 B/param of mixed precision, ZeRO paper, Rajbhandari et al. 2020: 1.5B params ->
+    24 GB). Low-bit AdamW: 2 x (value + fp32 scale per block): 8-bit 2.03 B, 4-bit 1.06 B.
+    Counted for every trainable param: the tensors under `LOW_BIT_MIN_NUMEL` that torchao keeps
+    unquantized are norms and tiny-model adapters, a negligible share at real model sizes."""
+    state = LOW_BIT_STATES.get(optimizer)
+    if state is None:
+        return ADAM_MOMENTS * param_bytes
+    return ADAM_MOMENTS * (state.value_bytes + LOW_BIT_SCALE_BYTES / state.block)
+
+
+# ----- LoRA under selective checkpointing ---------------------------------------------------------
+LORA_LOW_RANK_RATIO = 8
+"""A matmul whose contraction dim is at least this many times smaller than its output width is a
+low-rank expansion (LoRA's B: rank r -> width d): cheap to recompute and as costly to store as the
+base projection's output, so selective checkpointing recomputes it."""
+
+
+def is_low_rank_expansion(inner: int, out_features: int) -> bool:
+    """Selective checkpointing recomputes (does not save) a matmul `inner -> out_features` when
+    `inner x LORA_LOW_RANK_RATIO <= out_features`: LoRA's B for d >= 8r."""
+    return inner * LORA_LOW_RANK_RATIO <= out_features
+
+
+# ----- NF4 (QLoRA) storage ----------------------------------------------------------------------
+NF4_BLOCK = 64
+"""Weights per absmax scale: QLoRA's block of 64 (Dettmers et al. 2023; torchao `to_nf4`)."""
+
+NF4_SCALER_BLOCK = 256
+"""int8 scales per double-quantization block (torchao `to_nf4` default)."""
+
+
+def nf4_bytes_per_param(block: int = NF4_BLOCK, scaler_block: int = NF4_SCALER_BLOCK) -> float:
+    """torchao `NF4Tensor`: 4-bit codes (0.5 B), one int8 scale per `block` weights, and one
+    quantization factor in the weight's dtype (bf16, 2 B) per `block x scaler_block` weights."""
+    return 0.5 + 1 / block + 2 / (block * scaler_block)
+
+
+NF4_QUANTIZE_CHUNK = 1024**2
+"""torchao quantizes to NF4 in chunks of this many weights (`nf4_tensor.CHUNK_SIZE`); each chunk
+briefly holds its distance to all 16 NF4 levels in the weight's dtype (~32 B per weight)."""
