@@ -112,6 +112,20 @@ def is_low_rank_expansion(inner: int, out_features: int) -> bool:
     return inner * LORA_LOW_RANK_RATIO <= out_features
 
 
+# ----- quantized base weights under FSDP2 ---------------------------------------------------------
+QUANT_TENSOR_CLASS: dict[str, str] = {"int8": "Int8Tensor", "nf4": "NF4Tensor"}
+"""The torchao tensor subclass each `quant` stores a base weight as."""
+
+
+def base_stays_whole(quant: str, shard: int) -> bool:
+    """Whether FSDP2 must leave a quantized base weight unsharded (`ignored_params`), whole on
+    every GPU: torchao `Int8Tensor` always (no `aten.split`); `NF4Tensor` on a one-rank mesh
+    (torch 2.13's one-rank shortcut in `FSDPParamGroup.wait_for_unshard` assumes one all-gather
+    input per parameter, and NF4's `fsdp_pre_all_gather` has three; on one rank there is nothing to
+    shard anyway). The builder's `unshardable_params` and the estimator's base bytes read this."""
+    return quant == "int8" or (quant == "nf4" and shard == 1)
+
+
 # ----- NF4 (QLoRA) storage ----------------------------------------------------------------------
 NF4_BLOCK = 64
 """Weights per absmax scale: QLoRA's block of 64 (Dettmers et al. 2023; torchao `to_nf4`)."""

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import (
 from autofit.build.dtypes import compute_dtype, reduce_dtype, train_dtype
 from autofit.build.model import ModelParts
 from autofit.config import Config, wrap_units
+from autofit.recipe import QUANT_TENSOR_CLASS, base_stays_whole
 
 
 def make_mesh(device_type: str, world_size: int) -> DeviceMesh:
@@ -91,13 +92,10 @@ def apply_fsdp(
 def unshardable_params(params: Iterable[nn.Parameter], world: int) -> set[nn.Parameter]:
     """Those of `params` FSDP2 must leave alone (`ignored_params`): they stay whole on every GPU.
 
-    - torchao `Int8Tensor` weights: no `aten.split`, so FSDP2 cannot shard them.
-    - NF4 weights on a one-rank mesh: torch 2.13's one-rank shortcut in `FSDPParamGroup.
-      wait_for_unshard` assumes one all-gather input per parameter, and `NF4Tensor`'s
-      `fsdp_pre_all_gather` has three (codes, scalers, factors), so `fsdp_post_all_gather` fails
-      to unpack. On one rank there is nothing to shard, so they lose nothing but CPU offload.
+    Quantized base weights per `autofit.recipe.base_stays_whole` (torchao `Int8Tensor` always,
+    `NF4Tensor` on a one-rank mesh, where it loses nothing but CPU offload).
     """
-    whole = {"Int8Tensor", "NF4Tensor"} if world == 1 else {"Int8Tensor"}
+    whole = {cls for quant, cls in QUANT_TENSOR_CLASS.items() if base_stays_whole(quant, world)}
     return {p for p in params if type(p.data).__name__ in whole}
 
 

@@ -14,6 +14,7 @@ from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
+from autofit.recipe import base_stays_whole
 
 __all__ = ["Estimate", "estimate"]
 
@@ -96,9 +97,9 @@ def estimate(
     if lora:
         projections = mem.base_weight_bytes(model, config.quant)
         other = mem.frozen_other_bytes(model)
-        # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh
-        # (autofit/build/fsdp.py `unshardable_params`): those projections stay whole.
-        whole = config.quant == "int8" or (config.quant == "nf4" and shard == 1)
+        # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
+        # projections stay whole (the rule the builder's `unshardable_params` reads too).
+        whole = base_stays_whole(config.quant, shard)
         base = projections + other / shard if whole else (projections + other) / shard
     else:
         projections, whole, base = 0.0, False, 0.0
