@@ -11,6 +11,7 @@ the architecture (`autofit.models.PROJECTIONS`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autofit.config import fp32_trainable
 
@@ -97,6 +98,19 @@ def optimizer_state_bytes_per_param(optimizer: str, param_bytes: int) -> float:
     if state is None:
         return ADAM_MOMENTS * param_bytes
     return ADAM_MOMENTS * (state.value_bytes + LOW_BIT_SCALE_BYTES / state.block)
+
+
+# ----- activation checkpointing ------------------------------------------------------------------
+@lru_cache(maxsize=256)
+def checkpointed_layers(checkpointing: str, n_layers: int) -> tuple[int, ...]:
+    """Indices of the decoder layers wrapped in activation checkpointing: every layer (`full`,
+    and op-level `selective`), layers 0, 2, 4, ... (`every-2`), or none. The builder wraps exactly
+    these and the estimator counts their saved inputs from the same list."""
+    if checkpointing in ("full", "selective"):
+        return tuple(range(n_layers))
+    if checkpointing == "every-2":
+        return tuple(range(0, n_layers, 2))
+    return ()
 
 
 # ----- LoRA under selective checkpointing ---------------------------------------------------------

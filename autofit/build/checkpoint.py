@@ -19,7 +19,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from autofit.build.model import decoder_layers
-from autofit.recipe import is_low_rank_expansion
+from autofit.recipe import checkpointed_layers, is_low_rank_expansion
 
 aten = torch.ops.aten
 
@@ -53,13 +53,13 @@ def _selective_context() -> Any:
 
 
 def apply_checkpointing(model: nn.Module, mode: str) -> nn.Module:
-    """Wrap decoder layers in place (`full`: all, `every-2`: layers 0, 2, 4, ...)."""
+    """Wrap the decoder layers `autofit.recipe.checkpointed_layers` names, in place (`full`: all,
+    `every-2`: layers 0, 2, 4, ...)."""
     if mode == "none":
         return model
     layers = decoder_layers(model)
-    for i, layer in enumerate(layers):
-        if mode == "every-2" and i % 2:
-            continue
+    for i in checkpointed_layers(mode, len(layers)):
+        layer = layers[i]
         kwargs: dict[str, Any] = {"preserve_rng_state": False}
         if mode == "selective":
             kwargs["context_fn"] = partial(_selective_context)

@@ -6,7 +6,6 @@ records how these terms compare with measured peaks and which were calibrated by
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import autofit.recipe as recipe
@@ -274,7 +273,7 @@ def activation_bytes(model: ModelSpec, cfg_micro_batch: int, seq_len: int, lora_
     if checkpointing == "full":
         per_token = n * ckpt_input + full
     elif checkpointing == "every-2":
-        k = math.ceil(n / 2)
+        k = len(recipe.checkpointed_layers(checkpointing, n))
         per_token = k * ckpt_input + (n - k) * full + full
     elif checkpointing == "selective":
         per_token = n * selective_layer_bytes_per_token(model, lora_rank)
@@ -296,10 +295,10 @@ def int8_saved_weight_bytes(model: ModelSpec, checkpointing: str) -> float:
 def layers_keeping_activations(model: ModelSpec, checkpointing: str) -> int:
     """Decoder layers whose every saved tensor is alive at once: all without checkpointing, the
     uncheckpointed half plus the one being recomputed with `every-2`, only the one being
-    recomputed with `full` or op-level `selective` (which recomputes the pointwise ops)."""
-    kept = {"full": 1, "every-2": model.layers // 2 + 1, "selective": 1}.get(
-        checkpointing, model.layers
-    )
+    recomputed with `full` or op-level `selective` (which recomputes the pointwise ops). The
+    checkpointed layers are `autofit.recipe.checkpointed_layers`, the builder's list."""
+    checkpointed = len(recipe.checkpointed_layers(checkpointing, model.layers))
+    kept = model.layers - checkpointed + (1 if checkpointed else 0)
     return min(kept, model.layers)
 
 
