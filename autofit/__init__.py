@@ -182,7 +182,8 @@ def trial(
     timeout: float = 600.0,
     **knobs: Any,
 ) -> TrialResult:
-    """Run one real trial (a few FSDP2 training steps in fresh processes) and measure it."""
+    """Run one real trial (a few training steps in fresh processes, the model held as `wrap` and
+    the GPU count say: plain module, DDP or FSDP2) and measure it."""
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.trials import run_trial

@@ -313,7 +313,8 @@ def trial(
     ),
     json_out: bool = JSON,
 ) -> None:
-    """Run one real trial: a few FSDP2 training steps in their own processes, measured."""
+    """Run one real trial: a few training steps (plain module, DDP or FSDP2, as --wrap and --gpus
+    say) in their own processes, measured."""
     timeout = _renamed("--timeout", timeout, "--trial-timeout", trial_timeout, 600.0)
     try:
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})

@@ -39,7 +39,9 @@ KNOB_HELP: dict[str, str] = {
     "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one GPU: "
     "the plain module; several: DDP replicas)",
     "reshard": "reshard_after_forward (false keeps gathered params until backward)",
-    "checkpointing": "activation checkpointing of decoder layers",
+    "checkpointing": "activation checkpointing of decoder layers: all (full), every other "
+    "(every-2), or op-level (selective: saves every matmul and attention output, recomputes the "
+    "element-wise ops)",
     "offload": "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
     "optimizer": "torch AdamW or torchao low-bit AdamW",
     "precision": "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",

@@ -11,7 +11,7 @@ STATUSES = ("ok", "oom", "timeout", "error")
 
 @dataclass
 class TrialResult:
-    """Measured numbers of one trial (a few real FSDP2 training steps in a subprocess).
+    """Measured numbers of one trial (a few real training steps in fresh processes).
 
     `peak_bytes` is the max over ranks of `torch.cuda.max_memory_reserved` on CUDA, and on CPU the
     peak of live tensor storage counted by the dispatch-level tracker (`memory.TensorTracker`).
