@@ -38,28 +38,6 @@ TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit
 
 
 # ----- the plan document (the `autofit` format) ---------------------------------------------------
-def decoder_layer_class(model_name: str) -> str:
-    """The HF decoder-layer class FSDP wraps. A local HF model (its folder or `config.json`)
-    says by its `model_type`; a preset by its name: Mistral's for Mistral, else Llama's."""
-    kind = _hf_model_type(model_name) or model_name
-    return "MistralDecoderLayer" if "mistral" in kind.lower() else "LlamaDecoderLayer"
-
-
-def _hf_model_type(model_name: str) -> str | None:
-    """`model_type` of the HF `config.json` that `model_name` points at, if it points at one."""
-    try:
-        path = Path(model_name).expanduser()
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            return None
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    kind = data.get("model_type") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) else None
-
-
 def plan_document(plan: Any) -> dict[str, Any]:
     """Everything an export needs, as plain data: the `autofit` YAML is this document."""
     if isinstance(plan, LoadedPlan):
@@ -78,7 +56,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": plan.model.name,
         "model_spec": asdict(plan.model),
-        "decoder_layer": decoder_layer_class(plan.model.name),
+        "decoder_layer": plan.model.decoder_layer_class,
         "hardware": {
             "description": plan.hardware.describe(),
             "n_gpus": plan.hardware.n_gpus,

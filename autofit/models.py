@@ -38,6 +38,13 @@ class ModelSpec:
     norm_eps: float = 1e-5
     head_dim_override: int | None = None
     description: str = ""
+    model_type: str = "llama"  # HF `model_type`: the family, a key of DECODER_LAYER_CLASSES
+
+    @property
+    def decoder_layer_class(self) -> str:
+        """The HF class of this model's decoder layers (what FSDP wraps in an export), read from
+        its family (`model_type`), never from its name or path."""
+        return DECODER_LAYER_CLASSES[self.model_type]
 
     # ----- shapes ---------------------------------------------------------------------------
     @property
@@ -162,10 +169,10 @@ class ModelSpec:
                 "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size."
             )
         model_type = cfg.get("model_type", "llama")
-        if model_type not in _SUPPORTED_TYPES:
+        if model_type not in DECODER_LAYER_CLASSES:
             raise ModelError(
                 f"{name}: model_type {model_type!r} is not supported yet. Supported: "
-                f"{', '.join(sorted(_SUPPORTED_TYPES))}."
+                f"{', '.join(sorted(DECODER_LAYER_CLASSES))}."
             )
         hidden = _count(cfg, "hidden_size", name)
         heads = _count(cfg, "num_attention_heads", name)
@@ -183,6 +190,7 @@ class ModelSpec:
             norm_eps=_number(cfg, "rms_norm_eps", name, 1e-5),
             head_dim_override=_count(cfg, "head_dim", name, None),
             description=f"from {name}",
+            model_type=model_type,
         )
         spec.check()
         return spec
@@ -283,9 +291,10 @@ def check_seq_len(spec: ModelSpec, seq_len: int | None) -> None:
     )
 
 
-# Architectures whose parameters and activations the formulas count exactly. Qwen2 (q/k/v biases)
-# and Qwen3 (q/k norms) differ slightly and are refused rather than miscounted.
-_SUPPORTED_TYPES = {"llama", "mistral"}
+DECODER_LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer"}
+"""HF `model_type` -> its decoder-layer class: the architectures whose parameters and activations
+the formulas count exactly. Qwen2 (q/k/v biases) and Qwen3 (q/k norms) differ slightly and are
+refused rather than miscounted."""
 
 
 def _preset(name: str, description: str, **kw: Any) -> ModelSpec:
@@ -318,7 +327,7 @@ PRESETS: dict[str, ModelSpec] = {
         ),
         _preset(
             "mistral-7b", "Mistral-7B-v0.1", hidden=4096, layers=32, heads=32, kv_heads=8,
-            intermediate=14336, vocab=32000, max_position=32768,
+            intermediate=14336, vocab=32000, max_position=32768, model_type="mistral",
         ),
         _preset(
             "tinyllama-1.1b", "TinyLlama-1.1B", hidden=2048, layers=22, heads=32, kv_heads=4,

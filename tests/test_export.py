@@ -15,7 +15,7 @@ import yaml
 
 import autofit
 from autofit.errors import AutofitError
-from autofit.export import decoder_layer_class, export_plan, launch_command, load_plan
+from autofit.export import export_plan, launch_command, load_plan
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import plan_estimates
@@ -192,16 +192,19 @@ def test_grouped_and_whole_model_fsdp2_units_are_described(qlora_plan, tmp_path,
         assert "units of 2 decoder layers" in text  # Accelerate's own wrapping cannot group
 
 
-def test_decoder_layer_class_reads_a_local_models_type(tmp_path):
-    assert decoder_layer_class("llama-7b") == "LlamaDecoderLayer"
-    assert decoder_layer_class("mistral-7b") == "MistralDecoderLayer"
-    folder = tmp_path / "my-model"
+def test_decoder_layer_class_reads_the_models_type_not_its_path(tmp_path):
+    assert resolve_model("llama-7b").decoder_layer_class == "LlamaDecoderLayer"
+    assert resolve_model("mistral-7b").decoder_layer_class == "MistralDecoderLayer"
+    config = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 688, "vocab_size": 1024}  # fmt: skip
+    folder = tmp_path / "llama-based-finetune"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "mistral"}))
-    assert decoder_layer_class(str(folder)) == "MistralDecoderLayer"
-    assert decoder_layer_class(str(folder / "config.json")) == "MistralDecoderLayer"
-    (folder / "config.json").write_text("not json")
-    assert decoder_layer_class(str(folder)) == "LlamaDecoderLayer"
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
+    assert resolve_model(str(folder)).decoder_layer_class == "MistralDecoderLayer"
+    folder = tmp_path / "mistral-comparison"  # a Llama whose folder name says mistral
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    assert resolve_model(str(folder / "config.json")).decoder_layer_class == "LlamaDecoderLayer"
 
 
 def test_autofit_plan_round_trips_through_load_plan(qlora_plan, tmp_path):
