@@ -18,7 +18,7 @@ def test_estimate_as_in_design_md():
         checkpointing="full",
     )
     assert isinstance(est, autofit.Estimate)
-    assert est.fits and est.n_gpus == 2
+    assert est.within_capacity and est.n_gpus == 2
     assert est.config == autofit.Config(
         quant="nf4", lora_rank=64, micro_batch=8, checkpointing="full"
     )

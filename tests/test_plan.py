@@ -23,7 +23,7 @@ from tests.conftest import LLAMA_7B
 def test_plan_picks_a_winner_that_fits_with_headroom(qlora_plan):
     best = qlora_plan.best
     assert best is not None and best is qlora_plan.ranked[0]
-    assert best.estimate.fits
+    assert best.estimate.within_capacity
     assert best.peak_bytes <= best.estimate.usable_bytes * (1 - qlora_plan.margin)
     assert best.config.quant == "nf4"
 
@@ -31,7 +31,7 @@ def test_plan_picks_a_winner_that_fits_with_headroom(qlora_plan):
 def test_every_ranked_candidate_fits_and_is_ordered(qlora_plan):
     keys = [rank_key(c) for c in qlora_plan.ranked]
     assert keys == sorted(keys)
-    assert all(c.estimate.fits for c in qlora_plan.ranked)
+    assert all(c.estimate.within_capacity for c in qlora_plan.ranked)
 
 
 def test_pruned_and_fitting_add_up_to_considered(qlora_plan):

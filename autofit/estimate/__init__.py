@@ -38,7 +38,7 @@ class Estimate:
     peak_allocated_bytes: int  # predicted max_memory_allocated; == sum(breakdown)
     capacity_bytes: int
     usable_bytes: int  # capacity minus CUDA context
-    fits: bool
+    within_capacity: bool  # peak <= usable bytes and offloaded state within host RAM; no margin
     breakdown: dict[str, int]  # bytes by part at the peak moment
     peak_phase: str  # "forward" (end of forward), "optimizer" (step), "gather" (root all-gather)
     overhead: dict[str, int]  # allocator slack and CUDA context
@@ -51,6 +51,12 @@ class Estimate:
     sharding: str = "fsdp2"  # how the run holds the model: none (plain module), ddp, fsdp2
 
     @property
+    def fits(self) -> bool:
+        """The old name of `within_capacity`, kept for callers (and as the JSON key `fits`). It
+        is not the planner's test, which also keeps a headroom margin (`autofit.plan`)."""
+        return self.within_capacity
+
+    @property
     def headroom_bytes(self) -> int:
         return self.usable_bytes - self.peak_bytes
 
@@ -61,7 +67,7 @@ class Estimate:
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "capacity_bytes": self.capacity_bytes,
             "usable_bytes": self.usable_bytes,
-            "fits": self.fits,
+            "fits": self.within_capacity,
             "breakdown": dict(self.breakdown),
             "peak_phase": self.peak_phase,
             "overhead": dict(self.overhead),
@@ -208,7 +214,7 @@ def estimate(
         peak_allocated_bytes=int(allocated),
         capacity_bytes=int(capacity),
         usable_bytes=int(usable),
-        fits=bool(fits),
+        within_capacity=bool(fits),
         breakdown=breakdown,
         peak_phase=phase,
         overhead=overhead,

@@ -120,14 +120,14 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
             f"Host RAM for offloaded state: {fmt_bytes(est.host_bytes)} of "
             f"{fmt_bytes(est.host_capacity_bytes)}"
         )
-    verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
+    verdict = "[green]fits[/]" if est.within_capacity else "[red]does not fit[/]"
     console.print(
         f"{verdict}: {fmt_size(est.peak_bytes + est.overhead['cuda_context'])} of "
         f"{fmt_size(est.capacity_bytes)}; step {est.step_time_s:.3f} s "
         f"({', '.join(f'{k} {v:.3f}' for k, v in est.time_breakdown.items() if v)}), "
         f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
     )
-    if not est.fits:
+    if not est.within_capacity:
         console.print(
             "Next step: try --checkpointing full, a smaller --micro-batch (raise --grad-accum to "
             "keep the batch), --quant nf4 --lora-rank 16, --offload optimizer, or more GPUs; "

@@ -42,9 +42,9 @@ from autofit.search.candidates import (
 )
 from autofit.search.objective import Objective, TrialError, enqueue
 from autofit.search.verify import (
-    fits,
-    measured_fits,
+    ranked_under_line,
     stored_verification,
+    under_line,
     verify_steps,
     verify_winner,
 )
@@ -147,7 +147,7 @@ def search(
                             raise
 
         trial_cands = rebuild_trials(opt_study, cands)
-        ranked = measured_fits(setting, trial_cands)
+        ranked = ranked_under_line(setting, trial_cands)
         n_verify = verify_steps(budget.steps)
 
         def run_verification(cand: Candidate) -> TrialResult:
@@ -288,7 +288,7 @@ def assemble(
     """The plan of a study. `limits`: (--trials, --search-timeout, --trial-timeout) of the run
     that made it, named in the advice when nothing fits (None: not known, e.g. on export)."""
     s = setting
-    ranked = measured_fits(s, trial_cands)
+    ranked = ranked_under_line(s, trial_cands)
     if best is not None:
         ranked = [best] + [c for c in ranked if c.config != best.config]
     plan = Plan(
@@ -419,12 +419,12 @@ def load_study_plan(storage: str, study: str) -> Plan:
     setting = Setting.from_request(request)
     cands = enumerate_candidates(setting)
     trial_cands = rebuild_trials(opt_study, cands)
-    ranked = measured_fits(setting, trial_cands)
+    ranked = ranked_under_line(setting, trial_cands)
     best = None
 
     for cand in ranked:
         stored = stored_verification(opt_study, cand)
-        if stored is not None and fits(setting, TrialResult.from_dict(stored)):
+        if stored is not None and under_line(setting, TrialResult.from_dict(stored)):
             cand.verified = True
             best = cand
             break

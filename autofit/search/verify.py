@@ -27,7 +27,8 @@ def verify_steps(steps: int) -> int:
     return max(2 * steps, steps + 2)
 
 
-def fits(setting: Setting, result: TrialResult) -> bool:
+def under_line(setting: Setting, result: TrialResult) -> bool:
+    """A trial that ran and whose measured peak stayed at or below the headroom line."""
     return (
         result is not None
         and result.status == "ok"
@@ -36,9 +37,9 @@ def fits(setting: Setting, result: TrialResult) -> bool:
     )
 
 
-def measured_fits(setting: Setting, trials: list[Candidate]) -> list[Candidate]:
+def ranked_under_line(setting: Setting, trials: list[Candidate]) -> list[Candidate]:
     """Candidates whose trial ran and stayed under the headroom line, fastest first."""
-    return sorted((c for c in trials if fits(setting, c.trial)), key=rank_key)
+    return sorted((c for c in trials if under_line(setting, c.trial)), key=rank_key)
 
 
 def stored_verification(study: optuna.Study, cand: Candidate) -> dict[str, Any] | None:
@@ -54,7 +55,7 @@ def verify_winner(
     on_verified: Callable[[Candidate, TrialResult, bool], None] | None = None,
     hold: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Candidate | None:
-    """The first of `ranked` whose longer re-run still fits; None when none does.
+    """The first of `ranked` whose longer re-run still stays under the line; None when none does.
 
     `hold()` is held while a verification is looked up and run (the host's device lock), so of
     two planners on one host that reach the same winner only the first verifies it."""
@@ -70,7 +71,7 @@ def verify_winner(
                     study.set_user_attr(st.verify_key(cand.config), record)
         if stored is not None:
             result = TrialResult.from_dict(stored)
-        ok = fits(setting, result)
+        ok = under_line(setting, result)
         if on_verified and stored is None:
             on_verified(cand, result, ok)
         if ok:

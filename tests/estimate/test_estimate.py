@@ -25,26 +25,26 @@ def est(model: str, gpus: str, **knobs):  # type: ignore[no-untyped-def]
 # ----- sanity bars ------------------------------------------------------------------------------
 def test_full_fine_tune_of_llama_7b_does_not_fit_one_h100():
     e = est("llama-7b", "1xh100-80gb", checkpointing="full")
-    assert not e.fits
+    assert not e.within_capacity
     assert e.peak_bytes > 16 * N_7B  # model states alone are 16 B/param, ~108 GB
 
 
 def test_full_fine_tune_of_llama_7b_fits_eight_h100s():
     e = est("llama-7b", "8xh100-80gb", micro_batch=1, seq_len=2048)
-    assert e.fits
+    assert e.within_capacity
     assert e.peak_bytes < e.usable_bytes
 
 
 def test_qlora_llama_7b_fits_one_rtx3090():
     e = est("llama-7b", "1xrtx3090", **QLORA)
-    assert e.fits
+    assert e.within_capacity
     assert e.capacity_bytes == 24 * GiB
     assert e.peak_bytes < 16 * GiB  # QLoRA 7B at 2k tokens is comfortably under 24 GB
 
 
 def test_design_md_example_estimate_fits_two_rtx3090s():
     e = est("llama-7b", "2xrtx3090", **{**QLORA, "micro_batch": 8})
-    assert e.fits and e.n_gpus == 2
+    assert e.within_capacity and e.n_gpus == 2
 
 
 # ----- breakdown --------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def test_breakdown_sums_to_the_allocated_peak(gpus, knobs):
     assert sum(e.breakdown.values()) == e.peak_allocated_bytes
     assert e.peak_bytes == e.peak_allocated_bytes + e.overhead["allocator"]
     assert e.usable_bytes == e.capacity_bytes - e.overhead["cuda_context"]
-    assert e.fits == (
+    assert e.within_capacity == (
         e.peak_bytes <= e.usable_bytes and e.host_bytes <= 0.8 * e.host_capacity_bytes
     )
 
