@@ -90,7 +90,7 @@ def estimate(
     caching-allocator slack) so CPU trials can check the same formulas.
     """
     n = max(hardware.n_gpus, 1)
-    gpu = hardware.gpu
+    gpu = hardware.smallest_gpu
     sharding = sharding_for(config.wrap, n)
     shard = mem.shard_degree(sharding, n)
     ddp = sharding is Sharding.DDP
@@ -232,7 +232,7 @@ def step_time(
     model: ModelSpec, hardware: Hardware, config: Config, trainable: int, shard: int
 ) -> dict[str, float]:
     """Seconds per optimizer step by part: compute, exposed communication, offload, optimizer."""
-    gpu = hardware.gpu
+    gpu = hardware.smallest_gpu
     n = max(hardware.n_gpus, 1)
     tokens = config.micro_batch * config.seq_len
     flops = tokens * spd.micro_step_flops(

@@ -157,7 +157,7 @@ def resolve_gpus(spec: str | Hardware, gpu_memory: int | None = None) -> Hardwar
         if gpu_memory > hw.capacity_bytes and hw.gpus:
             from autofit.units import fmt_bytes
 
-            gpu = hw.gpu
+            gpu = hw.smallest_gpu
             which = "each" if len({g.memory_bytes for g in hw.gpus}) == 1 else "the smallest"
             raise HardwareError(
                 f"--gpu-memory {fmt_bytes(gpu_memory, 'GiB')} is more than the "

@@ -65,13 +65,14 @@ class Hardware:
         return len(self.gpus)
 
     @cached_property
-    def gpu(self) -> GPU:
-        """The smallest GPU: the one that runs out first."""
+    def smallest_gpu(self) -> GPU:
+        """The GPU with the least memory: the one that runs out first, whose capacity and speed
+        figures the estimate and the plan use."""
         return min(self.gpus, key=lambda g: g.memory_bytes)
 
     @property
     def capacity_bytes(self) -> int:
-        return self.gpu.memory_bytes
+        return self.smallest_gpu.memory_bytes
 
     def describe(self) -> str:
         if not self.gpus:

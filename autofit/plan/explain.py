@@ -107,10 +107,11 @@ def infeasible_advice(
     """Nothing fits: name the nearest candidate, what dominates its memory, and what would help.
     `rejected`: the candidates ruled out by memory; `skipped`: combinations the space's rules
     (and --global-batch) skipped, by reason, for when there is no candidate at all."""
-    if not hardware.gpu.bf16:
+    gpu = hardware.smallest_gpu
+    if not gpu.bf16:
         return (
-            f"{hardware.gpu.name} has no bf16 support (compute capability "
-            f"{hardware.gpu.compute_capability}); autofit plans bf16 training, which needs an "
+            f"{gpu.name} has no bf16 support (compute capability "
+            f"{gpu.compute_capability}); autofit plans bf16 training, which needs an "
             "Ampere (8.0) or newer GPU."
         )
     if not rejected:

@@ -39,7 +39,7 @@ def host_ram_bound(est: Estimate) -> bool:
 
 def prune_reason(est: Estimate, margin: float, hardware: Hardware) -> PruneReason | None:
     """Why an estimate rules its candidate out, or None if it may fit with `margin` headroom."""
-    if not hardware.gpu.bf16:
+    if not hardware.smallest_gpu.bf16:
         return PruneReason.NO_BF16
     if host_ram_bound(est):
         return PruneReason.HOST_RAM

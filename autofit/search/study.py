@@ -66,14 +66,19 @@ def default_study_name(
     """Stable, readable and unique per setting: the same command always finds the same study."""
     ident = {
         "model": asdict(model),
-        "gpus": [hardware.gpu.name, hardware.n_gpus, hardware.capacity_bytes, hardware.link],
+        "gpus": [
+            hardware.smallest_gpu.name,
+            hardware.n_gpus,
+            hardware.capacity_bytes,
+            hardware.link,
+        ],
         "device": device,
         "space": {k: list(v) for k, v in space.knobs.items()},
         "seq_len": seq_len,
         "global_batch": global_batch,
     }
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    gpu = re.sub(r"[^a-z0-9]+", "-", hardware.gpu.name.lower()).strip("-")
+    gpu = re.sub(r"[^a-z0-9]+", "-", hardware.smallest_gpu.name.lower()).strip("-")
     batch = f"-gb{global_batch}" if global_batch else ""
     return f"{model.name}-{hardware.n_gpus}x{gpu}-{space.name}-s{seq_len}{batch}-{digest}"
 

@@ -33,7 +33,7 @@ def test_schema_1_metadata_reads_as_a_request(search_kwargs):
     assert (request.seq_len, request.global_batch, request.device, request.margin) == (
         64, None, "cpu", 0.05,
     )  # fmt: skip
-    assert request.hardware.n_gpus == 2 and request.hardware.gpu.bf16
+    assert request.hardware.n_gpus == 2 and request.hardware.smallest_gpu.bf16
     assert request.prune and request.budget.trials == 20  # the defaults: v1 did not store them
 
 
