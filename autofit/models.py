@@ -152,7 +152,11 @@ class ModelSpec:
         """The inverse of `to_dict` (or of `asdict`); derived counts such as `n_params` are
         recomputed, not read."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        known = {k: v for k, v in data.items() if k in names}
+        if "model_type" not in known and known.get("name") in PRESETS:
+            # recorded before specs named their family: a preset's family is its preset's
+            known["model_type"] = PRESETS[known["name"]].model_type
+        return cls(**known)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str) -> ModelSpec:

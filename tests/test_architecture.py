@@ -36,6 +36,10 @@ def unit(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def is_unit(name: str) -> bool:
+    return (ROOT / name / "__init__.py").is_file() or (ROOT / f"{name}.py").is_file()
+
+
 def imports() -> dict[str, set[tuple[str, str]]]:
     """unit -> {(imported unit, where)}, counting imports inside functions too, not the ones
     under `if TYPE_CHECKING:` (annotations only)."""
@@ -54,6 +58,10 @@ def imports() -> dict[str, set[tuple[str, str]]]:
                 continue
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "autofit":
+                # `from autofit import recipe` imports the unit `recipe`; `from autofit import
+                # plan` in the CLI imports the public API, which is the top layer
+                names = [f"autofit.{a.name}" if is_unit(a.name) else "autofit" for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
             else:

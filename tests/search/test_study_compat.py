@@ -56,3 +56,31 @@ def test_a_schema_1_study_exports_and_resumes(fake, search_kwargs, tmp_path):
     calls = len(fake.calls)
     again = search(run_trial=fake, **search_kwargs)  # resuming accepts the old metadata
     assert again.best.config == plan.best.config and len(fake.calls) == calls
+
+
+def test_default_study_names_are_those_the_earlier_release_gave():
+    """The same `autofit plan` command must find the study it made before: these names are the
+    ones autofit 0.1 (commit a2f7c96, before specs recorded their family) computed."""
+    from autofit.hardware import resolve_hardware
+    from autofit.models import resolve_model
+    from autofit.space import load_space
+
+    hw, space = resolve_hardware("2xrtx3090"), load_space("default")
+    names = [
+        st.default_study_name(resolve_model(m), hw, space, 2048, 32, "cuda")
+        for m in ("llama-7b", "mistral-7b")
+    ]
+    assert names == [
+        "llama-7b-2xnvidia-geforce-rtx-3090-default-s2048-gb32-18889c9f",
+        "mistral-7b-2xnvidia-geforce-rtx-3090-default-s2048-gb32-be868c31",
+    ]
+
+
+def test_a_preset_recorded_without_its_family_reads_as_that_family():
+    from dataclasses import asdict
+
+    from autofit.models import PRESETS, ModelSpec
+
+    old = {k: v for k, v in asdict(PRESETS["mistral-7b"]).items() if k != "model_type"}
+    assert ModelSpec.from_dict(old) == PRESETS["mistral-7b"]
+    assert ModelSpec.from_dict(old).decoder_layer_class == "MistralDecoderLayer"
