@@ -17,7 +17,7 @@ The model and optimizer are NOT passed to `accelerator.prepare`: for a DDP model
 `prepare_model` would wrap it in a second `DistributedDataParallel`; for an FSDP2 model
 `fsdp2_prepare_model` returns it as it is, but `prepare` still wraps each decoder layer in a
 second activation checkpoint over autofit's (`fsdp_activation_checkpointing`). Nothing there is
-needed: `run.autocast()` and `run.gradient_sync()` are the measured autocast and accumulation.
+needed: `run.train_step()` is the measured autocast, accumulation and optimizer step.
 """
 
 from __future__ import annotations
@@ -70,16 +70,10 @@ def main() -> None:
     batch = torch.randint(0, vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
     batch = batch.to(run.device)
     for step in range(args.steps):
-        total = 0.0
-        for micro in range(cfg.grad_accum):
-            with run.gradient_sync(micro == cfg.grad_accum - 1):
-                with run.autocast():
-                    loss = run.model(input_ids=batch, labels=batch).loss / cfg.grad_accum
-                loss.backward()
-            total += loss.item()
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        accelerator.print(f"step {step}: loss {total:.4f}")
+        # one optimizer step: grad_accum micro-batches, forward and backward as trials measured
+        # them (autocast, gradient sync on the last micro-step only), then the optimizer step
+        loss = run.train_step([batch] * cfg.grad_accum).item()
+        accelerator.print(f"step {step}: loss {loss:.4f}")
     accelerator.wait_for_everyone()
     accelerator.end_training()
 

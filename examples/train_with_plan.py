@@ -2,7 +2,8 @@
 
 `autofit.apply` returns the run as the trials measured it: `run.model` (the plain module on one
 GPU, a DDP wrapper, or an FSDP2 root laid out as torchtitan), `run.optimizer` (torch AdamW, a
-torchao low-bit AdamW or the CPU-offloaded one), `run.autocast()` and `run.gradient_sync(...)`.
+torchao low-bit AdamW or the CPU-offloaded one) and `run.train_step(micro_batches)`, the step the
+trials ran (`run.autocast()` and `run.gradient_sync(...)` are its parts).
 
 A one-GPU plan (`--gpus 1`, `wrap: none`) is the plain module: no torchrun, no process group:
 
@@ -87,18 +88,11 @@ def main() -> None:
     batch = torch.randint(0, vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
     batch = batch.to(run.device)
     for step in range(args.steps):
-        total = 0.0
-        for micro in range(cfg.grad_accum):
-            last = micro == cfg.grad_accum - 1
-            with run.gradient_sync(last):
-                with run.autocast():
-                    loss = run.model(input_ids=batch, labels=batch).loss / cfg.grad_accum
-                loss.backward()
-            total += loss.item()
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        # one optimizer step: grad_accum micro-batches, forward and backward as trials measured
+        # them (autocast, gradient sync on the last micro-step only), then the optimizer step
+        loss = run.train_step([batch] * cfg.grad_accum).item()
         if rank == 0:
-            print(f"step {step}: loss {total:.4f}", flush=True)
+            print(f"step {step}: loss {loss:.4f}", flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
 

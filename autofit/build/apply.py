@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,9 @@ from autofit.build.quantize import quantize_layer
 from autofit.config import Config, Sharding, sharding_for
 from autofit.models import ModelSpec
 
+Batch = torch.Tensor | Mapping[str, torch.Tensor]
+"""One micro-batch: token ids (batch x seq) or the model's keyword inputs."""
+
 
 @dataclass
 class Applied:
@@ -37,16 +40,11 @@ class Applied:
 
     ```
     run = autofit.apply(model, plan.best.config)
-    for micro, batch in enumerate(batches):
-        last = (micro + 1) % run.config.grad_accum == 0
-        with run.gradient_sync(last):
-            with run.autocast():
-                loss = run.model(**batch).loss / run.config.grad_accum
-            loss.backward()
-        if last:
-            run.optimizer.step()
-            run.optimizer.zero_grad(set_to_none=True)
+    for step_batches in batches:                 # `grad_accum` micro-batches per optimizer step
+        loss = run.train_step(step_batches)      # forward, backward, optimizer step: as measured
     ```
+    `train_step` is `backward` (the micro-steps, gradients synced on the last) then the optimizer
+    step; a loop of your own can call `backward`, or `loss`, `autocast` and `gradient_sync`.
     """
 
     model: nn.Module  # the module to call: plain (peft) model, DDP wrapper, or FSDP2 root
@@ -74,6 +72,38 @@ class Applied:
         if self._fsdp_root is not None:
             self._fsdp_root.set_requires_gradient_sync(enabled)
         yield
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """The training loss of one micro-batch, its forward under `autocast`: token ids (a causal
+        LM's loss, the ids as labels, as trials run it) or the model's keyword inputs."""
+        inputs = {"input_ids": batch, "labels": batch} if torch.is_tensor(batch) else dict(batch)
+        with self.autocast():
+            return self.model(**{"use_cache": False, **inputs}).loss
+
+    def backward(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """Forward and backward of one optimizer step's micro-batches (`config.grad_accum` of
+        them), gradients synced on the last only; returns their mean loss (detached)."""
+        n = len(micro_batches)
+        if n != self.config.grad_accum:
+            raise ValueError(
+                f"{n} micro-batch(es) given for one optimizer step; this config accumulates "
+                f"grad_accum={self.config.grad_accum}. Pass that many."
+            )
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            with self.gradient_sync(i == n - 1):
+                loss = self.loss(batch)
+                (loss / n).backward()
+            total += loss.detach().float()
+        return total / n
+
+    def train_step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """One optimizer step: `backward` over the micro-batches, the optimizer step, the
+        gradients freed. Returns the mean loss (detached)."""
+        loss = self.backward(micro_batches)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
 
     @functools.cached_property
     def _fsdp_root(self) -> FSDPModule | None:

@@ -80,16 +80,11 @@ def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.de
 
 
 def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None) -> torch.Tensor:
-    """One optimizer step of `grad_accum` micro-steps; gradients sync on the last only. The loop
-    is `Applied`'s documented training loop: what a user's run does."""
+    """One optimizer step of `grad_accum` micro-steps, as a user's run does it (`Applied.backward`,
+    then the optimizer step). The optimizer step is `Applied.train_step`'s, except that on CPU the
+    tracker must not count state that lives in host memory or in a compiled step's buffers."""
     config = run.config
-    total = torch.zeros((), device=batch.device)
-    for micro in range(config.grad_accum):
-        with run.gradient_sync(micro == config.grad_accum - 1):
-            with run.autocast():
-                loss = run.model(input_ids=batch, labels=batch, use_cache=False).loss
-            (loss / config.grad_accum).backward()
-        total += loss.detach().float()
+    loss = run.backward([batch] * config.grad_accum)
     optimizer = run.optimizer
     cpu_offload = tracker is not None and config.offload != "none"
     if tracker is not None and (cpu_offload or is_compiled_step(config.optimizer)):
@@ -100,7 +95,7 @@ def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None)
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return total / config.grad_accum
+    return loss
 
 
 def run(
