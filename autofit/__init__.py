@@ -119,8 +119,9 @@ def plan(
     sp = load_space(space)
     if trials == 0:
         return plan_estimates(
-            spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device
-        )
+            PlanRequest.of(spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin,
+                           device=device)
+        )  # fmt: skip
     from autofit.report.run_folder import write_run_folder
     from autofit.search import search
 

@@ -15,6 +15,7 @@ import pytest
 from autofit.hardware import resolve_hardware
 from autofit.models import PRESETS
 from autofit.plan import plan_estimates
+from autofit.request import PlanRequest
 from autofit.space import load_space
 
 MiB = 1024**2
@@ -26,7 +27,13 @@ LLAMA_7B = PRESETS["llama-7b"]
 def qlora_plan():  # type: ignore[no-untyped-def]
     """llama-7b QLoRA (the `qlora` space) on two RTX 3090s, from estimates: no trial."""
     return plan_estimates(
-        LLAMA_7B, resolve_hardware("2xrtx3090"), load_space("qlora"), seq_len=2048, global_batch=32
+        PlanRequest.of(
+            LLAMA_7B,
+            resolve_hardware("2xrtx3090"),
+            load_space("qlora"),
+            seq_len=2048,
+            global_batch=32,
+        )
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import plan_estimates
+from autofit.request import PlanRequest
 from autofit.space import load_space
 
 pytestmark = pytest.mark.slow
@@ -22,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_train_with_plan_trains_a_one_gpu_plan_without_torchrun(tmp_path):
-    plan = plan_estimates(
+    plan = plan_estimates(PlanRequest.of(
         resolve_model("llama-debug"), resolve_hardware("1xrtx3090"),
         load_space(ROOT / "examples" / "tiny_space.yaml"), seq_len=64,
-    )  # fmt: skip
+    ))  # fmt: skip
     assert plan.best is not None and plan.best.config.wrap == "none"  # one GPU: plain module
     (path,) = plan.export("autofit", tmp_path / "plan.yaml")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

@@ -19,15 +19,16 @@ from autofit.export import export_plan, launch_command, load_plan
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import plan_estimates
+from autofit.request import PlanRequest
 from autofit.space import load_space
 
 
 def _qlora(hardware: str) -> Any:
     """llama-7b QLoRA from estimates (no trials needed to test exports)."""
-    return plan_estimates(
+    return plan_estimates(PlanRequest.of(
         resolve_model("llama-7b"), resolve_hardware(hardware), load_space("qlora"),
         seq_len=2048, global_batch=32,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -274,8 +275,8 @@ def test_load_plan_of_a_missing_or_foreign_file_says_what_to_pass(tmp_path):
 
 
 def test_a_plan_without_winner_cannot_be_exported(tmp_path):
-    plan = plan_estimates(resolve_model("llama-70b"), resolve_hardware("1xrtx3090"),
-                          load_space("full"), seq_len=4096)  # fmt: skip
+    plan = plan_estimates(PlanRequest.of(resolve_model("llama-70b"), resolve_hardware("1xrtx3090"),
+                          load_space("full"), seq_len=4096))  # fmt: skip
     assert plan.best is None
     with pytest.raises(AutofitError, match="no winner"):
         plan.export("autofit", tmp_path / "plan.yaml")

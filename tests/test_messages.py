@@ -25,6 +25,7 @@ from autofit.models import resolve_model
 from autofit.plan import Candidate, plan_estimates, trial_status
 from autofit.report.live import trial_line
 from autofit.report.plot import trials_figure
+from autofit.request import PlanRequest
 from autofit.search import search
 from autofit.search.candidates import Setting, enumerate_candidates
 from autofit.search.driver import no_winner_advice
@@ -124,7 +125,7 @@ def test_an_estimate_plans_counts_add_up_to_the_combinations_considered():
     space = parse_space({"seq_len": 64, "knobs": {"quant": ["none", "nf4"], "lora_rank": [0, 8],
                          "micro_batch": [1, 2]}}, "counts", name="counts")  # fmt: skip
     hw = resolve_hardware("2", device="cpu", gpu_memory=8 * GiB)
-    plan = plan_estimates(resolve_model("llama-debug"), hw, space, device="cpu")
+    plan = plan_estimates(PlanRequest.of(resolve_model("llama-debug"), hw, space, device="cpu"))
     rows = {what: n for what, n, _ in plan.tally()}
     assert plan.considered == 8
     assert rows == {
@@ -138,8 +139,8 @@ def test_an_estimate_plans_counts_add_up_to_the_combinations_considered():
 
 
 def test_a_big_estimate_plans_counts_add_up_too():
-    plan = plan_estimates(resolve_model("llama-7b"), resolve_hardware("2xrtx3090"),
-                          load_space("default"))  # fmt: skip
+    plan = plan_estimates(PlanRequest.of(resolve_model("llama-7b"), resolve_hardware("2xrtx3090"),
+                          load_space("default")))  # fmt: skip
     tally = plan.tally()
     assert sum(n for _, n, _ in tally) == plan.considered == 25_920
     for _, n, reasons in tally:  # each row is the sum of its reasons
@@ -299,13 +300,13 @@ def test_all_pruned_by_the_estimate_names_the_bound_not_the_global_batch(tmp_pat
 
 def test_the_global_batch_hint_only_when_the_global_batch_rules_out_everything():
     model, hw = resolve_model("llama-7b"), resolve_hardware("2xrtx3090")
-    plan = plan_estimates(model, hw, load_space("qlora"), global_batch=7)
+    plan = plan_estimates(PlanRequest.of(model, hw, load_space("qlora"), global_batch=7))
     assert plan.best is None
     assert plan.advice.startswith("--global-batch 7 rules out every candidate")
     assert "--global-batch 32" in plan.advice  # a multiple of every micro_batch (1..16) x 2 GPUs
     # a space whose combinations all break a rule, no global batch: the rule, not the batch
     space = parse_space({"knobs": {"quant": ["nf4"], "lora_rank": [0]}}, "bad", name="bad")
-    plan = plan_estimates(model, hw, space)
+    plan = plan_estimates(PlanRequest.of(model, hw, space))
     assert plan.best is None
     assert "quant needs LoRA" in plan.advice and "--global-batch" not in plan.advice
 
@@ -313,7 +314,9 @@ def test_the_global_batch_hint_only_when_the_global_batch_rules_out_everything()
 # ----- launch command -----------------------------------------------------------------------------
 def test_a_cpu_plans_launch_command_sets_no_cuda_variable_and_names_real_files(tmp_path):
     hw = resolve_hardware("2", device="cpu", gpu_memory=64 * MiB)
-    plan = plan_estimates(resolve_model("llama-debug"), hw, load_space(TINY_SPACE), device="cpu")
+    plan = plan_estimates(
+        PlanRequest.of(resolve_model("llama-debug"), hw, load_space(TINY_SPACE), device="cpu")
+    )
     (path,) = plan.export("autofit", tmp_path / "plan.yaml")
     cmd = launch_command(plan, "autofit", path)
     assert "CUDA" not in cmd and "train.py --plan" not in cmd.replace("<your_train.py>", "")
@@ -327,8 +330,8 @@ def test_a_cpu_plans_launch_command_sets_no_cuda_variable_and_names_real_files(t
 
 
 def test_a_gpu_plans_launch_command_keeps_the_allocator_setting(tmp_path):
-    plan = plan_estimates(resolve_model("llama-7b"), resolve_hardware("2xrtx3090"),
-                          load_space("qlora"))  # fmt: skip
+    plan = plan_estimates(PlanRequest.of(resolve_model("llama-7b"), resolve_hardware("2xrtx3090"),
+                          load_space("qlora")))  # fmt: skip
     cmd = launch_command(plan, "autofit", tmp_path / "plan.yaml")
     assert cmd.startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun")
     assert "<your_train.py>" in cmd
@@ -388,8 +391,8 @@ def test_the_old_timeout_flags_still_work(monkeypatch):
 
     def fake_plan(*args: Any, timeout: float | None, **kwargs: Any) -> Any:
         seen["search"] = timeout
-        return plan_estimates(resolve_model("llama-7b"), resolve_hardware("2xrtx3090"),
-                              load_space("qlora"))  # fmt: skip
+        hw = resolve_hardware("2xrtx3090")
+        return plan_estimates(PlanRequest.of(resolve_model("llama-7b"), hw, load_space("qlora")))
 
     monkeypatch.setattr(autofit, "plan", fake_plan)
     base = ["plan", "-m", "llama-7b", "-g", "2xrtx3090", "--trials", "1"]

@@ -16,6 +16,7 @@ from autofit.plan import (
     rank_key,
     winner_reason,
 )
+from autofit.request import PlanRequest
 from autofit.space import load_space
 from tests.conftest import LLAMA_7B
 
@@ -54,20 +55,24 @@ def test_estimate_space_splits_fitting_and_pruned():
 
 
 def test_global_batch_is_honoured_by_the_winner():
-    plan = plan_estimates(LLAMA_7B, resolve_gpus("2xrtx3090"), load_space("qlora"), global_batch=32)
+    plan = plan_estimates(
+        PlanRequest.of(LLAMA_7B, resolve_gpus("2xrtx3090"), load_space("qlora"), global_batch=32)
+    )
     cfg = plan.best.config
     assert cfg.micro_batch * cfg.grad_accum * 2 == 32
 
 
 def test_bigger_margin_never_admits_more_candidates():
     hw, space = resolve_gpus("2xrtx3090"), load_space("qlora")
-    small = plan_estimates(LLAMA_7B, hw, space, margin=0.0)
-    big = plan_estimates(LLAMA_7B, hw, space, margin=0.3)
+    small = plan_estimates(PlanRequest.of(LLAMA_7B, hw, space, margin=0.0))
+    big = plan_estimates(PlanRequest.of(LLAMA_7B, hw, space, margin=0.3))
     assert len(big.ranked) <= len(small.ranked)
 
 
 def test_nothing_fits_gives_advice_instead_of_a_winner():
-    plan = plan_estimates(PRESETS["llama-70b"], resolve_gpus("1xrtx3090"), load_space("full"))
+    plan = plan_estimates(
+        PlanRequest.of(PRESETS["llama-70b"], resolve_gpus("1xrtx3090"), load_space("full"))
+    )
     assert plan.best is None and not plan.ranked
     assert "Nothing in space 'full' fits" in plan.advice
     assert "What would make it fit" in plan.advice
@@ -77,14 +82,14 @@ def test_nothing_fits_gives_advice_instead_of_a_winner():
 def test_gpus_without_bf16_are_pruned_with_that_reason():
     t4 = GPU(0, "Tesla T4", 15 * 1024**3, 65.0, 320.0, (7, 5))
     hw = Hardware((t4,), host_ram_bytes=64 * 1024**3, cpu_cores=8)
-    plan = plan_estimates(PRESETS["llama-debug"], hw, load_space("qlora"))
+    plan = plan_estimates(PlanRequest.of(PRESETS["llama-debug"], hw, load_space("qlora")))
     assert plan.best is None
     assert plan.pruned[PruneReason.NO_BF16] > 0
     assert "no bf16 support" in plan.advice
 
 
 def test_plain_config_wins_ties():
-    plan = plan_estimates(LLAMA_7B, resolve_gpus("8xh100-80gb"), load_space("lora"))
+    plan = plan_estimates(PlanRequest.of(LLAMA_7B, resolve_gpus("8xh100-80gb"), load_space("lora")))
     best = plan.best.config
     tied = [c for c in plan.ranked if rank_key(c)[0] == rank_key(plan.best)[0]]
     from autofit.plan import complexity

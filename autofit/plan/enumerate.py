@@ -14,7 +14,7 @@ from autofit.plan.explain import infeasible_advice, winner_reason
 from autofit.plan.prune import prune_reason
 from autofit.plan.rank import rank_key
 from autofit.plan.types import Candidate, Plan
-from autofit.request import DEFAULT_MARGIN
+from autofit.request import DEFAULT_MARGIN, PlanRequest
 from autofit.space import Space
 
 
@@ -61,38 +61,25 @@ def estimate_space(
     return fitting, rejected, pruned_counts, considered
 
 
-def plan_estimates(
-    model: ModelSpec,
-    hardware: Hardware,
-    space: Space,
-    *,
-    seq_len: int | None = None,
-    global_batch: int | None = None,
-    margin: float = DEFAULT_MARGIN,
-    device: str = "cuda",
-) -> Plan:
+def plan_estimates(request: PlanRequest) -> Plan:
     """An estimate-only plan: the candidate with the highest estimated tokens/s that fits."""
-    seq = seq_len or space.seq_len
+    r = request
     fitting, rejected, pruned, considered = estimate_space(
-        model, hardware, space, seq_len=seq, global_batch=global_batch, margin=margin,
-        device=device,
+        r.model, r.hardware, r.space, seq_len=r.seq_len, global_batch=r.global_batch,
+        margin=r.margin, device=r.device,
     )  # fmt: skip
     plan = Plan(
-        model=model,
-        hardware=hardware,
-        space=space,
-        seq_len=seq,
-        global_batch=global_batch,
-        margin=margin,
-        device=device,
+        request=r,
         best=fitting[0] if fitting else None,
         ranked=fitting,
         pruned=pruned,
         considered=considered,
     )
     if fitting:
-        plan.reason = winner_reason(fitting[0], fitting[1:], hardware, measured=False)
+        plan.reason = winner_reason(fitting[0], fitting[1:], r.hardware, measured=False)
     else:
-        plan.advice = infeasible_advice(model, hardware, space, rejected, seq, global_batch,
-                                        margin, device, skipped=pruned)  # fmt: skip
+        plan.advice = infeasible_advice(
+            r.model, r.hardware, r.space, rejected, r.seq_len, r.global_batch, r.margin,
+            r.device, skipped=pruned,
+        )  # fmt: skip
     return plan

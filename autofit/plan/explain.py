@@ -14,7 +14,7 @@ from autofit.estimate.memory import HOST_RAM_USABLE, usable_host_bytes
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan.outcome import Outcome, trial_status
-from autofit.plan.prune import PruneReason, host_ram_bound, prune_reason
+from autofit.plan.prune import PruneReason, headroom_line, host_ram_bound, prune_reason
 from autofit.plan.rank import TIE_TOLERANCE, faster, slower
 from autofit.space import Space
 from autofit.units import fmt_bytes, fmt_size
@@ -120,7 +120,7 @@ def infeasible_advice(
     def overshoot(c: Candidate) -> float:
         e = c.estimate
         host = e.host_bytes / max(usable_host_bytes(e.host_capacity_bytes), 1)
-        return max(e.peak_bytes / max(e.usable_bytes * (1 - margin), 1), host)
+        return max(e.peak_bytes / max(headroom_line(e.usable_bytes, margin), 1), host)
 
     nearest = min(rejected, key=overshoot)
     est = nearest.estimate

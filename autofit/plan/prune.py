@@ -10,8 +10,9 @@ from __future__ import annotations
 from enum import StrEnum
 
 from autofit.estimate import Estimate
-from autofit.estimate.memory import usable_host_bytes
+from autofit.estimate.memory import usable_bytes, usable_host_bytes
 from autofit.hardware import Hardware
+from autofit.request import PlanRequest
 
 PRUNE_TOLERANCE = 0.10
 """How far above the headroom line (as a fraction) an estimated peak may be and a search still
@@ -32,6 +33,18 @@ class PruneReason(StrEnum):
     )
 
 
+def headroom_line(usable: float, margin: float) -> float:
+    """The headroom line: what a winner's peak may reach, the usable memory less `margin` of it."""
+    return usable * (1 - margin)
+
+
+def allowed_bytes(request: PlanRequest) -> float:
+    """The headroom line of a request's GPUs (the smallest one's usable memory)."""
+    return headroom_line(
+        usable_bytes(request.hardware.capacity_bytes, request.device), request.margin
+    )
+
+
 def host_ram_bound(est: Estimate) -> bool:
     """The offloaded state needs more host RAM than a run may use."""
     return est.host_bytes > usable_host_bytes(est.host_capacity_bytes)
@@ -45,7 +58,7 @@ def prune_reason(est: Estimate, margin: float, hardware: Hardware) -> PruneReaso
         return PruneReason.HOST_RAM
     if est.peak_bytes > est.usable_bytes:
         return PruneReason.OVER_CAPACITY
-    if est.peak_bytes > est.usable_bytes * (1 - margin):
+    if est.peak_bytes > headroom_line(est.usable_bytes, margin):
         return PruneReason.OVER_MARGIN
     return None
 

@@ -10,12 +10,13 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.estimate import Estimate
-from autofit.estimate.memory import usable_bytes
 from autofit.export import export_plan
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan.explain import tally
 from autofit.plan.outcome import Outcome
+from autofit.plan.prune import allowed_bytes
+from autofit.request import PlanRequest
 from autofit.space import Space
 from autofit.trials.result import TrialResult
 
@@ -77,13 +78,7 @@ class Candidate:
 class Plan:
     """The outcome of planning: `best`, the evidence, and what was pruned and why."""
 
-    model: ModelSpec
-    hardware: Hardware
-    space: Space
-    seq_len: int
-    global_batch: int | None
-    margin: float
-    device: str
+    request: PlanRequest  # what the plan is for: model, hardware, space, seq_len, batch, margin
     best: Candidate | None
     ranked: list[Candidate]  # candidates that fit, best first
     trials: list[Candidate] = field(default_factory=list)  # candidates that ran a trial
@@ -96,13 +91,41 @@ class Plan:
     run_dir: str | None = None
 
     @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def hardware(self) -> Hardware:
+        return self.request.hardware
+
+    @property
+    def space(self) -> Space:
+        return self.request.space
+
+    @property
+    def seq_len(self) -> int:
+        return self.request.seq_len
+
+    @property
+    def global_batch(self) -> int | None:
+        return self.request.global_batch
+
+    @property
+    def margin(self) -> float:
+        return self.request.margin
+
+    @property
+    def device(self) -> str:
+        return self.request.device
+
+    @property
     def capacity_bytes(self) -> int:
         return self.hardware.capacity_bytes
 
     @property
     def allowed_bytes(self) -> float:
         """The headroom line: a measured winner's peak must stay at or below it."""
-        return usable_bytes(self.capacity_bytes, self.device) * (1 - self.margin)
+        return allowed_bytes(self.request)
 
     @property
     def searched(self) -> bool:

@@ -17,8 +17,8 @@ from optuna.distributions import CategoricalDistribution
 
 from autofit.config import KNOBS, Config, derive_grad_accum
 from autofit.errors import ConfigError
-from autofit.estimate.memory import usable_bytes
 from autofit.plan import Candidate, PruneReason, estimate_all, rank_key, search_prune_reason
+from autofit.plan.prune import allowed_bytes
 from autofit.request import PlanRequest
 
 # Two candidates whose estimated speed and peak are both within this of each other are the same
@@ -36,7 +36,7 @@ class Setting(PlanRequest):
     @property
     def allowed_bytes(self) -> float:
         """The headroom line: the winner's measured peak must stay at or below it."""
-        return usable_bytes(self.hardware.capacity_bytes, self.device) * (1 - self.margin)
+        return allowed_bytes(self)
 
 
 @dataclass

@@ -292,8 +292,7 @@ def assemble(
     if best is not None:
         ranked = [best] + [c for c in ranked if c.config != best.config]
     plan = Plan(
-        model=s.model, hardware=s.hardware, space=s.space, seq_len=s.seq_len,
-        global_batch=s.global_batch, margin=s.margin, device=s.device, best=best,
+        request=s, best=best,
         ranked=ranked, trials=trial_cands, pruned=cands.counts, considered=cands.considered,
         storage=storage, study_name=study.study_name,
         run_dir=str(folder) if folder is not None else None,
