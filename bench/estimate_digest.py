@@ -16,6 +16,7 @@ import sys
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import estimate_all, prune_reason, rank_key
+from autofit.request import PlanRequest
 from autofit.space import load_space
 
 CASES = (
@@ -31,7 +32,7 @@ def fingerprint(model: str, gpus: str, device: str, gpu_memory: str | None, spac
     spec = resolve_model(model)
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     sp = load_space(space)
-    cands, skipped, considered = estimate_all(spec, hw, sp, device=device)
+    cands, skipped, considered = estimate_all(PlanRequest.of(spec, hw, sp, device=device))
     rows = []
     for c in cands:
         reason = prune_reason(c.estimate, 0.05, hw)

@@ -14,6 +14,7 @@ import time
 from autofit.hardware import resolve_gpus
 from autofit.models import resolve_model
 from autofit.plan import estimate_space
+from autofit.request import PlanRequest
 from autofit.space import load_space
 
 BUDGET_S = 1.0
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     best = float("inf")
     for _ in range(max(args.repeat, 1)):
         start = time.perf_counter()
-        fitting, rejected, pruned, considered = estimate_space(model, hardware, space)
+        fitting, rejected, pruned, considered = estimate_space(
+            PlanRequest.of(model, hardware, space)
+        )
         best = min(best, time.perf_counter() - start)
     estimated = len(fitting) + len(rejected)
     print(f"{args.model} on {args.gpus}, space '{args.space}':")

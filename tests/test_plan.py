@@ -46,7 +46,7 @@ def test_winner_reason_names_the_comparison_and_the_memory(qlora_plan):
 
 def test_estimate_space_splits_fitting_and_pruned():
     fitting, rejected, counts, considered = estimate_space(
-        LLAMA_7B, resolve_gpus("1xrtx3090"), load_space("full")
+        PlanRequest.of(LLAMA_7B, resolve_gpus("1xrtx3090"), load_space("full"))
     )
     # a full fine-tune of 7B fits 24 GB only with its model states on the host
     assert fitting and all(c.config.offload == "params" for c in fitting)

@@ -8,50 +8,33 @@ from __future__ import annotations
 from collections import Counter
 
 from autofit.estimate import estimate
-from autofit.hardware import Hardware
-from autofit.models import ModelSpec
 from autofit.plan.explain import infeasible_advice, winner_reason
 from autofit.plan.prune import prune_reason
 from autofit.plan.rank import rank_key
 from autofit.plan.types import Candidate, Plan
-from autofit.request import DEFAULT_MARGIN, PlanRequest
-from autofit.space import Space
+from autofit.request import PlanRequest
 
 
-def estimate_all(
-    model: ModelSpec,
-    hardware: Hardware,
-    space: Space,
-    *,
-    seq_len: int | None = None,
-    global_batch: int | None = None,
-    device: str = "cuda",
-) -> tuple[list[Candidate], Counter[str], int]:
-    """Every valid config of the space with its estimate (space order), the combinations the
-    space's rules skipped (by reason), and how many combinations were considered in all."""
-    configs, skipped = space.candidates(hardware.n_gpus, seq_len=seq_len, global_batch=global_batch)
-    cands = [Candidate(cfg, estimate(model, hardware, cfg, device=device)) for cfg in configs]
+def estimate_all(request: PlanRequest) -> tuple[list[Candidate], Counter[str], int]:
+    """Every valid config of the request's space with its estimate (space order), the
+    combinations the space's rules skipped (by reason), and how many were considered in all."""
+    r = request
+    configs, skipped = r.space.candidates(
+        r.hardware.n_gpus, seq_len=r.seq_len, global_batch=r.global_batch
+    )
+    cands = [Candidate(cfg, estimate(r.model, r.hardware, cfg, device=r.device)) for cfg in configs]
     return cands, Counter(skipped), len(configs) + sum(skipped.values())
 
 
 def estimate_space(
-    model: ModelSpec,
-    hardware: Hardware,
-    space: Space,
-    *,
-    seq_len: int | None = None,
-    global_batch: int | None = None,
-    margin: float = DEFAULT_MARGIN,
-    device: str = "cuda",
+    request: PlanRequest,
 ) -> tuple[list[Candidate], list[Candidate], Counter[str], int]:
     """(fitting candidates ranked best first, pruned candidates, prune counts, considered)."""
-    cands, pruned_counts, considered = estimate_all(
-        model, hardware, space, seq_len=seq_len, global_batch=global_batch, device=device
-    )
+    cands, pruned_counts, considered = estimate_all(request)
     fitting: list[Candidate] = []
     rejected: list[Candidate] = []
     for cand in cands:
-        reason = prune_reason(cand.estimate, margin, hardware)
+        reason = prune_reason(cand.estimate, request.margin, request.hardware)
         if reason:
             pruned_counts[reason] += 1
             rejected.append(cand)
@@ -64,10 +47,7 @@ def estimate_space(
 def plan_estimates(request: PlanRequest) -> Plan:
     """An estimate-only plan: the candidate with the highest estimated tokens/s that fits."""
     r = request
-    fitting, rejected, pruned, considered = estimate_space(
-        r.model, r.hardware, r.space, seq_len=r.seq_len, global_batch=r.global_batch,
-        margin=r.margin, device=r.device,
-    )  # fmt: skip
+    fitting, rejected, pruned, considered = estimate_space(r)
     plan = Plan(
         request=r,
         best=fitting[0] if fitting else None,

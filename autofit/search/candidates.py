@@ -78,10 +78,7 @@ class Candidates:
 
 def enumerate_candidates(setting: Setting) -> Candidates:
     s = setting
-    all_cands, counts, considered = estimate_all(
-        s.model, s.hardware, s.space, seq_len=s.seq_len, global_batch=s.global_batch,
-        device=s.device,
-    )  # fmt: skip
+    all_cands, counts, considered = estimate_all(s)
     every: dict[Config, Candidate] = {}
     trialable: list[Candidate] = []
     predicted: list[Candidate] = []
