@@ -26,8 +26,11 @@ LAYERS: list[set[str]] = [
     {"search"},  # the Optuna study: estimate -> trials -> plan
     {"", "cli", "__main__"},  # the public API and the CLI
 ]
-TORCH_FREE = ("autofit", "autofit.search", "autofit.plan", "autofit.report", "autofit.trials",
-              "autofit.cli", "autofit.export", "autofit.trials.launcher")  # fmt: skip
+# the worker's entry too: it must guard itself before torch takes seconds to import
+TORCH_FREE = (
+    "autofit", "autofit.search", "autofit.plan", "autofit.report", "autofit.trials",
+    "autofit.trials.worker", "autofit.trials.launcher", "autofit.cli", "autofit.export",
+)  # fmt: skip
 
 
 def unit(module: str) -> str:

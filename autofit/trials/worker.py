@@ -1,226 +1,24 @@
 """The trial's torchrun entry: `python -m autofit.trials.worker --spec SPEC.json --out OUT.json`.
 
-Each rank builds the model, runs warm-up then measured steps, and writes `OUT.json.rank<R>.json`
-(status, message and, for an OOM, whether the GPU or the host ran out); rank 0 also writes
-`OUT.json`, the whole result with peaks reduced over ranks, and `progress.json` after each step.
-
-Every worker dies with the planner (`guard`) and offers itself first to the kernel's OOM killer,
-so a host that runs out of RAM kills a trial, not the planner that records it.
+A worker first makes sure it dies with its planner (`guard`: SIGKILL when torchrun dies, and a
+watchdog that kills it at once if the planner is already gone), and only then imports torch and
+the builder to run its rank (`rank.py`). The imports take seconds, more on a loaded machine; a
+planner killed in that time must still take the worker with it.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import datetime
-import gc
-import json
-import os
-import statistics
 import sys
-import time
-import traceback
-from pathlib import Path
-from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor
-
-from autofit.build.apply import Applied, build_for_trial
-from autofit.build.optim import is_compiled_step
-from autofit.config import Config
-from autofit.errors import oom_kind
-from autofit.models import ModelSpec
 from autofit.trials.guard import guard_trial_process
-from autofit.trials.memory import (
-    TensorTracker,
-    cap_cuda,
-    device_used_bytes,
-    host_peak_bytes,
-    untracked,
-)
-
-# Joining the process group and every collective after it fail in this time rather than at the
-# trial's own limit: a peer that never comes costs seconds. Ranks build the same model at the same
-# pace, so no healthy collective waits this long for a peer.
-COLLECTIVE_TIMEOUT_ENV = "AUTOFIT_COLLECTIVE_TIMEOUT_S"
-COLLECTIVE_TIMEOUT_S = 60.0
-PROGRESS_FILE = "progress.json"
-OOM_SCORE_ADJ = 800  # of -1000..1000: the OOM killer picks a trial worker before anything else
-
-
-def collective_timeout() -> datetime.timedelta:
-    return datetime.timedelta(
-        seconds=float(os.environ.get(COLLECTIVE_TIMEOUT_ENV) or COLLECTIVE_TIMEOUT_S)
-    )
-
-
-def _offer_to_oom_killer() -> None:
-    with contextlib.suppress(OSError):
-        Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
-
-
-class Progress:
-    """Rank 0 tells the launcher what it is doing (`progress.json`: phase, step, steps)."""
-
-    def __init__(self, path: Path | None, steps: int) -> None:
-        self.path, self.steps = path, steps
-
-    def __call__(self, phase: str, step: int = 0) -> None:
-        if self.path is not None:
-            _write(self.path, {"phase": phase, "step": step, "steps": self.steps})
-
-
-def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.device):
-    """A fixed batch of random tokens per rank: the model memorises it, so the loss falls."""
-    gen = torch.Generator().manual_seed(1234 + rank)
-    tokens = torch.randint(0, spec.vocab, (config.micro_batch, config.seq_len), generator=gen)
-    return tokens.to(device)
-
-
-def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None) -> torch.Tensor:
-    """One optimizer step of `grad_accum` micro-steps, as a user's run does it (`Applied.backward`,
-    then the optimizer step). The optimizer step is `Applied.train_step`'s, except that on CPU the
-    tracker must not count state that lives in host memory or in a compiled step's buffers."""
-    config = run.config
-    loss = run.backward([batch] * config.grad_accum)
-    optimizer = run.optimizer
-    cpu_offload = tracker is not None and config.offload != "none"
-    if tracker is not None and (cpu_offload or is_compiled_step(config.optimizer)):
-        with untracked():
-            optimizer.step()
-        if not cpu_offload:  # compiled low-bit step: its state lives on the device, count it
-            tracker.track([list(s.values()) for s in optimizer.state.values()])
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss
-
-
-def run(
-    spec: dict[str, Any], rank: int, world: int, local_rank: int, progress: Progress | None = None
-) -> dict[str, Any] | None:
-    progress = progress or Progress(None, 0)
-    device_type = spec["device"]
-    gpu_memory = spec.get("gpu_memory")
-    if device_type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=collective_timeout())
-        dist.barrier()  # the NCCL communicator and its buffers exist from here on
-        capacity = cap_cuda(gpu_memory, device)
-    else:
-        device = torch.device("cpu")
-        capacity = gpu_memory
-        dist.init_process_group("gloo", timeout=collective_timeout())
-    progress("build")
-
-    config = Config.from_dict(spec["config"])
-    model_spec = ModelSpec(**spec["model"])
-    torch.manual_seed(0)
-    tracker = TensorTracker(capacity) if device_type == "cpu" else None
-    device_peak = 0
-    with tracker if tracker is not None else contextlib.nullcontext():
-        applied = build_for_trial(model_spec, config, device)
-        applied.model.train()
-        batch = synthetic_batch(model_spec, config, rank, device)
-        # On CPU the "device" is the host: offloaded optimizer state (and, for offload=params, the
-        # sharded fp32 params) are kept out of the device count, as they would be on a GPU.
-        gc.collect()
-        if tracker is not None:
-            build_peak = tracker.peak
-            if config.offload == "params":  # what FSDP2 manages is on the host; not what it left
-                tracker.untrack([p for p in applied.model.parameters() if isinstance(p, DTensor)])
-            tracker.reset_peak()
-        else:
-            build_peak = torch.cuda.max_memory_reserved(device)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        losses, times = [], []
-        for step in range(spec["warmup"] + spec["steps"]):
-            warm = step < spec["warmup"]
-            progress("warmup" if warm else "step", step + 1 - (0 if warm else spec["warmup"]))
-            start = time.perf_counter()
-            loss = train_step(applied, batch, tracker)
-            losses.append(loss)
-            if device_type == "cuda":
-                torch.cuda.synchronize(device)
-                device_peak = max(device_peak, device_used_bytes(device))
-            times.append(time.perf_counter() - start)
-    if tracker is not None:
-        peaks = [tracker.peak, tracker.peak, build_peak, 0]  # no device-level view on CPU
-    else:
-        peaks = [
-            torch.cuda.max_memory_reserved(device),
-            torch.cuda.max_memory_allocated(device),
-            build_peak,
-            device_peak,
-        ]
-    peak_t = torch.tensor(peaks, dtype=torch.float64, device=device)
-    dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
-    host_t = torch.tensor([float(host_peak_bytes())], dtype=torch.float64, device=device)
-    dist.all_reduce(host_t, op=dist.ReduceOp.SUM)
-    loss_t = torch.stack(losses).to(torch.float64)
-    dist.all_reduce(loss_t, op=dist.ReduceOp.AVG if device_type == "cuda" else dist.ReduceOp.SUM)
-    if device_type != "cuda":  # gloo has no AVG
-        loss_t /= world
-    measured = times[spec["warmup"] :] or times
-    step_time = statistics.median(measured)
-    tokens = config.micro_batch * config.grad_accum * config.seq_len * world
-    if rank != 0:
-        return None
-    return {
-        "status": "ok",
-        "sharding": str(applied.sharding),
-        "peak_bytes": int(peak_t[0].item()),
-        "peak_allocated_bytes": int(peak_t[1].item()),
-        "build_peak_bytes": int(peak_t[2].item()),
-        "device_peak_bytes": int(peak_t[3].item()) or None,
-        "host_peak_bytes": int(host_t[0].item()),
-        "step_time_s": step_time,
-        "tokens_per_s": tokens / step_time,
-        "losses": [float(x) for x in loss_t.tolist()],
-        "capacity_bytes": capacity,
-    }
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     guard_trial_process()
-    _offer_to_oom_killer()
-    out = Path(args.out)
-    (out.parent / f"pid.{rank}").write_text(str(os.getpid()))
-    rank_file = out.parent / f"{out.name}.rank{rank}.json"
-    spec = json.loads(Path(args.spec).read_text())
-    progress = Progress(out.parent / PROGRESS_FILE if rank == 0 else None, spec["steps"])
-    try:
-        result = run(spec, rank, world, local_rank, progress)
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes a status
-        lines = traceback.format_exception(exc)
-        kind = oom_kind(exc, "".join(lines))
-        message = f"rank {rank}: {type(exc).__name__}: {exc}"
-        report = {"status": "oom" if kind else "error", "message": message, "oom_of": kind}
-        _write(rank_file, {**report, "traceback": "".join(lines)})
-        print("".join(lines[-20:]), file=sys.stderr, flush=True)
-        os._exit(1)  # no process-group teardown: other ranks may be stuck in a collective
-    _write(rank_file, {"status": "ok", "message": ""})
-    if result is not None:
-        _write(out, result)
-    dist.destroy_process_group()
+    from autofit.trials.rank import main as run_rank
+
+    run_rank(argv)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -3,8 +3,10 @@
 Python imports `sitecustomize` from the path at start-up of every process. `fault_env()` (in
 `__init__.py`) puts this folder on `PYTHONPATH`, which the launcher passes on to torchrun and its
 workers, and names a fault in `AUTOFIT_TEST_FAULT`. Only in a trial worker (torchrun sets
-`LOCAL_RANK`) does this file act: it wraps `torch.distributed.init_process_group`, which the worker
-calls through the module, so that right after a rank has joined the process group
+`LOCAL_RANK`) does this file act: once the worker imports `torch.distributed` (after it guarded
+itself; importing torch here, at start-up, would delay that guard by seconds), it wraps
+`init_process_group`, which the worker calls through the module, so that right after a rank has
+joined the process group
 
 - `hang`: every rank hangs;
 - `hang-collective`: rank 0 waits in a collective (a barrier) that the other ranks never join;
@@ -15,7 +17,11 @@ Every other process (the planner, torchrun) imports nothing and changes nothing.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
+import types
 
 FAULT_ENV = "AUTOFIT_TEST_FAULT"
 FAULTS = ("hang", "hang-collective", "host-oom")
@@ -28,9 +34,7 @@ def _hang() -> None:
         time.sleep(1)
 
 
-def _inject(fault: str) -> None:
-    import torch.distributed as dist
-
+def _inject(fault: str, dist: types.ModuleType) -> None:
     join = dist.init_process_group
 
     def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -48,8 +52,29 @@ def _inject(fault: str) -> None:
     dist.init_process_group = init_process_group
 
 
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Injects the fault into `name` right after that module is first imported."""
+
+    def __init__(self, name: str, fault: str) -> None:
+        self.name, self.fault = name, fault
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            run(module)
+            _inject(self.fault, module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 _fault = os.environ.get(FAULT_ENV, "")
 if _fault and "LOCAL_RANK" in os.environ:
     if _fault not in FAULTS:
         raise SystemExit(f"{FAULT_ENV}={_fault!r}: expected one of {', '.join(FAULTS)}")
-    _inject(_fault)
+    sys.meta_path.insert(0, _WhenImported("torch.distributed", _fault))
