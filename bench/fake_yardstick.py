@@ -2,8 +2,10 @@
 
 torch's `FSDPMemTracker` runs the real FSDP2 training step of autofit's own builder under
 `FakeTensorMode` with the `fake` process group (no memory is allocated, no rank exists but 0) and
-reports the peak tensor memory of one rank by category. This script compares it with the napkin's
-`peak_allocated_bytes` for the same configs and prints the error of each.
+reports the peak tensor memory of one rank by category (`tests/estimate/fake_tracker.py`, which
+the suite's `tests/estimate/test_against_tracker.py` runs too, on small models). This script
+compares it with the napkin's `peak_allocated_bytes` for the same configs and prints the error of
+each.
 
 Only FSDP2 configs (`wrap` layer, every-2, model): the tracker follows `fully_shard` units, and
 `wrap: none` is not FSDP2 (the plain module on one GPU, DDP replicas on several). The model is
@@ -22,16 +24,16 @@ torchao's subclasses refuse fake tensors).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.estimate.fake_tracker import trace  # noqa: E402 - the machinery the suite shares
 
 GRID = [
     # (model, gpus, knobs)
@@ -52,137 +54,6 @@ GRID = [
     ("llama-7b", 2, {"wrap": "model", "lora_rank": 16, "micro_batch": 2, "checkpointing": "full"}),
     ("mistral-7b", 4, {"lora_rank": 32, "micro_batch": 2, "checkpointing": "selective"}),
 ]
-
-
-def peak_tracker_class() -> type:
-    """`FSDPMemTracker` that keeps only the global peak, and where it happened.
-
-    The stock tracker also updates a per-module peak on every dispatched op by walking all tracked
-    modules (a `WeakIdKeyDictionary` whose look-ups call `hasattr` through every checkpoint
-    wrapper): over half the run time at 70B. Only the global peak is compared here, so this
-    override drops that walk and records instead the pass and the FSDP2 unit last entered (its
-    pre-forward or pre-backward hook; the module tracker's `parents` go stale under activation
-    checkpointing)."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    class PeakTracker(FSDPMemTracker):
-        where = ""
-        _unit = None
-
-        def _entered(self, fsdp_mod: object, hook: Callable) -> Callable:
-            def inner(*args: object, **kwargs: object) -> object:
-                self._unit = fsdp_mod
-                return hook(*args, **kwargs)
-
-            return inner
-
-        def _fsdp_state_pre_forward(self, fsdp_mod: object, orig: Callable) -> Callable:
-            return self._entered(fsdp_mod, super()._fsdp_state_pre_forward(fsdp_mod, orig))
-
-        def _fsdp_param_group_pre_backward(self, fsdp_mod: object, orig: Callable) -> Callable:
-            hook = super()._fsdp_param_group_pre_backward(fsdp_mod, orig)
-            return self._entered(fsdp_mod, hook)
-
-        def _update_peak_stats(self, peak_state: object) -> None:
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]:
-                    self._peak_mem[dev] = snap["Total"]
-                    self._peak_mem_snap[dev] = dict(snap)
-                    self.where = self._place()
-
-        def _place(self) -> str:
-            if self._in_opt:
-                return "optimizer step"
-            unit = self._unit and self._mod_tracker.get_known_fqn(self._unit) or "?"
-            unit = unit.split(".", 1)[1] if "." in unit else "root"
-            unit = unit.replace("base_model.model.", "").replace("_checkpoint_wrapped_module.", "")
-            pass_ = "backward" if self._mod_tracker.is_bw else "forward"
-            return f"{pass_} (last unit entered: {unit})"
-
-    return PeakTracker
-
-
-@contextlib.contextmanager
-def own_fake_mode_for_dtensor_metadata() -> Iterator[None]:
-    """Make DTensor's sharding propagation run in a fake mode of its own.
-
-    DTensor derives each op's output metadata by running it on global-shape tensors under
-    `detect_fake_mode() or FakeTensorMode()`. Inside this script's FakeTensorMode it finds that
-    mode, which is also the one the tracker entered under, so the tracker cannot tell those
-    global-shape tensors from the step's own and counts them. It matters in the optimizer step,
-    which runs on the sharded DTensor parameters: unsharded fp32 stand-ins of the parameters
-    being updated (llama-3-8b, 128k vocabulary: +6.1 GiB of `OPT`, which was its whole recorded
-    "peak", 21.07 GiB instead of 19.20). A separate fake mode is what DTensor uses outside a fake
-    mode, and the tracker skips ops run in a fake mode other than its own."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.tensor import _sharding_prop
-
-    own = FakeTensorMode()
-    detect = _sharding_prop.detect_fake_mode
-    _sharding_prop.detect_fake_mode = lambda *args, **kwargs: own
-    try:
-        yield
-    finally:
-        _sharding_prop.detect_fake_mode = detect
-
-
-def trace(model_name: str, world: int, knobs: dict) -> tuple:
-    """Peak bytes of rank 0 by category for one config (traced under FakeTensorMode by
-    FSDPMemTracker), where the peak happened, and the config's `Config` and `ModelSpec`."""
-    import torch
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from autofit.build.apply import cast_base, cast_trainable
-    from autofit.build.checkpoint import apply_checkpointing
-    from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh
-    from autofit.build.lora import apply_lora
-    from autofit.build.model import build_meta_model, materialize, model_parts
-    from autofit.build.optim import build_optimizer
-    from autofit.config import Config, Sharding, sharding_for
-    from autofit.models import resolve_model
-
-    spec = resolve_model(model_name)
-    cfg = Config(**{"seq_len": 2048, **knobs})
-    if sharding_for(cfg.wrap, world) is not Sharding.FSDP2:
-        raise ValueError(f"wrap={cfg.wrap} on {world} GPU(s) is not FSDP2: nothing to track")
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    mesh = make_mesh("cpu", world)  # made outside the fake mode
-    # The builder's steps before sharding run on the meta device outside the fake mode (peft's
-    # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
-    # builder's order (autofit/build/apply.py `prepare`, unquantized: shard, then materialise).
-    model = build_meta_model(spec)
-    cast_base(model, cfg)
-    model = apply_lora(model, cfg.lora_rank, cfg.alpha)
-    cast_trainable(model, cfg)
-    apply_checkpointing(model, cfg.checkpointing)
-    parts = model_parts(model)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        apply_fsdp(model, parts, cfg, mesh)
-        materialize(model, torch.device("cpu"))
-        opt = build_optimizer(model, cfg, "cpu")
-        root = fsdp_root(model)
-        batch = torch.randint(0, spec.vocab, (cfg.micro_batch, cfg.seq_len))
-        tracker = peak_tracker_class()(root, opt)
-        tracker.track_inputs((batch,))
-        with tracker, own_fake_mode_for_dtensor_metadata():
-            for step in range(2):
-                for micro in range(cfg.grad_accum):
-                    root.set_requires_gradient_sync(micro == cfg.grad_accum - 1)
-                    loss = model(input_ids=batch, labels=batch, use_cache=False).loss
-                    (loss / cfg.grad_accum).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if step == 0:
-                    tracker.reset_mod_stats()
-        snap = tracker.get_tracker_snapshot("peak")
-    dist.destroy_process_group()
-    per_dev = next(iter(snap.values()))
-    measured = {str(k).split(".")[-1]: int(v) for k, v in per_dev.items()}
-    return measured, tracker.where, cfg, spec
 
 
 def main() -> None:

@@ -3,10 +3,11 @@
     python bench/mutate_memory_terms.py [--json measured.json]
 
 Runs the CPU trials of `tests/estimate/measured.py` once (or reads them from `--json`, which it
-writes after measuring), prints each case's error against what docs/accuracy.md records, then for
-every byte-counting function of `autofit/estimate/memory.py` and each factor replaces the function
-with one that returns factor x the original and asks the tests' own check (`measured.problem`)
-whether any case now fails. Every cell of the table should say "caught".
+writes after measuring) and the FSDPMemTracker traces of `tests/estimate/tracked.py` (seconds, no
+cache), prints each case's error against what docs/accuracy.md records, then for every
+byte-counting function of `autofit/estimate/memory.py` and each factor replaces the function with
+one that returns factor x the original and asks the tests' own checks (`measured.problem`,
+`tracked.problem`) whether any case now fails. Every cell of the table should say "caught".
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autofit.estimate import memory as mem  # noqa: E402
 from autofit.trials import TrialResult  # noqa: E402
+from tests.estimate import tracked  # noqa: E402
 from tests.estimate.measured import CASES, error, measure, problem  # noqa: E402
 
 FACTORS = (0.7, 1.3)
 # GPU-only terms: a CPU trial has no CUDA context nor caching allocator to hold them to.
 GPU_ONLY = {"cuda_context_bytes", "usable_bytes", "allocator_overhead"}
+# Not a term of any peak: the share of host RAM offloaded state may take, which the estimate's
+# `host_bytes` is compared with (`within_capacity`, pruning). No measured peak can hold it.
+CAPACITIES = {"usable_host_bytes"}
 
 
 def memory_terms() -> list[str]:
@@ -35,21 +40,28 @@ def memory_terms() -> list[str]:
     for name, fn in vars(mem).items():
         if not callable(fn) or getattr(fn, "__module__", None) != mem.__name__:
             continue
-        if inspect.isclass(fn) or name.startswith("_") or name in GPU_ONLY:
+        if inspect.isclass(fn) or name.startswith("_") or name in GPU_ONLY | CAPACITIES:
             continue
         if "bytes" in name:
             names.append(name)
     return names
 
 
-def caught(term: str, factor: float, measured: dict[str, TrialResult]) -> list[str]:
+def caught(
+    term: str,
+    factor: float,
+    measured: dict[str, TrialResult],
+    traced: dict[str, tracked.Traced],
+) -> list[str]:
     original = getattr(mem, term)
 
     def scaled(*args, **kwargs):  # type: ignore[no-untyped-def]
         return original(*args, **kwargs) * factor
 
     with mock.patch.object(mem, term, scaled):
-        return [c.name for c in CASES if problem(c, measured[c.name])]
+        return [c.name for c in CASES if problem(c, measured[c.name])] + [
+            c.name for c in tracked.CASES if tracked.problem(c, traced[c.name])
+        ]
 
 
 def main() -> None:
@@ -70,15 +82,21 @@ def main() -> None:
         mib = (r.peak_bytes or 0) / 2**20
         print(f"{c.name:30} {mib:12.2f} {err:+7.1%} {c.expected:+9.1%}  "
               f"{'ok' if problem(c, r) is None else 'FAILS'}")  # fmt: skip
-    print(f"\n{'term':34} {'x0.7':28} {'x1.3':28}")
+    traced = {c.name: tracked.measure(c) for c in tracked.CASES}
+    for c in tracked.CASES:
+        t = traced[c.name]
+        check = "ok" if tracked.problem(c, t) is None else "FAILS"
+        err = tracked.error(c, t.peak_bytes)
+        print(f"{c.name:30} {t.peak_bytes / 2**20:12.2f} {err:+7.1%} {c.expected:+9.1%}  {check}")
+    print(f"\n{'term':34} {'x0.7':42} {'x1.3':42}")
     missed = 0
     for term in memory_terms():
         cells = []
         for factor in FACTORS:
-            by = caught(term, factor, measured)
+            by = caught(term, factor, measured, traced)
             missed += not by
             cells.append(f"caught ({by[0]})" if by else "NOT CAUGHT")
-        print(f"{term:34} {cells[0]:28} {cells[1]:28}")
+        print(f"{term:34} {cells[0]:42} {cells[1]:42}")
     print(f"\n{missed} of {2 * len(memory_terms())} mutations not caught")
 
 
