@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
@@ -72,10 +71,11 @@ def test_capacity_below_the_need_is_oom_and_the_caller_goes_on() -> None:
 def test_hung_trial_times_out_and_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in fault_env("hang").items():
         monkeypatch.setenv(name, value)
-    start = time.monotonic()
     result = cpu_trial(Config(**SHORT), timeout_s=20)
     assert result.status == "timeout"
-    assert time.monotonic() - start < 20 + 20
+    # the limit runs from the trial's start, not from while it waited for the device lock that
+    # another planner on this host (another test run) may hold: `wall_s` is that time
+    assert result.wall_s < 20 + 20
     # Only this test's trial: processes that name this process as their planner (the launcher
     # kills and waits for them before it returns), not every autofit worker on the host.
     assert not trial_processes(os.getpid())
