@@ -152,21 +152,19 @@ def _run_folder(
 ) -> Path:
     """The search's run folder, checked writable: `run_dir`, or `autofit-runs/<study>` where the
     study name must be one plain folder name (a default name is made into one)."""
-    from autofit.checks import check_dir_writable, check_study_name, folder_name
+    from autofit.checks import check_dir_writable, check_study_name, default_run_dir
 
     if run_dir is not None:
         folder = Path(run_dir).expanduser()
         what, hint = f"--run-dir {run_dir}", "Pass --run-dir a folder you can write in."
     else:
         if study is not None:
-            name = check_study_name(study)
+            folder = default_run_dir(check_study_name(study))
         else:
             from autofit.search.study import default_study_name
 
-            name = folder_name(
-                default_study_name(spec, hw, sp, seq_len or sp.seq_len, global_batch, device)
-            )
-        folder = Path("autofit-runs") / name
+            seq = seq_len or sp.seq_len
+            folder = default_run_dir(default_study_name(spec, hw, sp, seq, global_batch, device))
         what = f"the run folder {folder}"
         hint = "Run autofit from a folder you can write in, or pass --run-dir a writable folder."
     check_dir_writable(folder, what, hint)

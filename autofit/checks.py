@@ -110,6 +110,15 @@ def check_study_name(name: str) -> str:
     return name
 
 
+RUNS_DIR = Path("autofit-runs")
+"""Where a search keeps its run folder unless --run-dir names one: `autofit-runs/<study>`."""
+
+
+def default_run_dir(study: str) -> Path:
+    """The run folder of study `study` when no --run-dir is given."""
+    return RUNS_DIR / folder_name(study)
+
+
 def folder_name(name: str) -> str:
     """`name` made into one safe folder name (a default study name of a model given by path
     holds slashes): unsafe runs of characters become '-'."""
@@ -134,7 +143,7 @@ def check_sqlite_exists(url: str) -> None:
     path = Path(database).expanduser()
     if path.is_file():
         return
-    found = sorted(str(p) for p in Path("autofit-runs").glob("*/study.db"))[:5]
+    found = sorted(str(p) for p in RUNS_DIR.glob("*/study.db"))[:5]
     here = f" SQLite files of autofit studies here: {', '.join(found)}." if found else ""
     raise user_error(
         f"No SQLite database at {str(path)!r} (from --storage {url}); autofit does not create "

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 from rich.markup import escape
 
-from autofit.checks import check_steps, check_trial_timeout
+from autofit.checks import check_steps, check_trial_timeout, default_run_dir
 from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.plan import Candidate, Plan, infeasible_advice, trial_status, winner_reason
@@ -85,7 +85,7 @@ def search(
         model, hardware, setting.space, setting.seq_len, setting.global_batch, device
     )
     run_dir = setting.study.run_dir
-    folder = Path(run_dir) if run_dir is not None else Path("autofit-runs") / name
+    folder = Path(run_dir) if run_dir is not None else default_run_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
     url = setting.study.storage or st.default_storage(folder)
     store = st.open_storage(url)
