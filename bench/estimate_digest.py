@@ -16,7 +16,7 @@ import sys
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import estimate_all, prune_reason, rank_key
-from autofit.request import PlanRequest
+from autofit.request import DEFAULT_MARGIN, PlanRequest
 from autofit.space import load_space
 
 CASES = (
@@ -35,16 +35,14 @@ def fingerprint(model: str, gpus: str, device: str, gpu_memory: str | None, spac
     cands, skipped, considered = estimate_all(PlanRequest.of(spec, hw, sp, device=device))
     rows = []
     for c in cands:
-        reason = prune_reason(c.estimate, 0.05, hw)
-        rows.append(
-            {"estimate": c.estimate.to_dict(), "pruned": str(getattr(reason, "value", reason))}
-        )
+        reason = prune_reason(c.estimate, DEFAULT_MARGIN, hw)
+        rows.append({"estimate": c.estimate.to_dict(), "pruned": str(reason)})
     fitting = sorted(
         (c for c, r in zip(cands, rows, strict=True) if r["pruned"] == "None"), key=rank_key
     )
     doc = {
         "candidates": rows,
-        "skipped": {str(getattr(k, "value", k)): v for k, v in sorted(skipped.items(), key=str)},
+        "skipped": {str(k): v for k, v in sorted(skipped.items(), key=str)},
         "considered": considered,
         "ranked": [c.config.short() for c in fitting],
     }
