@@ -44,6 +44,16 @@ def run(*args: str):  # type: ignore[no-untyped-def]
     return runner.invoke(app, list(args))
 
 
+def plan_with_space_file(tmp_path: Path, content: str | bytes):  # type: ignore[no-untyped-def]
+    """`autofit plan --no-trials` with a space file holding `content`."""
+    space = tmp_path / "space.yaml"
+    if isinstance(content, bytes):
+        space.write_bytes(content)
+    else:
+        space.write_text(content)
+    return run("plan", "-m", "llama-debug", "-g", "2xrtx3090", "--no-trials", "--space", str(space))
+
+
 def assert_clean_failure(result, *fragments: str) -> str:  # type: ignore[no-untyped-def]
     """Exit 2, no traceback, one `error:` paragraph naming every fragment."""
     text = result.output
@@ -113,18 +123,12 @@ def test_run_dir_error_under_json_is_one_object(file_in_the_way):
 
 
 def test_a_binary_space_file_is_an_error(tmp_path):
-    space = tmp_path / "space.yaml"
-    space.write_bytes(bytes(range(128, 256)) * 3)
-    result = run("plan", "-m", "llama-debug", "-g", "2xrtx3090", "--no-trials", "--space",
-                 str(space))  # fmt: skip
+    result = plan_with_space_file(tmp_path, bytes(range(128, 256)) * 3)
     assert_clean_failure(result, "not UTF-8 text", "knobs:")
 
 
 def test_a_space_file_with_control_characters_is_one_paragraph(tmp_path):
-    space = tmp_path / "space.yaml"
-    space.write_text("knobs:\n  quant: [none]\n\x00\x01\n")
-    result = run("plan", "-m", "llama-debug", "-g", "2xrtx3090", "--no-trials", "--space",
-                 str(space))  # fmt: skip
+    result = plan_with_space_file(tmp_path, "knobs:\n  quant: [none]\n\x00\x01\n")
     assert_clean_failure(result, "not valid YAML")
 
 
@@ -382,10 +386,7 @@ def test_main_still_runs_commands_and_exit_codes(capsys):
 
 # ----- 9. bracketed text survives rich -----------------------------------------------------------
 def test_bracketed_text_in_errors_is_printed(tmp_path):
-    space = tmp_path / "space.yaml"
-    space.write_text("foo: 1\n")
-    result = run("plan", "-m", "llama-debug", "-g", "2xrtx3090", "--no-trials", "--space",
-                 str(space))  # fmt: skip
+    result = plan_with_space_file(tmp_path, "foo: 1\n")
     assert_clean_failure(result, "knobs: {quant: [none, nf4], lora_rank: [0, 16]}")
 
 
