@@ -7,14 +7,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autofit.plan import Candidate, trial_status
+from autofit.plan import Candidate, Outcome, trial_status
+from autofit.report.style import OUTCOME_STYLE
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_size
-
-STATUS_STYLE = {
-    "ok": "green", "over line": "dark_orange", "oom": "yellow", "timeout": "magenta",
-    "error": "red",
-}  # fmt: skip
 
 
 class SearchDisplay:
@@ -93,7 +89,7 @@ def trial_line(number: int, cand: Candidate, result: TrialResult, allowed: float
     `number` is the Optuna trial number, the one the final table shows; a run that peaked above
     the headroom line reads `over line`."""
     status = trial_status(result, allowed)
-    style = STATUS_STYLE.get(status, "red")
+    style = OUTCOME_STYLE.get(status, "red")
     est = cand.estimate
     peak = (
         f"peak {fmt_size(result.peak_bytes)} (est {fmt_size(est.peak_bytes)})"
@@ -102,7 +98,7 @@ def trial_line(number: int, cand: Candidate, result: TrialResult, allowed: float
     )
     speed = (
         f"{result.tokens_per_s:,.0f} tokens/s (est {est.tokens_per_s:,.0f})"
-        if result.status == "ok" and result.tokens_per_s
+        if result.status == Outcome.OK and result.tokens_per_s
         else (result.message.splitlines()[0][:80] if result.message else "")
     )
     line = fmt_size(allowed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autofit.plan import Plan, trial_status
+from autofit.plan import Outcome, Plan, trial_status
 from autofit.units import fmt_size, size_unit
 
 UNDER_COLOR = "#2e8b57"  # measured peak at or under the headroom line
@@ -42,7 +42,7 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     est_peak = [c.estimate.peak_bytes / scale for c in trials]
     meas_peak = [(c.trial.peak_bytes or 0) / scale for c in trials]
     status = [c.trial.status for c in trials]
-    over = [trial_status(c.trial, allowed_bytes) == "over line" for c in trials]
+    over = [trial_status(c.trial, allowed_bytes) == Outcome.OVER_LINE for c in trials]
     best = plan.best
 
     fig = Figure(figsize=(max(8.5, 0.6 * len(trials) + 5), 7.5), layout="constrained")
@@ -51,7 +51,7 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     w = 0.38
     ax1.bar([x - w / 2 for x in xs], est_peak, w, label="estimated peak", color="#b0c4de")
     # measured peaks: one colour under the headroom line, one over it, each with its legend entry
-    under_i = [i for i in range(len(trials)) if status[i] == "ok" and not over[i]]
+    under_i = [i for i in range(len(trials)) if status[i] == Outcome.OK and not over[i]]
     over_i = [i for i in range(len(trials)) if over[i]]
     bars = (
         (under_i, UNDER_COLOR, "measured peak (under the line)"),
@@ -62,11 +62,11 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
             ax1.bar([xs[i] + w / 2 for i in picked], [meas_peak[i] for i in picked], w,
                     color=color, label=label)  # fmt: skip
     for x, s in zip(xs, status, strict=True):
-        if s != "ok":
+        if s != Outcome.OK:
             ax1.annotate(s.upper(), (x + w / 2, cap / scale), ha="center", va="bottom",
                          color="#b22222", fontsize=8, fontweight="bold")  # fmt: skip
             ax1.plot([x + w / 2], [cap / scale], marker="x", color="#b22222", markersize=9)
-    if any(s != "ok" for s in status):
+    if any(s != Outcome.OK for s in status):
         ax1.plot([], [], "x", color="#b22222", label="no peak measured (oom, timeout, error)")
     ax1.axhline(cap / scale, color="#b22222", lw=1.5, label=f"capacity {fmt_size(cap)}")
     ax1.axhline(allowed_bytes / scale, color="#b22222", lw=1, ls="--",
@@ -76,7 +76,7 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     ax1.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
 
     est_tps = [c.estimate.tokens_per_s for c in trials]
-    meas_tps = [(c.trial.tokens_per_s or 0) if c.trial.status == "ok" else 0 for c in trials]
+    meas_tps = [(c.trial.tokens_per_s or 0) if c.trial.status == Outcome.OK else 0 for c in trials]
     bar_colors = [
         "#daa520" if best is not None and c.config == best.config else "#4682b4" for c in trials
     ]

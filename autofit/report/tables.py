@@ -11,7 +11,8 @@ from rich.table import Table
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
-from autofit.plan import Plan, trial_status
+from autofit.plan import Outcome, Plan, trial_status
+from autofit.report.style import styled
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_bytes, fmt_count, fmt_size
 
@@ -203,15 +204,13 @@ SHARDING_TEXT = {
 
 
 def trial_report(console: Console, result: TrialResult) -> None:
-    status = {"ok": "[green]ok[/]", "oom": "[yellow]oom[/]"}.get(
-        result.status, f"[red]{result.status}[/]"
-    )
+    status = styled(result.status)
     held = SHARDING_TEXT.get(result.sharding or "", "")
     console.print(
         f"trial {status}: {result.model} on {result.nprocs} x {result.device}"
         + (f", {held}" if held else "")
     )
-    if result.status == "ok":
+    if result.status == Outcome.OK:
         device = (
             f"; device {fmt_size(result.device_peak_bytes)} with CUDA context"
             if result.device_peak_bytes
@@ -243,15 +242,14 @@ def trials_table(plan: Plan) -> Table:
     for i, c in enumerate(plan.trials):
         t = c.trial
         status = trial_status(t, line)
-        style = {"ok": "green", "over line": "dark_orange", "oom": "yellow"}.get(status, "red")
         mark = " [bold]<- winner[/]" if c.config == best else ""
         table.add_row(
             str(c.number if c.number is not None else i),
-            f"[{style}]{status}[/]",
+            styled(status),
             c.config.short() + mark,
             fmt_size(t.peak_bytes) if t.peak_bytes else "-",
             fmt_size(c.estimate.peak_bytes),
-            f"{t.tokens_per_s:,.0f}" if t.status == "ok" and t.tokens_per_s else "-",
+            f"{t.tokens_per_s:,.0f}" if t.status == Outcome.OK and t.tokens_per_s else "-",
             f"{c.estimate.tokens_per_s:,.0f}",
         )
     return table

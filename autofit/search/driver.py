@@ -29,7 +29,14 @@ from rich.markup import escape
 from autofit.checks import check_steps, check_trial_timeout, default_run_dir
 from autofit.config import Config
 from autofit.errors import AutofitError
-from autofit.plan import Candidate, Plan, infeasible_advice, trial_status, winner_reason
+from autofit.plan import (
+    Candidate,
+    Outcome,
+    Plan,
+    infeasible_advice,
+    trial_status,
+    winner_reason,
+)
 from autofit.report.live import SearchDisplay
 from autofit.request import PlanRequest
 from autofit.search import study as st
@@ -355,7 +362,7 @@ def no_winner_advice(
     line = fmt_size(s.allowed_bytes)
     ran = f"{len(latest)} trial{'s' if len(latest) != 1 else ''} ran"
     lines = [f"{ran} ({summary}); none finished under the {line} headroom line."]
-    timeouts = [c for c in latest if c.trial.status == "timeout"]
+    timeouts = [c for c in latest if c.trial.status == Outcome.TIMEOUT]
     if timeouts:
         limit = trial_timeout or max(c.trial.wall_s for c in timeouts)
         lines.append(
@@ -363,7 +370,7 @@ def no_winner_advice(
             f"--trial-timeout (e.g. --trial-timeout {2 * limit:g}); a trial also builds the "
             "model and warms up before its measured steps."
         )
-    errors = [c for c in latest if c.trial.status == "error"]
+    errors = [c for c in latest if c.trial.status == Outcome.ERROR]
     if errors:
         first = errors[0]
         text = (first.trial.message or "").strip()
@@ -372,8 +379,8 @@ def no_winner_advice(
             f"{len(errors)} failed with an error; the first ('{first.config.short()}'): {msg} "
             "Fix that, or run the config alone with `autofit trial` to see its whole output."
         )
-    memory = [c for c in latest if outcome[id(c)] in ("oom", "over line")]
-    over = [c for c in latest if outcome[id(c)] == "over line"]
+    memory = [c for c in latest if outcome[id(c)] in (Outcome.OOM, Outcome.OVER_LINE)]
+    over = [c for c in latest if outcome[id(c)] == Outcome.OVER_LINE]
     if over:
         near = min(over, key=lambda c: c.trial.peak_bytes or 0)
         lines.append(

@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 
 from autofit.config import Config
-from autofit.plan import Candidate
+from autofit.plan import Candidate, Outcome
 from autofit.request import SearchBudget
 from autofit.search import study as st
 from autofit.search.candidates import Candidates
@@ -58,9 +58,9 @@ def enqueue(study: optuna.Study, cands: Candidates, cfg: Config, why: str, **att
 def memory_constraint(cands: Candidates, cand: Candidate, result: TrialResult) -> float:
     """> 0: over the headroom line (infeasible). An OOM's peak is unknown: at least capacity."""
     allowed = cands.setting.allowed_bytes
-    if result.status == "ok" and result.peak_bytes is not None:
+    if result.status == Outcome.OK and result.peak_bytes is not None:
         return result.peak_bytes / allowed - 1
-    if result.status == "oom":
+    if result.status == Outcome.OOM:
         over = max(cand.estimate.peak_bytes, cands.setting.hardware.capacity_bytes)
         return max(over / allowed - 1, 1e-3)
     return 0.0
@@ -147,10 +147,10 @@ class Objective:
         trial.set_user_attr("result", result.to_dict())
         if self.on_result:
             self.on_result(trial, cand, result)
-        if result.status == "error":
+        if result.status == Outcome.ERROR:
             raise TrialError(result.message.splitlines()[0] if result.message else "error")
         trial.set_constraint(MEMORY, memory_constraint(self.cands, cand, result))
-        if result.status == "ok" and result.tokens_per_s:
+        if result.status == Outcome.OK and result.tokens_per_s:
             return float(result.tokens_per_s)
         return 0.0  # oom, timeout: nothing measured, the worst value
 
