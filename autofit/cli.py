@@ -245,7 +245,15 @@ def models(json_out: bool = JSON) -> None:
     from autofit.models import PRESETS
 
     if json_out:
-        _emit_json({"models": [m.to_dict() for m in PRESETS.values()]})
+        from autofit.arch import structure_of
+
+        _emit_json(
+            {
+                "models": [
+                    {**m.to_dict(), "n_params": structure_of(m).n_params} for m in PRESETS.values()
+                ]
+            }  # fmt: skip
+        )
     else:
         out.print(report.models_table(PRESETS.values()))
 

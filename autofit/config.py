@@ -196,6 +196,8 @@ class Config:
     precision: str = "bf16-mixed"
     seq_len: int = 2048
     lora_alpha: int | None = field(default=None, compare=True)
+    lora_targets: tuple[str, ...] | None = None  # TEMP until the settings branch merges
+    lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in KNOBS:

@@ -27,13 +27,12 @@ import yaml
 from autofit._version import __version__
 from autofit.config import Config, Sharding, fp32_trainable, sharding_for, wrap_group_size
 from autofit.errors import AutofitError
-from autofit.models import PROJECTIONS
 
 FORMATS = ("autofit", "accelerate", "trainer")
 SCHEMA = 1
 MARKER = "written by autofit"
 ALLOC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-LORA_TARGETS = list(PROJECTIONS)
+LORA_TARGETS = "all-linear"
 TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit"}
 
 

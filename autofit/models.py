@@ -1,7 +1,9 @@
 """Model architectures as numbers: a registry of presets and local HF `config.json` files.
 
-Nothing here downloads anything. A preset is the handful of numbers that define a Llama-family
-decoder; the trial builds the real model from them with random weights (`to_hf_config`).
+Nothing here downloads anything or imports torch. A preset is the config of a decoder of a
+supported family (`FAMILIES`); the trial builds the real model from it with random weights
+(`to_hf_config`), and `autofit.arch` reads parameter counts and activations from that same model
+built on the meta device.
 """
 
 from __future__ import annotations
@@ -9,21 +11,22 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from autofit.errors import ModelError, closest
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The linear projections of a decoder layer (HF Llama names): what LoRA targets and quantization
-touches. The builder (LoRA, quantize), the estimator (`projection_shapes`) and the exports
-(`target_modules`) all read this one tuple."""
-
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A Llama-family decoder-only transformer (Llama, Mistral, TinyLlama and relatives)."""
+    """A decoder-only transformer of a supported family, as the numbers of its HF `config.json`.
+
+    The fields are the config keys every family shares (read for the plan's table and checks);
+    `extra` holds the family's other config keys verbatim (JSON: sliding windows, soft-capping,
+    experts, biases, ...). Parameter counts, roles and activations are not computed here: they
+    are read from the model itself, built from this config on the meta device
+    (`autofit.arch.structure_of`), so no family needs formulas of its own.
+    """
 
     name: str
     hidden: int
@@ -38,15 +41,23 @@ class ModelSpec:
     norm_eps: float = 1e-5
     head_dim_override: int | None = None
     description: str = ""
-    model_type: str = "llama"  # HF `model_type`: the family, a key of DECODER_LAYER_CLASSES
+    model_type: str = "llama"  # HF `model_type`: the family, a key of FAMILIES
+    extra: str = ""  # the family's other config.json keys, as sorted JSON
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
 
     @property
     def decoder_layer_class(self) -> str:
         """The HF class of this model's decoder layers (what FSDP wraps in an export), read from
         its family (`model_type`), never from its name or path."""
-        return DECODER_LAYER_CLASSES[self.model_type]
+        return self.family.layer_class
 
-    # ----- shapes ---------------------------------------------------------------------------
+    @property
+    def extra_config(self) -> dict[str, Any]:
+        return json.loads(self.extra) if self.extra else {}
+
     @property
     def head_dim(self) -> int:
         return self.head_dim_override or self.hidden // self.heads
@@ -59,93 +70,51 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    @cached_property
-    def _shapes(self) -> dict[str, tuple[int, int]]:
-        h, i = self.hidden, self.intermediate
-        shapes = {
-            "q_proj": (h, self.q_dim),
-            "k_proj": (h, self.kv_dim),
-            "v_proj": (h, self.kv_dim),
-            "o_proj": (self.q_dim, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-        return {name: shapes[name] for name in PROJECTIONS}
-
-    def projection_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in_features, out_features) of each linear in one decoder layer (HF Llama names)."""
-        return self._shapes
-
-    @cached_property
-    def _lora_per_rank(self) -> int:
-        return self.layers * sum(a + b for a, b in self._shapes.values())
-
-    # ----- exact parameter counts (HF LlamaForCausalLM, no biases) ---------------------------
-    @cached_property
-    def layer_linear_params(self) -> int:
-        """Weights of the seven projections of one decoder layer: what LoRA and quant touch."""
-        return sum(a * b for a, b in self.projection_shapes().values())
+    @property
+    def experts(self) -> int:
+        """Experts per MoE layer (0 for a dense model)."""
+        cfg = self.extra_config
+        return int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
 
     @property
-    def layer_norm_params(self) -> int:
-        return 2 * self.hidden  # input_layernorm + post_attention_layernorm
-
-    @property
-    def layer_params(self) -> int:
-        return self.layer_linear_params + self.layer_norm_params
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def lm_head_params(self) -> int:
-        return 0 if self.tied_embeddings else self.vocab * self.hidden
-
-    @property
-    def root_params(self) -> int:
-        """Parameters outside the decoder layers: embeddings, final norm, LM head."""
-        return self.embedding_params + self.hidden + self.lm_head_params
-
-    @property
-    def linear_params(self) -> int:
-        """All projection weights of all layers (the quantizable base)."""
-        return self.layers * self.layer_linear_params
-
-    @property
-    def n_params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
-
-    def lora_params(self, rank: int) -> int:
-        """LoRA A (r x in) and B (out x r) on all seven projections of every layer."""
-        return rank * self._lora_per_rank if rank > 0 else 0
+    def experts_per_token(self) -> int:
+        return int(self.extra_config.get("num_experts_per_tok") or 0) if self.experts else 0
 
     # ----- conversions -----------------------------------------------------------------------
-    def to_hf_config(self) -> Any:
-        """A `transformers.LlamaConfig` for this architecture (random init, no download)."""
-        from transformers import LlamaConfig
+    def hf_config_dict(self) -> dict[str, Any]:
+        """The HF `config.json` keys of this architecture (family keys from `extra` included)."""
+        data: dict[str, Any] = {
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "max_position_embeddings": self.max_position,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.norm_eps,
+            "tie_word_embeddings": self.tied_embeddings,
+        }
+        if self.head_dim_override is not None:
+            data["head_dim"] = self.head_dim_override
+        data.update(self.extra_config)
+        return data
 
-        return LlamaConfig(
-            vocab_size=self.vocab,
-            hidden_size=self.hidden,
-            intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            max_position_embeddings=self.max_position,
-            rope_theta=self.rope_theta,
-            rms_norm_eps=self.norm_eps,
-            tie_word_embeddings=self.tied_embeddings,
-            attention_bias=False,
-            mlp_bias=False,
-        )
+    def to_hf_config(self, **overrides: Any) -> Any:
+        """The `transformers` config of this architecture (`AutoConfig.for_model`: random init,
+        no download). `overrides` replace keys (the one-layer trace builds fewer layers)."""
+        from transformers import AutoConfig
+
+        # token ids do not shape the model (and a family's defaults can lie past a tiny
+        # debug vocabulary)
+        ids = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+        config = AutoConfig.for_model(self.model_type, **{**ids, **self.hf_config_dict(),
+                                                          **overrides})  # fmt: skip
+        config.use_cache = False  # a KV cache changes state between forward and recompute
+        return config
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["n_params"] = self.n_params
-        return data
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
@@ -160,7 +129,19 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str) -> ModelSpec:
-        """Read a HF `config.json` dict of a Llama-family model."""
+        """Read a HF `config.json` dict of a supported decoder family."""
+        model_type = cfg.get("model_type", "llama")
+        if model_type in _TEXT_OF and isinstance(cfg.get("text_config"), dict):
+            # a multimodal checkpoint (Gemma 3): its language model is the text config
+            cfg = {"model_type": _TEXT_OF[model_type], **cfg["text_config"]}
+            model_type = cfg["model_type"]
+        if model_type not in FAMILIES:
+            raise ModelError(
+                f"{name}: model_type {model_type!r} is not a decoder family autofit can train "
+                "(encoder-decoder, vision-only and unknown architectures are not). Supported "
+                f"model_type values: {supported_families()}. Point --model at the config.json "
+                "of one of these, or use a preset (`autofit models` lists them)."
+            )
         missing = [
             k
             for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -168,18 +149,13 @@ class ModelSpec:
         ]
         if missing:
             raise ModelError(
-                f"{name}: the config lacks {', '.join(missing)}. autofit reads Llama-family "
-                "decoder configs (model_type llama or mistral) with hidden_size, "
-                "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size."
-            )
-        model_type = cfg.get("model_type", "llama")
-        if model_type not in DECODER_LAYER_CLASSES:
-            raise ModelError(
-                f"{name}: model_type {model_type!r} is not supported yet. Supported: "
-                f"{', '.join(sorted(DECODER_LAYER_CLASSES))}."
+                f"{name}: the config lacks {', '.join(missing)}. autofit reads decoder configs "
+                "with hidden_size, num_hidden_layers, num_attention_heads, intermediate_size and "
+                "vocab_size."
             )
         hidden = _count(cfg, "hidden_size", name)
         heads = _count(cfg, "num_attention_heads", name)
+        extra = {k: v for k, v in cfg.items() if k not in _READ_KEYS and k not in _METADATA_KEYS}
         spec = cls(
             name=name,
             hidden=hidden,
@@ -188,13 +164,14 @@ class ModelSpec:
             kv_heads=_count(cfg, "num_key_value_heads", name, heads),
             intermediate=_count(cfg, "intermediate_size", name, 4 * hidden),
             vocab=_count(cfg, "vocab_size", name),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", FAMILIES[model_type].tied)),
             max_position=_count(cfg, "max_position_embeddings", name, 4096),
             rope_theta=_number(cfg, "rope_theta", name, 10000.0),
             norm_eps=_number(cfg, "rms_norm_eps", name, 1e-5),
             head_dim_override=_count(cfg, "head_dim", name, None),
             description=f"from {name}",
             model_type=model_type,
+            extra=_extra_json(extra),
         )
         spec.check()
         return spec
@@ -295,17 +272,66 @@ def check_seq_len(spec: ModelSpec, seq_len: int | None) -> None:
     )
 
 
-DECODER_LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer"}
-"""HF `model_type` -> its decoder-layer class: the architectures whose parameters and activations
-the formulas count exactly. Qwen2 (q/k/v biases) and Qwen3 (q/k norms) differ slightly and are
-refused rather than miscounted."""
+@dataclass(frozen=True)
+class Family:
+    """A decoder family autofit builds, estimates and exports: its HF classes."""
+
+    label: str
+    causal_lm_class: str
+    layer_class: str
+    tied: bool = False  # `tie_word_embeddings` when a config.json leaves it out (HF default)
 
 
-def _preset(name: str, description: str, **kw: Any) -> ModelSpec:
-    return ModelSpec(name=name, description=description, **kw)
+FAMILIES: dict[str, Family] = {
+    "llama": Family("Llama 2/3", "LlamaForCausalLM", "LlamaDecoderLayer"),
+    "mistral": Family("Mistral", "MistralForCausalLM", "MistralDecoderLayer"),
+    "mixtral": Family("Mixtral (MoE)", "MixtralForCausalLM", "MixtralDecoderLayer"),
+    "qwen2": Family("Qwen 2/2.5", "Qwen2ForCausalLM", "Qwen2DecoderLayer"),
+    "qwen3": Family("Qwen 3", "Qwen3ForCausalLM", "Qwen3DecoderLayer"),
+    "gemma": Family("Gemma", "GemmaForCausalLM", "GemmaDecoderLayer", tied=True),
+    "gemma2": Family("Gemma 2", "Gemma2ForCausalLM", "Gemma2DecoderLayer", tied=True),
+    "gemma3_text": Family("Gemma 3 (text)", "Gemma3ForCausalLM", "Gemma3DecoderLayer", tied=True),
+    "phi3": Family("Phi-3", "Phi3ForCausalLM", "Phi3DecoderLayer"),
+}
+"""HF `model_type` -> its family: the decoder architectures autofit trains. A new family is one
+line here (its classes, checked against the meta model by tests/test_models.py) and a preset:
+parameter counts, roles and activations are read from the model itself (`autofit.arch`)."""
+
+DECODER_LAYER_CLASSES = {t: f.layer_class for t, f in FAMILIES.items()}
+
+_TEXT_OF = {"gemma3": "gemma3_text"}  # multimodal model_type -> its text model's
+
+# config.json keys read into ModelSpec's own fields, and keys that describe a checkpoint rather
+# than an architecture (left out of `extra`).
+_READ_KEYS = {"model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings",
+              "max_position_embeddings", "rope_theta", "rms_norm_eps", "head_dim"}  # fmt: skip
+_METADATA_KEYS = {"architectures", "auto_map", "torch_dtype", "dtype", "transformers_version",
+                  "_name_or_path", "quantization_config", "use_cache", "bos_token_id",
+                  "eos_token_id", "pad_token_id", "initializer_range", "_attn_implementation",
+                  "attn_implementation"}  # fmt: skip
 
 
-# Architecture numbers from each model's published config.json.
+def supported_families() -> str:
+    return ", ".join(f"{t} ({f.label})" for t, f in FAMILIES.items())
+
+
+def _extra_json(extra: dict[str, Any]) -> str:
+    return json.dumps(extra, sort_keys=True) if extra else ""
+
+
+def _preset(name: str, description: str, *, extra: dict[str, Any] | None = None,
+            **kw: Any) -> ModelSpec:  # fmt: skip
+    return ModelSpec(name=name, description=description, extra=_extra_json(extra or {}), **kw)
+
+
+_GEMMA2 = {"query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+           "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh"}  # fmt: skip
+_TINY = dict(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=1024,
+             max_position=1024)  # fmt: skip
+
+# Architecture numbers from each model's published config.json; the parameter counts in the
+# descriptions are what the meta model counts (tests/test_models.py holds them).
 PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
@@ -330,8 +356,56 @@ PRESETS: dict[str, ModelSpec] = {
             intermediate=28672, vocab=128256, max_position=8192, rope_theta=500000.0,
         ),
         _preset(
+            "llama-3.1-8b", "Llama-3.1-8B", hidden=4096, layers=32, heads=32, kv_heads=8,
+            intermediate=14336, vocab=128256, max_position=131072, rope_theta=500000.0,
+        ),
+        _preset(
+            "llama-3.2-1b", "Llama-3.2-1B", hidden=2048, layers=16, heads=32, kv_heads=8,
+            intermediate=8192, vocab=128256, max_position=131072, rope_theta=500000.0,
+            head_dim_override=64, tied_embeddings=True,
+        ),
+        _preset(
+            "llama-3.2-3b", "Llama-3.2-3B", hidden=3072, layers=28, heads=24, kv_heads=8,
+            intermediate=8192, vocab=128256, max_position=131072, rope_theta=500000.0,
+            head_dim_override=128, tied_embeddings=True,
+        ),
+        _preset(
+            "qwen2.5-0.5b", "Qwen2.5-0.5B", hidden=896, layers=24, heads=14, kv_heads=2,
+            intermediate=4864, vocab=151936, max_position=32768, rope_theta=1000000.0,
+            norm_eps=1e-6, tied_embeddings=True, model_type="qwen2",
+        ),
+        _preset(
+            "qwen2.5-7b", "Qwen2.5-7B", hidden=3584, layers=28, heads=28, kv_heads=4,
+            intermediate=18944, vocab=152064, max_position=131072, rope_theta=1000000.0,
+            norm_eps=1e-6, model_type="qwen2",
+        ),
+        _preset(
+            "qwen3-8b", "Qwen3-8B", hidden=4096, layers=36, heads=32, kv_heads=8,
+            intermediate=12288, vocab=151936, max_position=40960, rope_theta=1000000.0,
+            norm_eps=1e-6, head_dim_override=128, model_type="qwen3",
+        ),
+        _preset(
+            "gemma-2-2b", "gemma-2-2b", hidden=2304, layers=26, heads=8, kv_heads=4,
+            intermediate=9216, vocab=256000, max_position=8192, norm_eps=1e-6,
+            head_dim_override=256, tied_embeddings=True, model_type="gemma2", extra=_GEMMA2,
+        ),
+        _preset(
+            "gemma-2-9b", "gemma-2-9b", hidden=3584, layers=42, heads=16, kv_heads=8,
+            intermediate=14336, vocab=256000, max_position=8192, norm_eps=1e-6,
+            head_dim_override=256, tied_embeddings=True, model_type="gemma2", extra=_GEMMA2,
+        ),
+        _preset(
+            "phi-3-mini", "Phi-3-mini-4k-instruct", hidden=3072, layers=32, heads=32,
+            kv_heads=32, intermediate=8192, vocab=32064, max_position=4096, model_type="phi3",
+        ),
+        _preset(
             "mistral-7b", "Mistral-7B-v0.1", hidden=4096, layers=32, heads=32, kv_heads=8,
             intermediate=14336, vocab=32000, max_position=32768, model_type="mistral",
+        ),
+        _preset(
+            "mixtral-8x7b", "Mixtral-8x7B-v0.1", hidden=4096, layers=32, heads=32, kv_heads=8,
+            intermediate=14336, vocab=32000, max_position=32768, rope_theta=1000000.0,
+            model_type="mixtral", extra={"num_local_experts": 8, "num_experts_per_tok": 2},
         ),
         _preset(
             "tinyllama-1.1b", "TinyLlama-1.1B", hidden=2048, layers=22, heads=32, kv_heads=4,
@@ -347,6 +421,21 @@ PRESETS: dict[str, ModelSpec] = {
             hidden=256, layers=4, heads=4, kv_heads=2, intermediate=688, vocab=1024,
             max_position=1024,
         ),
+        _preset("qwen2-debug", "Qwen2 architecture (q/k/v biases), tiny: CPU tests",
+                model_type="qwen2", tied_embeddings=True, **_TINY),
+        _preset("qwen3-debug", "Qwen3 architecture (q/k norms), tiny: CPU tests",
+                model_type="qwen3", head_dim_override=32, **_TINY),
+        _preset("gemma2-debug", "Gemma 2 architecture (soft-capping, sliding window), tiny: "
+                "CPU tests", model_type="gemma2", head_dim_override=32, tied_embeddings=True,
+                extra={**_GEMMA2, "query_pre_attn_scalar": 32, "sliding_window": 64}, **_TINY),
+        _preset("gemma3-debug", "Gemma 3 text architecture, tiny: CPU tests",
+                model_type="gemma3_text", head_dim_override=32, tied_embeddings=True,
+                extra={"sliding_window": 64, "query_pre_attn_scalar": 32}, **_TINY),
+        _preset("phi3-debug", "Phi-3 architecture (fused qkv and gate_up), tiny: CPU tests",
+                model_type="phi3", **_TINY),
+        _preset("mixtral-debug", "Mixtral architecture (4 experts, top-2), tiny: CPU tests",
+                model_type="mixtral", extra={"num_local_experts": 4, "num_experts_per_tok": 2},
+                **_TINY),
     )
 }  # fmt: skip
 

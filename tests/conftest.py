@@ -6,7 +6,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 import types
 from dataclasses import dataclass, field
 
@@ -17,6 +21,12 @@ from autofit.models import PRESETS
 from autofit.plan import plan_estimates
 from autofit.request import PlanRequest
 from autofit.space import load_space
+
+# Model structures and layer traces are cached between runs (`autofit.arch.cache_dir`): the
+# suite keeps its own, shared by its subprocesses, and leaves nothing in the user's cache.
+_CACHE = tempfile.mkdtemp(prefix="autofit-test-cache-")
+os.environ["AUTOFIT_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 MiB = 1024**2
 GiB = 1024**3

@@ -19,8 +19,9 @@ ROOT = Path(autofit.__file__).parent
 LAYERS: list[set[str]] = [
     {"_version", "errors", "units", "checks", "interrupt"},  # plain facts and helpers
     {"config", "models", "hardware", "space", "request", "recipe"},  # the inputs
-    {"estimate"},  # napkin memory and time
-    {"build", "trials", "export"},  # torch builder, trial processes; export reads a plan's fields
+    {"build", "arch"},  # the torch builder; the model's structure and layer traces read with it
+    {"estimate"},  # napkin memory and time: arithmetic over `arch`'s structure and traces
+    {"trials", "export"},  # trial processes; export reads a plan's fields
     {"plan"},  # candidates, pruning, ranking, the plan and its sentences
     {"report"},  # what people read (tables, live progress, picture, run folder)
     {"search"},  # the Optuna study: estimate -> trials -> plan
@@ -30,6 +31,7 @@ LAYERS: list[set[str]] = [
 TORCH_FREE = (
     "autofit", "autofit.search", "autofit.plan", "autofit.report", "autofit.trials",
     "autofit.trials.worker", "autofit.trials.launcher", "autofit.cli", "autofit.export",
+    "autofit.arch", "autofit.estimate",
 )  # fmt: skip
 
 

@@ -137,7 +137,9 @@ def prepare(
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
     cast_base(model, config)
-    model = apply_lora(model, config.lora_rank, config.alpha)
+    model = apply_lora(
+        model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout
+    )
     cast_trainable(model, config)
     sharding = sharding_for(config.wrap, world)
     if autocast_dtype(config, sharding) is not None:

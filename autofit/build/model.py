@@ -1,6 +1,7 @@
 """The model at its real size with random weights, never materialised full-size on the host.
 
-`build_meta_model` creates HF `LlamaForCausalLM` on the meta device (no memory). The builder then
+`build_meta_model` creates the family's HF causal LM (`AutoModelForCausalLM.from_config`) on the
+meta device (no memory). The builder then
 casts dtypes, adds LoRA and checkpointing on meta, and `materialize` gives modules real (empty)
 storage on the target device with `to_empty` and initialises them: a quantized decoder layer just
 before it is quantized and sharded, everything else after `fully_shard`, so each rank only ever
@@ -9,27 +10,55 @@ allocates its own shards plus one layer.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from autofit.models import ModelSpec
 
-INIT_STD = 0.02  # HF Llama `initializer_range`
+INIT_STD = 0.02  # HF `initializer_range` of every supported family
 
 
-def build_meta_model(spec: ModelSpec) -> nn.Module:
-    """`LlamaForCausalLM` for `spec` on the meta device (fp32 until the builder casts it)."""
-    from transformers import LlamaForCausalLM
+def build_meta_model(spec: ModelSpec, hf_config: Any = None) -> nn.Module:
+    """The family's HF causal LM for `spec` (`AutoModelForCausalLM.from_config`) on the meta
+    device, fp32 until the builder casts it. Attention and MoE experts are the implementations HF
+    picks for the family by default (SDPA; eager for Gemma 2, whose soft-capping SDPA lacks;
+    grouped-mm experts), which is what a user's `from_pretrained` runs. `hf_config`: a config of
+    the same architecture to build instead (the one-layer trace builds fewer layers)."""
+    from transformers import AutoModelForCausalLM
 
-    hf_config = spec.to_hf_config()
-    hf_config._attn_implementation = "sdpa"
-    hf_config.use_cache = False
+    config = hf_config if hf_config is not None else spec.to_hf_config()
     with torch.device("meta"):
-        model = LlamaForCausalLM(hf_config)
+        model = AutoModelForCausalLM.from_config(config)
     return model
+
+
+def decoder_projections(layer: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The linear projections of one decoder layer, by their path inside it (`self_attn.q_proj`,
+    `mlp.gate_up_proj`): every `nn.Linear` of the block, peft's `all-linear` rule. What LoRA
+    targets and quantization touches, and what the estimator counts as projections
+    (`autofit.build.structure`). Under peft the frozen `base_layer` is returned under the
+    wrapped module's name; the adapters themselves are not projections."""
+    found: list[tuple[str, nn.Linear]] = []
+    for name, mod in layer.named_modules():
+        parts = name.split(".")
+        if not isinstance(mod, nn.Linear) or not name:
+            continue
+        if any(p in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B") for p in parts):
+            continue
+        if parts[-1] == "base_layer":
+            name = ".".join(parts[:-1])
+        found.append((_logical(name), mod))
+    return found
+
+
+def _logical(name: str) -> str:
+    """A module path without the wrappers the builder adds (activation checkpointing's)."""
+    return ".".join(p for p in name.split(".") if p != "_checkpoint_wrapped_module")
 
 
 def has_meta(module: nn.Module) -> bool:
@@ -38,10 +67,11 @@ def has_meta(module: nn.Module) -> bool:
 
 def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") -> nn.Module:
     """Give every submodule still on meta real storage on `device` (`to_empty`) and initialise it
-    (normal(0.02) linears and embeddings, unit norms, LoRA A kaiming / B zero, RoPE frequencies
-    recomputed). Modules already materialised (quantized layers, say) are left as they are, and
-    after `fully_shard` `to_empty` allocates only this rank's shards. `prefix` is the module's
-    name in its model, so a LoRA adapter is recognised by its path."""
+    as HF does for every supported family (normal(0.02) matrices, zero biases, norms at their
+    family's neutral value, LoRA A kaiming / B zero, rotary frequencies recomputed). Modules
+    already materialised (quantized layers, say) are left as they are, and after `fully_shard`
+    `to_empty` allocates only this rank's shards. `prefix` is the module's name in its model, so
+    a LoRA adapter is recognised by its path."""
     for name, mod in module.named_modules(prefix=prefix):
         own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
         if any(t.is_meta for t in own):
@@ -53,28 +83,45 @@ def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") ->
 @torch.no_grad()
 def _init_module(name: str, mod: nn.Module) -> None:
     parts = name.split(".")
-    if hasattr(mod, "inv_freq") and hasattr(mod, "compute_default_rope_parameters"):
+    if any("inv_freq" in b for b, _ in mod.named_buffers(recurse=False)):
         _init_rope(mod)
         return
-    weight = getattr(mod, "weight", None)
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        return
-    if "lora_A" in parts[-2:]:
-        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
-    elif "lora_B" in parts[-2:]:
-        nn.init.zeros_(weight)
-    elif isinstance(mod, nn.Linear | nn.Embedding):
-        nn.init.normal_(weight, mean=0.0, std=INIT_STD)
-    elif "norm" in type(mod).__name__.lower():
-        nn.init.ones_(weight)
+    lora = "lora_A" in parts[-2:] or "lora_B" in parts[-2:]
+    for pname, param in mod.named_parameters(recurse=False):
+        if not param.is_floating_point():
+            continue
+        if lora:
+            if "lora_A" in parts[-2:]:
+                nn.init.kaiming_uniform_(param, a=math.sqrt(5))
+            else:
+                nn.init.zeros_(param)
+        elif pname == "bias":
+            nn.init.zeros_(param)
+        elif param.dim() >= 2:  # linears, embeddings, MoE experts and routers
+            nn.init.normal_(param, mean=0.0, std=INIT_STD)
+        else:  # a norm's scale: 1, or 0 where the family computes (1 + weight) (Gemma)
+            nn.init.constant_(param, _norm_neutral(type(mod), param.shape[0]))
+
+
+@functools.lru_cache(maxsize=64)
+def _norm_neutral(cls: type, dim: int) -> float:
+    """The value a norm class initialises its scale to, read from a small instance of it."""
+    try:
+        fresh = cls(dim)
+        return float(next(fresh.parameters()).reshape(-1)[0])
+    except Exception:  # a norm whose constructor wants more: the common neutral scale
+        return 1.0
 
 
 def _init_rope(mod: nn.Module) -> None:
-    inv_freq, scaling = mod.compute_default_rope_parameters(mod.config)
-    mod.inv_freq.copy_(inv_freq.to(mod.inv_freq.device))
-    if hasattr(mod, "original_inv_freq"):
-        mod.original_inv_freq.copy_(inv_freq.to(mod.original_inv_freq.device))
-    mod.attention_scaling = scaling
+    """Rotary frequencies (`inv_freq`, per layer type in Gemma 3) from a fresh instance of the
+    module on the CPU, built from the same config."""
+    fresh = type(mod)(mod.config)
+    for bname, buf in fresh.named_buffers(recurse=False):
+        getattr(mod, bname).copy_(buf.to(getattr(mod, bname).device))
+    for attr, value in vars(fresh).items():
+        if "scaling" in attr:  # attention_scaling (a float per layer type in Gemma 3)
+            setattr(mod, attr, value)
 
 
 @dataclass

@@ -17,33 +17,21 @@ from torch import nn
 
 import autofit.recipe as recipe
 from autofit.build.dtypes import TORCH_DTYPES
-from autofit.build.model import materialize
-from autofit.models import PROJECTIONS
+from autofit.build.model import decoder_projections, materialize
 
 _FROZEN = TORCH_DTYPES[recipe.FROZEN_DTYPE]  # what a base weight is quantized from
 
 
-def is_projection(module: nn.Module, name: str) -> bool:
-    """A decoder projection's `nn.Linear`: `...q_proj`, or `...q_proj.base_layer` under peft."""
-    if not isinstance(module, nn.Linear):
-        return False
-    parts = name.split(".")
-    if parts[-1] == "base_layer" and len(parts) > 1:
-        return parts[-2] in PROJECTIONS
-    return parts[-1] in PROJECTIONS
-
-
 def quantize_layer(layer: nn.Module, quant: str, device: torch.device | None = None) -> nn.Module:
-    """Quantize the projection weights of one decoder layer in place, one projection at a time:
-    a projection still on meta is materialised (on `device`) just before it is quantized, so the
+    """Quantize the projection weights of one decoder layer in place (`decoder_projections`: the
+    layer's linear projections, the set the estimator counts), one projection at a time: a
+    projection still on meta is materialised (on `device`) just before it is quantized, so the
     transient full-precision copy is one weight, not the layer."""
     if quant not in ("none", "nf4", "int8"):
         raise ValueError(f"unknown quant {quant!r}")
     if quant == "none":
         return layer
-    for name, mod in layer.named_modules():
-        if not is_projection(mod, name):
-            continue
+    for name, mod in decoder_projections(layer):
         if mod.weight.is_meta:
             materialize(mod, device or torch.device("cpu"), prefix=name)
         if quant == "nf4":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.arch import Structure, structure_of
 from autofit.config import Config, Sharding, sharding_for, uses_autocast, wrap_units
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
@@ -96,13 +97,15 @@ def estimate(
     ddp = sharding is Sharding.DDP
     autocast = uses_autocast(config.precision, config.optimizer, sharding)
     lora = config.lora_rank
-    trainable = mem.trainable_params(model, lora)
+    targets = config.lora_targets
+    s = structure_of(model)
+    trainable = mem.trainable_params(s, lora, targets)
     pb = mem.master_bytes(config.precision, config.optimizer)
 
     # --- persistent state, per GPU -------------------------------------------------------------
     if lora:
-        projections = mem.base_weight_bytes(model, config.quant)
-        other = mem.frozen_other_bytes(model)
+        projections = mem.base_weight_bytes(s, config.quant)
+        other = mem.frozen_other_bytes(s)
         # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
         # projections stay whole (the rule the builder's `unshardable_params` reads too).
         whole = base_stays_whole(config.quant, shard)
@@ -127,22 +130,17 @@ def estimate(
         opt = 0.0
 
     # --- transient state --------------------------------------------------------------------
-    gathered = mem.gathered_bytes(model, config.quant, lora, config.wrap, config.reshard, sharding)
-    gathered += mem.autocast_copy_bytes(model, lora, autocast)
-    unit_grads = mem.unit_grad_bytes(model, lora, config.wrap, sharding)
-    acts = mem.activation_bytes(
-        model, config.micro_batch, config.seq_len, lora, config.checkpointing
+    gathered = mem.gathered_bytes(
+        s, config.quant, lora, config.wrap, config.reshard, sharding, targets
     )
-    kept_layers = mem.layers_keeping_activations(model, config.checkpointing)
-    acts += (
-        config.micro_batch
-        * config.seq_len
-        * kept_layers
-        * mem.fp32_residual_bytes_per_token(model, lora, autocast)
-    )
+    gathered += mem.autocast_copy_bytes(s, lora, autocast, targets)
+    unit_grads = mem.unit_grad_bytes(s, lora, config.wrap, sharding, targets)
+    acts, logits = mem.activation_bytes(
+        model, s, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
+        targets, config.lora_dropout,
+    )  # fmt: skip
     if config.quant == "int8":
-        acts += mem.int8_saved_weight_bytes(model, config.checkpointing)
-    logits = mem.logits_loss_bytes(model, config.micro_batch, config.seq_len)
+        acts += mem.int8_saved_weight_bytes(s, config.checkpointing)
     # Gradients alive during forward. FSDP2 with grad_accum > 1 skips the reduce-scatter on all
     # but the last micro-step and keeps unsharded gradients (in reduce_dtype fp32) on every GPU.
     # DDP allocates its all-reduce buckets (which the gradients are views of) when it wraps the
@@ -169,13 +167,11 @@ def estimate(
     root_gather_phase = {
         **forward_phase,
         "gathered_params": gathered
-        + mem.root_all_gather_buffer_bytes(model, config.quant, lora, config.wrap, sharding),
+        + mem.root_all_gather_buffer_bytes(s, config.quant, lora, config.wrap, sharding, targets),
         "activations": 0.0,
         "logits_loss": 0.0,
     }
-    gathered_at_reduce = mem.gathered_at_reduce_bytes(
-        model, config.wrap, sharding, device, gathered
-    )
+    gathered_at_reduce = mem.gathered_at_reduce_bytes(s, config.wrap, sharding, device, gathered)
     # Optimizer step: the gradients exist, activations are gone. Backward's tail (last unit's
     # unsharded grads + the embedding unit gathered) is folded in here, and on CPU trials the
     # single-tensor AdamW's temporaries.
@@ -184,7 +180,9 @@ def estimate(
         "trainable_weights": weights,
         "gradients": grads + accum + unit_grads,
         "optimizer_state": opt
-        + mem.optimizer_temp_bytes(model, lora, config.precision, config.optimizer, device, shard),
+        + mem.optimizer_temp_bytes(
+            s, lora, config.precision, config.optimizer, device, shard, targets
+        ),
         "gathered_params": gathered_at_reduce,
         "activations": 0.0,
         "logits_loss": 0.0,
@@ -205,7 +203,7 @@ def estimate(
     fits = reserved <= usable and (host <= mem.usable_host_bytes(host_cap) if host else True)
 
     # --- time ------------------------------------------------------------------------------------
-    times = step_time(model, hardware, config, trainable, shard)
+    times = step_time(s, hardware, config, trainable, shard)
     step = sum(times.values())
     tokens = config.micro_batch * config.grad_accum * n * config.seq_len
     return Estimate(
@@ -229,29 +227,29 @@ def estimate(
 
 
 def step_time(
-    model: ModelSpec, hardware: Hardware, config: Config, trainable: int, shard: int
+    s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int
 ) -> dict[str, float]:
     """Seconds per optimizer step by part: compute, exposed communication, offload, optimizer."""
     gpu = hardware.smallest_gpu
     n = max(hardware.n_gpus, 1)
     tokens = config.micro_batch * config.seq_len
     flops = tokens * spd.micro_step_flops(
-        model, config.seq_len, config.lora_rank, config.checkpointing
+        s, config.seq_len, config.lora_rank, config.checkpointing, config.lora_targets
     )
     compute = flops / (gpu.bf16_tflops * 1e12 * spd.matmul_efficiency(tokens))
-    compute += spd.dequant_time(model, config.quant, config.checkpointing, gpu.mem_bw_gbs)
+    compute += spd.dequant_time(s, config.quant, config.checkpointing, gpu.mem_bw_gbs)
     if config.checkpointing == "selective":
         compute *= 1.03  # pointwise recompute: no matmuls, a few % of layer time (assumed)
 
     gathered = spd.comm_bytes_per_micro_step(
-        model, config.quant, config.lora_rank, config.wrap, config.reshard
+        s, config.quant, config.lora_rank, config.wrap, config.reshard, config.lora_targets
     )
     gather = spd.ring_time(
         gathered,
         shard,
         hardware.link_bw_gbs,
     )
-    units = len(wrap_units(config.wrap, model.layers))
+    units = len(wrap_units(config.wrap, s.layers))
     if units >= 2:  # prefetching overlaps all but the first unit's gather with compute
         micro = max(compute, gather) + gather / units
     else:

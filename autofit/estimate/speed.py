@@ -6,6 +6,7 @@ says so and docs/accuracy.md tracks them.
 
 from __future__ import annotations
 
+from autofit.arch import Structure
 from autofit.config import wrap_units
 from autofit.estimate.memory import (
     BF16,
@@ -16,7 +17,6 @@ from autofit.estimate.memory import (
     head_unit_bytes,
     master_bytes,
 )
-from autofit.models import ModelSpec
 from autofit.recipe import state_value_bytes
 
 # Fraction of peak bf16 tensor throughput a well-fed dense transformer step reaches: 40-55% MFU
@@ -48,19 +48,26 @@ def matmul_efficiency(tokens_per_micro_step: int) -> float:
     return PEAK_MFU * t / (t + HALF_EFFICIENCY_TOKENS)
 
 
-def forward_flops_per_token(model: ModelSpec, seq_len: int, lora_rank: int) -> dict[str, float]:
+def forward_flops_per_token(
+    s: Structure, seq_len: int, lora_rank: int, targets: tuple[str, ...] | None = None
+) -> dict[str, float]:
     """Forward FLOPs per token by part: 2 FLOPs per weight per token for every matmul (Kaplan et
-    al. 2020), and causal attention at 2 x seq_len x q_dim per layer (QK^T and AV, each
-    2 x s x d, halved by the causal mask that FlashAttention skips)."""
+    al. 2020) a token goes through (the projections, a MoE router and the `experts_per_token`
+    experts it is routed to, read from the model's structure), and causal attention at
+    2 x seq_len x q_dim per layer (QK^T and AV, each 2 x s x d, halved by the causal mask that
+    FlashAttention skips)."""
     return {
-        "linear": 2.0 * model.linear_params,
-        "lm_head": 2.0 * model.vocab * model.hidden,
-        "attention": 2.0 * seq_len * model.q_dim * model.layers,
-        "lora": 2.0 * model.lora_params(lora_rank),
+        "linear": 2.0 * s.layers * s.active_layer_matmul_params,
+        "lm_head": 2.0 * s.vocab * s.hidden,
+        "attention": 2.0 * seq_len * s.q_dim * s.layers,
+        "lora": 2.0 * s.lora_params(lora_rank, targets),
     }
 
 
-def micro_step_flops(model: ModelSpec, seq_len: int, lora_rank: int, checkpointing: str) -> float:
+def micro_step_flops(
+    s: Structure, seq_len: int, lora_rank: int, checkpointing: str,
+    targets: tuple[str, ...] | None = None,
+) -> float:  # fmt: skip
     """FLOPs per token of one forward+backward, with recomputation.
 
     Backward of a trainable matmul is 2x its forward (input grad and weight grad); of a frozen
@@ -68,7 +75,7 @@ def micro_step_flops(model: ModelSpec, seq_len: int, lora_rank: int, checkpointi
     checkpointed layers: all of them (`full`), half (`every-2`); `selective` recomputes only
     pointwise ops (~no matmul FLOPs).
     """
-    f = forward_flops_per_token(model, seq_len, lora_rank)
+    f = forward_flops_per_token(s, seq_len, lora_rank, targets)
     frozen = lora_rank > 0
     layer_fwd = f["linear"] + f["attention"] + f["lora"]
     backward = (
@@ -86,13 +93,13 @@ def dequant_passes(checkpointing: str) -> float:
     return 2.0 + {"full": 1.0, "every-2": 0.5}.get(checkpointing, 0.0)
 
 
-def dequant_time(model: ModelSpec, quant: str, checkpointing: str, mem_bw_gbs: float) -> float:
+def dequant_time(s: Structure, quant: str, checkpointing: str, mem_bw_gbs: float) -> float:
     """Dequantizing int8/NF4 weights to bf16 before each matmul is memory-bound: read the packed
     weight, write bf16, read it back in the matmul (torchao NF4 `linear_nf4`; int8 weight-only
     falls back to dequantize+mm at training batch sizes)."""
     if quant == "none":
         return 0.0
-    bytes_per_pass = model.linear_params * (base_bytes_per_param(quant) + 2 * BF16)
+    bytes_per_pass = s.linear_params * (base_bytes_per_param(quant) + 2 * BF16)
     return dequant_passes(checkpointing) * bytes_per_pass / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)
 
 
@@ -105,19 +112,20 @@ def ring_time(nbytes: float, n: int, link_bw_gbs: float) -> float:
 
 
 def comm_bytes_per_micro_step(
-    model: ModelSpec, quant: str, lora_rank: int, wrap: str, reshard: bool
-) -> float:
+    s: Structure, quant: str, lora_rank: int, wrap: str, reshard: bool,
+    targets: tuple[str, ...] | None = None,
+) -> float:  # fmt: skip
     """Bytes all-gathered per micro-step under FSDP2 laid out as torchtitan: forward, and again
     in backward for units resharded after forward (the embedding and layer units when `reshard`;
     `[norm, head]` and the root are kept). int8 weights are never gathered (replicated). The plain
     module and DDP gather nothing."""
     if wrap == "none":
         return 0.0
-    edges = embed_unit_bytes(model) + head_unit_bytes(model)
-    layers = model.layers * gathered_layer_bytes(model, quant, lora_rank)
+    edges = embed_unit_bytes(s) + head_unit_bytes(s)
+    layers = s.layers * gathered_layer_bytes(s, quant, lora_rank, targets)
     regather = 0.0
     if reshard:
-        regather = embed_unit_bytes(model) + (layers if wrap_units(wrap, model.layers) else 0.0)
+        regather = embed_unit_bytes(s) + (layers if wrap_units(wrap, s.layers) else 0.0)
     return edges + layers + regather
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autofit.arch import structure_of
 from autofit.config import Config
 from autofit.estimate import Estimate
 from autofit.export import export_plan
@@ -144,7 +145,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.name,
-            "n_params": self.model.n_params,
+            "n_params": structure_of(self.model).n_params,
             "hardware": self.hardware.to_dict(),
             "space": self.space.name,
             "seq_len": self.seq_len,

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from autofit.arch import structure_of
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
@@ -69,13 +70,16 @@ def models_table(models: Iterable[ModelSpec]) -> Table:
     table = Table(
         title="Model presets (--model NAME, or a path to config.json)", title_justify="left"
     )
-    for col in ("name", "model", "params", "layers", "hidden", "heads/kv", "ffn", "vocab"):
-        table.add_column(col, justify="left" if col in ("name", "model") else "right")
+    for col in ("name", "model", "family", "params", "layers", "hidden", "heads/kv", "ffn",
+                "vocab"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("name", "model", "family") else "right")
     for m in models:
+        n = structure_of(m).n_params
         table.add_row(
             m.name,
             m.description,
-            f"{m.n_params:,} ({fmt_count(m.n_params)})",
+            m.model_type,
+            f"{n:,} ({fmt_count(n)})",
             str(m.layers),
             str(m.hidden),
             f"{m.heads}/{m.kv_heads}",
@@ -99,7 +103,8 @@ BREAKDOWN_LABELS = {
 def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estimate) -> None:
     cfg = est.config
     console.print(
-        f"[bold]{model.name}[/] ({fmt_count(model.n_params)} params) on {hw.describe()}  "
+        f"[bold]{model.name}[/] ({fmt_count(structure_of(model).n_params)} params) on "
+        f"{hw.describe()}  "
         f"[dim]{cfg.short()}, seq_len {cfg.seq_len}[/]"
     )
     console.print(f"held as {SHARDING_TEXT.get(est.sharding, est.sharding)}")
@@ -258,7 +263,7 @@ def trials_table(plan: Plan) -> Table:
 def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) -> None:
     hw = plan.hardware
     console.print(
-        f"[bold]{plan.model.name}[/] ({fmt_count(plan.model.n_params)} params) on "
+        f"[bold]{plan.model.name}[/] ({fmt_count(structure_of(plan.model).n_params)} params) on "
         f"{hw.describe()}, seq_len {plan.seq_len}"
         + (f", global batch {plan.global_batch}" if plan.global_batch else "")
         + f", space '{plan.space.name}'"

@@ -1,0 +1,330 @@
+"""A model's own structure, read once from the model itself, and its traced activations.
+
+The estimator needs, for any decoder family, what each parameter is (a projection LoRA targets and
+quantization touches, a norm, a bias, the embedding, the head, a router, an expert) and what one
+decoder layer saves for backward. Both are read from the real HF model, not from per-family
+formulas:
+
+- `structure_of(spec)`: the family's causal LM built on the meta device (no memory), the very
+  model trials build (`autofit.build.model.build_meta_model`), its parameters sorted by role
+  (`autofit.build.structure`).
+- `activations_of(spec, key)`: one decoder layer of the real architecture at real width traced
+  under `FakeTensorMode` with the builder's own dtypes, LoRA and checkpointing: the bytes it keeps
+  alive for backward per sequence, and the bytes outside the layers (embedding side, final norm,
+  logits and loss) (`autofit.build.trace`).
+
+Both are plain data, cached in memory and on disk (`cache_dir()`, keyed by the architecture and
+the torch/transformers/peft versions), so the napkin stays arithmetic: a plan traces each layer
+variant once, later plans read the cache without importing torch. This module imports no torch;
+the readers it calls do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from functools import cached_property
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from autofit.errors import ConfigError
+from autofit.models import ModelSpec
+
+__all__ = [
+    "ActivationKey",
+    "LayerActivations",
+    "Projection",
+    "Structure",
+    "activations_of",
+    "cache_dir",
+    "structure_of",
+]
+
+TRACE_VERSION = 3
+"""Bump when what a trace or a structure read counts changes: older cache entries are ignored."""
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One linear projection of a decoder layer: its path inside the layer and its shape."""
+
+    name: str  # e.g. "self_attn.q_proj", "mlp.gate_up_proj"
+    in_features: int
+    out_features: int
+    bias: bool = False
+
+    @property
+    def leaf(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+    @property
+    def weight_params(self) -> int:
+        return self.in_features * self.out_features
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Parameters of a causal LM by role, read from the model (every decoder layer alike)."""
+
+    model_type: str
+    layer_class: str
+    layers: int
+    hidden: int
+    vocab: int
+    heads: int
+    q_dim: int  # query width (heads x head_dim): attention FLOPs
+    tied_embeddings: bool
+    projections: tuple[Projection, ...]  # one layer's, in module order
+    layer_norm_params: int  # norm scales inside one layer (q/k norms included)
+    layer_bias_params: int  # projection biases of one layer (Qwen2's q/k/v)
+    layer_router_params: int  # MoE router of one layer
+    layer_expert_params: int  # MoE experts of one layer (all resident)
+    layer_other_params: int  # anything else inside one layer
+    embedding_params: int
+    head_params: int  # 0 when the head is the embedding (tied)
+    final_norm_params: int
+    root_other_params: int  # anything else outside the layers
+    largest_param: int = 0  # elements of the largest parameter tensor
+    experts: int = 0
+    experts_per_token: int = 0
+
+    # ----- derived counts -----------------------------------------------------------------------
+    @cached_property
+    def layer_linear_params(self) -> int:
+        """Weights of one layer's projections: what LoRA adapts and quantization stores."""
+        return sum(p.weight_params for p in self.projections)
+
+    @cached_property
+    def layer_frozen_other_params(self) -> int:
+        """Everything in one layer besides the projection weights (norms, biases, router,
+        experts): frozen in bf16 under LoRA, never quantized."""
+        return (
+            self.layer_norm_params
+            + self.layer_bias_params
+            + self.layer_router_params
+            + self.layer_expert_params
+            + self.layer_other_params
+        )
+
+    @cached_property
+    def layer_params(self) -> int:
+        return self.layer_linear_params + self.layer_frozen_other_params
+
+    @property
+    def linear_params(self) -> int:
+        """Projection weights of all layers (the quantizable base)."""
+        return self.layers * self.layer_linear_params
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.head_params
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the decoder layers: embedding, final norm, head, the rest."""
+        return (
+            self.embedding_params + self.final_norm_params + self.head_params
+            + self.root_other_params
+        )  # fmt: skip
+
+    @cached_property
+    def n_params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+    @cached_property
+    def active_layer_matmul_params(self) -> float:
+        """Weights one token multiplies by in one layer: the projections, the router, and the
+        `experts_per_token` of the experts it is routed to."""
+        experts = 0.0
+        if self.experts:
+            experts = self.layer_expert_params * self.experts_per_token / self.experts
+        return self.layer_linear_params + self.layer_router_params + experts
+
+    # ----- LoRA targets ---------------------------------------------------------------------------
+    def targets(self, names: tuple[str, ...] | None) -> tuple[Projection, ...]:
+        """The projections `lora_targets` names (None: every one), matched by leaf name
+        (`q_proj`) or by path inside the layer (`self_attn.q_proj`); a name that matches none is
+        a `ConfigError` listing what this model has."""
+        if names is None:
+            return self.projections
+        chosen = [p for p in self.projections if p.leaf in names or p.name in names]
+        known = {p.leaf for p in self.projections} | {p.name for p in self.projections}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            leaves = ", ".join(dict.fromkeys(p.leaf for p in self.projections))
+            raise ConfigError(
+                f"lora_targets names {', '.join(map(repr, unknown))}, which this model "
+                f"({self.layer_class}) does not have. Its decoder layers' linear projections are: "
+                f"{leaves}. Name some of them (e.g. lora_targets: [q_proj, v_proj]), or leave "
+                "lora_targets out to adapt all of them."
+            )
+        return tuple(chosen)
+
+    def lora_params(self, rank: int, targets: tuple[str, ...] | None = None) -> int:
+        """LoRA A (r x in) and B (out x r) on each targeted projection of every layer."""
+        if rank <= 0:
+            return 0
+        return rank * self.lora_per_rank(targets)
+
+    def lora_per_rank(self, targets: tuple[str, ...] | None = None) -> int:
+        """LoRA parameters per unit of rank (memoised: the estimator asks per candidate)."""
+        memo: dict[Any, int] = self.__dict__.setdefault("_lora_memo", {})
+        if targets not in memo:
+            per_layer = sum(p.in_features + p.out_features for p in self.targets(targets))
+            memo[targets] = self.layers * per_layer
+        return memo[targets]
+
+    def largest_lora_matrix(self, targets: tuple[str, ...] | None = None) -> int:
+        """Width of the largest adapter matrix per unit of rank (max of in and out)."""
+        return max(max(p.in_features, p.out_features) for p in self.targets(targets))
+
+    # ----- serialisation --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        data["projections"] = [asdict(p) for p in self.projections]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Structure:
+        values = dict(data)
+        values["projections"] = tuple(Projection(**p) for p in data["projections"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ActivationKey:
+    """What a layer trace depends on besides the architecture: the plan's sequence length, the
+    LoRA settings, the checkpointing of the layer, and whether the run autocasts fp32 weights
+    (the plain module and DDP under bf16-mixed) or computes in bf16 (FSDP2, pure bf16)."""
+
+    seq_len: int
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] | None = None
+    lora_dropout: float = 0.0
+    policy: str = "none"  # none | full | selective: the checkpointing of every traced layer
+    autocast: bool = False
+
+    def text(self) -> str:
+        targets = ",".join(self.lora_targets) if self.lora_targets else "all"
+        return (
+            f"s{self.seq_len}|r{self.lora_rank}|t{targets}|d{self.lora_dropout}|{self.policy}"
+            f"|{'amp' if self.autocast else 'bf16'}"
+        )
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes kept alive for backward at the end of forward, per sequence of `seq_len` tokens
+    (micro-batch 1; they scale with the micro-batch): `layer` per decoder layer (the mean over
+    the layer types of the model, weighted by their counts) and `root` outside the layers
+    (embedding side, final norm, logits and loss, rotary tables and masks shared by the layers)."""
+
+    layer: float
+    root: float
+
+
+# ----- caches -------------------------------------------------------------------------------------
+_STRUCTURES: dict[ModelSpec, Structure] = {}
+_ACTIVATIONS: dict[tuple[ModelSpec, ActivationKey], LayerActivations] = {}
+
+
+def structure_of(spec: ModelSpec) -> Structure:
+    """The parameters of `spec` by role, read from its meta model once per process (and from
+    the disk cache when an earlier run read it)."""
+    found = _STRUCTURES.get(spec)
+    if found is not None:
+        return found
+    entry = _disk(spec)
+    if "structure" in entry:
+        found = Structure.from_dict(entry["structure"])
+    else:
+        from autofit.build.structure import read_structure
+
+        found = read_structure(spec)
+        _disk_update(spec, structure=found.to_dict())
+    _STRUCTURES[spec] = found
+    return found
+
+
+def activations_of(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
+    """One decoder layer of `spec` traced for `key` (memory, then disk, then a trace)."""
+    found = _ACTIVATIONS.get((spec, key))
+    if found is not None:
+        return found
+    text = key.text()
+    stored = _disk(spec).get("activations", {}).get(text)
+    if stored is not None:
+        found = LayerActivations(*stored)
+    else:
+        structure_of(spec).targets(key.lora_targets)  # unknown names: one clear paragraph
+        from autofit.build.trace import trace_activations
+
+        found = trace_activations(spec, key)
+        _disk_update(spec, activations={text: [found.layer, found.root]})
+    _ACTIVATIONS[(spec, key)] = found
+    return found
+
+
+def cache_dir() -> Path:
+    """Where structures and traces are kept between runs: `$AUTOFIT_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/autofit`, else `~/.cache/autofit`."""
+    if os.environ.get("AUTOFIT_CACHE_DIR"):
+        return Path(os.environ["AUTOFIT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "autofit"
+
+
+def _versions() -> str:
+    found = []
+    for dist in ("torch", "transformers", "peft"):
+        try:
+            found.append(f"{dist}={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{dist}=none")
+    return ";".join(found)
+
+
+def _cache_file(spec: ModelSpec) -> Path:
+    arch = {k: v for k, v in spec.to_dict().items() if k not in ("name", "description")}
+    text = json.dumps({"arch": arch, "versions": _versions(), "v": TRACE_VERSION}, sort_keys=True)
+    return cache_dir() / f"arch-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+
+
+_DISK: dict[ModelSpec, dict[str, Any]] = {}
+
+
+def _disk(spec: ModelSpec) -> dict[str, Any]:
+    if spec not in _DISK:
+        try:
+            _DISK[spec] = json.loads(_cache_file(spec).read_text())
+        except (OSError, ValueError):
+            _DISK[spec] = {}
+    return _DISK[spec]
+
+
+def _disk_update(spec: ModelSpec, **parts: Any) -> None:
+    """Merge `parts` into the cache file of `spec`, written whole to a temporary file and
+    renamed over the old one (a reader never sees half a file). A cache that cannot be written
+    is skipped: it only saves time."""
+    entry = _disk(spec)
+    for name, value in parts.items():
+        if isinstance(value, dict) and name != "structure":
+            entry.setdefault(name, {}).update(value)
+        else:
+            entry[name] = value
+    path = _cache_file(spec)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".arch-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(entry, handle)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -1,0 +1,168 @@
+"""Trace one decoder layer of the real architecture at real width: the bytes it keeps for backward.
+
+"Measure one layer and extrapolate" (answer.ai, "Napkin Math for Fine Tuning"): the model of
+`spec` is built with one layer of each layer type its config declares, then again with two, with
+the builder's own steps (dtypes, peft LoRA with the plan's targets and dropout, activation
+checkpointing of every layer), and one forward with the loss runs under `FakeTensorMode` (no
+memory, no compute: shapes, dtypes and the real dispatch, so SDPA saves what it saves on the
+device, soft-capped eager attention its scores, grouped-mm experts their routed tokens).
+
+What is counted: every tensor storage created during forward that is still alive when forward
+has returned the loss: exactly what autograd (and selective checkpointing's cache, which
+`saved_tensors_hooks` cannot see) keeps for backward, each storage once however many views
+point at it, by its own dtype. Parameters, buffers, the token ids and the bf16 copies autocast
+makes of weights (counted by the estimator from the weights themselves) are not activations.
+The difference between the two-layer and the one-layer model is one layer of each type; the
+rest of the one-layer model is what lives outside the layers (embedding side, rotary tables and
+masks the layers share, final norm, logits and loss).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from autofit.arch import ActivationKey, LayerActivations
+from autofit.build.checkpoint import apply_checkpointing
+from autofit.build.dtypes import TORCH_DTYPES
+from autofit.build.lora import apply_lora
+from autofit.build.model import build_meta_model, materialize
+from autofit.models import ModelSpec
+from autofit.recipe import COMPUTE_DTYPE, FP32, FROZEN_DTYPE
+
+_CASTS = {torch.ops.aten._to_copy.default}
+
+
+class _Births(TorchDispatchMode):
+    """Records the storage of every tensor an op creates (weakly), which are casts of a
+    parameter (autocast's weight copies), and the peak of their live bytes after each op."""
+
+    def __init__(self, kept: set[StorageWeakRef]) -> None:
+        super().__init__()
+        self.kept = kept
+        self.born: dict[StorageWeakRef, int] = {}
+        self.weight_copies: set[StorageWeakRef] = set()
+        self.peak = 0
+
+    def live(self) -> int:
+        return sum(
+            nbytes
+            for ref, nbytes in self.born.items()
+            if not ref.expired() and ref not in self.kept and ref not in self.weight_copies
+        )
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        copy_of_param = (
+            func in _CASTS
+            and isinstance(args[0], torch.Tensor)
+            and StorageWeakRef(args[0].untyped_storage()) in self.kept
+        )
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                ref = StorageWeakRef(storage)
+                if ref not in self.born:
+                    self.born[ref] = storage.nbytes()
+                if copy_of_param:
+                    self.weight_copies.add(ref)
+        self.born = {ref: n for ref, n in self.born.items() if not ref.expired()}
+        self.peak = max(self.peak, self.live())
+        return out
+
+
+def trace_activations(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
+    """Bytes one decoder layer of `spec` keeps for backward per sequence (mean over its layer
+    types, weighted by how many layers of each the model has), and those outside the layers."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # HF's own deprecations, not the user's
+        return _trace_or_bf16(spec, key)
+
+
+def _trace_or_bf16(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
+    try:
+        return _trace(spec, key)
+    except RuntimeError:
+        if not key.autocast:
+            raise
+        # fp32 weights under autocast that an op refuses (HF's grouped-mm MoE experts want
+        # bf16): the layer's bf16 activations are the closest measure there is
+        return _trace(spec, dataclasses.replace(key, autocast=False))
+
+
+def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
+    types = _layer_types(spec)
+    kinds = list(dict.fromkeys(types)) if types else [None]
+    per_kind: dict[Any, float] = {}
+    for kind in kinds:
+        one, _ = _live_bytes(spec, key, [kind])
+        two, _ = _live_bytes(spec, key, [kind, kind])
+        per_kind[kind] = two - one
+    _, peak = _live_bytes(spec, key, kinds)
+    # outside the layers: the forward's peak (the loss over the vocabulary holds bf16 logits,
+    # their fp32 copy and log-softmax's output at once) less what the layers keep
+    root = peak - sum(per_kind.values())
+    if types:
+        layer = sum(per_kind[t] for t in types) / len(types)
+    else:
+        layer = per_kind[None]
+    return LayerActivations(layer=float(layer), root=float(max(root, 0.0)))
+
+
+def _layer_types(spec: ModelSpec) -> list[str] | None:
+    """The type of each layer (sliding or full attention) where the family has several."""
+    config = spec.to_hf_config()
+    types = getattr(config, "layer_types", None)
+    return list(types) if types and len(set(types)) > 1 else None
+
+
+def _live_bytes(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[float, float]:
+    """Bytes alive when forward has returned the loss, and the peak during forward."""
+    overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
+    if kinds[0] is not None:
+        overrides["layer_types"] = kinds
+    model = build_meta_model(spec, spec.to_hf_config(**overrides))
+    model = _prepare(model, key)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        materialize(model, torch.device("cpu"))
+        ids = torch.randint(0, spec.vocab, (1, key.seq_len))
+        kept = {StorageWeakRef(t.untyped_storage()) for t in (*model.parameters(),
+                                                               *model.buffers(), ids)}  # fmt: skip
+        births = _Births(kept)
+        autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
+        with births, autocast:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        end = births.live()
+        del loss
+    return float(end), float(births.peak)
+
+
+def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
+    """The builder's steps up to sharding, with the dtypes a micro-step computes in: bf16
+    everywhere (FSDP2 gathers in bf16, pure bf16 stores it), or under autocast fp32 trainable
+    weights beside a bf16 frozen base (the plain module and DDP under bf16-mixed)."""
+    from autofit.build.apply import keep_lora_inputs
+
+    lora = key.lora_rank > 0
+    trainable = TORCH_DTYPES[FP32] if key.autocast else TORCH_DTYPES[COMPUTE_DTYPE]
+    frozen = TORCH_DTYPES[FROZEN_DTYPE] if lora else trainable
+    for p in model.parameters():
+        p.data = p.data.to(frozen)
+        p.requires_grad_(not lora)
+    model = apply_lora(model, key.lora_rank, 2 * key.lora_rank, key.lora_targets, key.lora_dropout)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.to(trainable)
+    if key.autocast:
+        keep_lora_inputs(model)
+    apply_checkpointing(model, key.policy)
+    model.train()
+    return model
