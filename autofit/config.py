@@ -39,7 +39,7 @@ KNOBS: dict[str, tuple[Any, ...] | None] = {
 
 KNOB_HELP: dict[str, str] = {
     "quant": "storage of the frozen base weights (torchao); needs lora_rank > 0",
-    "lora_rank": "0 = full fine-tune; r = LoRA on all attention and MLP projections",
+    "lora_rank": "0 = full fine-tune; r = LoRA on lora_targets (default: all linear projections)",
     "micro_batch": "sequences per GPU per forward/backward",
     "grad_accum": "micro-steps per optimizer step (derived from global_batch when given)",
     "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one GPU: "
