@@ -64,10 +64,14 @@ def default_study_name(
     device: str,
 ) -> str:
     """Stable, readable and unique per setting: the same command always finds the same study."""
-    # the family (`model_type`) is left out so names stay those of studies made before specs
-    # recorded it; the numbers and the name already tell two models apart
+    # the family (`model_type`) and an empty `extra` are left out so names stay those of studies
+    # made before specs recorded them; the numbers and the name already tell two models apart
     ident = {
-        "model": {k: v for k, v in asdict(model).items() if k != "model_type"},
+        "model": {
+            k: v
+            for k, v in asdict(model).items()
+            if k != "model_type" and not (k == "extra" and not v)
+        },
         "gpus": [
             hardware.smallest_gpu.name,
             hardware.n_gpus,
