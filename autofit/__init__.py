@@ -218,8 +218,13 @@ def trial(
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     check_trial_hardware(hw, device, gpus)
+    cfg = _config(knobs)
+    if cfg.lora_targets is not None:
+        from autofit.arch import structure_of
+
+        structure_of(spec).targets(cfg.lora_targets)  # a name the model lacks: one paragraph
     return run_trial(
-        spec, _config(knobs), nprocs=hw.n_gpus, device=device,
+        spec, cfg, nprocs=hw.n_gpus, device=device,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
         timeout_s=timeout,
     )  # fmt: skip
