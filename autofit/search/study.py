@@ -65,9 +65,14 @@ def default_study_name(
 ) -> str:
     """Stable, readable and unique per setting: the same command always finds the same study."""
     # the family (`model_type`) is left out so names stay those of studies made before specs
-    # recorded it; the numbers and the name already tell two models apart
+    # recorded it; the numbers and the name already tell two models apart. The family's other
+    # config keys (`extra`) count only when there are some: a spec without them names its study
+    # as before they were recorded.
+    arch = {k: v for k, v in asdict(model).items() if k != "model_type"}
+    if not arch.get("extra"):
+        arch.pop("extra", None)
     ident = {
-        "model": {k: v for k, v in asdict(model).items() if k != "model_type"},
+        "model": arch,
         "gpus": [
             hardware.smallest_gpu.name,
             hardware.n_gpus,
