@@ -7,7 +7,9 @@ writes after measuring) and the FSDPMemTracker traces of `tests/estimate/tracked
 cache), prints each case's error against what docs/accuracy.md records, then for every
 byte-counting function of `autofit/estimate/memory.py` and each factor replaces the function with
 one that returns factor x the original and asks the tests' own checks (`measured.problem`,
-`tracked.problem`) whether any case now fails. Every cell of the table should say "caught".
+`tracked.problem`) whether any case now fails. A function that returns several byte counts
+(`activation_bytes`: the decoder layers' and those outside them) is scaled whole and then one part
+at a time. Every cell of the table should say "caught".
 """
 
 from __future__ import annotations
@@ -34,31 +36,51 @@ GPU_ONLY = {"cuda_context_bytes", "usable_bytes", "allocator_overhead"}
 CAPACITIES = {"usable_host_bytes"}
 
 
-def memory_terms() -> list[str]:
-    """Every function of `memory.py` that returns bytes (`*_bytes`, `*_bytes_per_param`, ...)."""
-    names = []
+Term = tuple[str, int | None]  # a function of memory.py, and which part of its tuple (None: all)
+
+
+def memory_terms() -> list[Term]:
+    """Every function of `memory.py` that returns bytes (`*_bytes`, `*_bytes_per_param`, ...);
+    one returning a tuple of byte counts is a term whole and a term per part."""
+    terms: list[Term] = []
     for name, fn in vars(mem).items():
         if not callable(fn) or getattr(fn, "__module__", None) != mem.__name__:
             continue
         if inspect.isclass(fn) or name.startswith("_") or name in GPU_ONLY | CAPACITIES:
             continue
         if "bytes" in name:
-            names.append(name)
-    return names
+            terms.append((name, None))
+            returns = str(inspect.signature(fn).return_annotation)
+            if returns.startswith("tuple["):
+                parts = returns.removeprefix("tuple[").removesuffix("]").split(",")
+                terms.extend((name, i) for i in range(len(parts)))
+    return terms
+
+
+def label(term: Term) -> str:
+    name, part = term
+    return name if part is None else f"{name}[{part}]"
+
+
+def scale(value, factor: float, part: int | None):  # type: ignore[no-untyped-def]
+    if not isinstance(value, tuple):
+        return value * factor
+    return tuple(v * factor if part in (None, i) else v for i, v in enumerate(value))
 
 
 def caught(
-    term: str,
+    term: Term,
     factor: float,
     measured: dict[str, TrialResult],
     traced: dict[str, tracked.Traced],
 ) -> list[str]:
-    original = getattr(mem, term)
+    name, part = term
+    original = getattr(mem, name)
 
     def scaled(*args, **kwargs):  # type: ignore[no-untyped-def]
-        return original(*args, **kwargs) * factor
+        return scale(original(*args, **kwargs), factor, part)
 
-    with mock.patch.object(mem, term, scaled):
+    with mock.patch.object(mem, name, scaled):
         return [c.name for c in CASES if problem(c, measured[c.name])] + [
             c.name for c in tracked.CASES if tracked.problem(c, traced[c.name])
         ]
@@ -96,7 +118,7 @@ def main() -> None:
             by = caught(term, factor, measured, traced)
             missed += not by
             cells.append(f"caught ({by[0]})" if by else "NOT CAUGHT")
-        print(f"{term:34} {cells[0]:42} {cells[1]:42}")
+        print(f"{label(term):34} {cells[0]:42} {cells[1]:42}")
     print(f"\n{missed} of {2 * len(memory_terms())} mutations not caught")
 
 

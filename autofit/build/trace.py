@@ -19,9 +19,11 @@ masks the layers share, final norm, logits and loss).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -145,11 +147,33 @@ def _live_bytes(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[
                                                                *model.buffers(), ids)}  # fmt: skip
         births = _Births(kept)
         autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
-        with births, autocast:
+        with births, autocast, _unpacked_batch():
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         end = births.live()
         del loss
     return float(end), float(births.peak)
+
+
+@contextlib.contextmanager
+def _unpacked_batch() -> Iterator[None]:
+    """Let HF see the batch a trial feeds: one sequence per row, no padding.
+
+    Given no attention mask, HF reads the position ids' values to detect packed sequences
+    (`masking_utils.find_packed_sequence_indices`), and finds none in a real batch: the causal
+    mask is then left to SDPA's `is_causal` and grouped-query attention to SDPA's `enable_gqa`.
+    A fake tensor has no values, so HF takes it for a traced graph and keeps the packed-sequence
+    path: it materialises an S x S mask, which SDPA converts and saves in every layer, and repeats
+    k and v to every query head. A real forward of llama-debug keeps neither (seq 64: 40,960 B per
+    layer per sequence more in the trace, 5.7% of the layer; the mask alone grows as S^2). The
+    answer HF gives a real batch is given here."""
+    from transformers import masking_utils
+
+    real = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = real
 
 
 def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:

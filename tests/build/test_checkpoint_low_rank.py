@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autofit.arch import ActivationKey, activations_of
 from autofit.build import apply
 from autofit.build.model import build_meta_model
 from autofit.config import Config
-from autofit.estimate.memory import selective_layer_bytes_per_token
 from autofit.models import PRESETS
 
 # llama-debug (hidden 256, kv 2 x 64 = 128, intermediate 688), two of its four layers for speed.
@@ -74,11 +74,13 @@ def test_lora_b_expansion_is_saved_only_when_d_is_under_8r(rank, expansions_kept
     assert len(lora_a) == 7 * SPEC.layers
     assert all(n == TOKENS * rank * 2 for _, n in lora_a)
 
-    # The estimator's LoRA part of a selective layer (bytes per token per layer) is what the
-    # forward kept: rank 16 -> 14 x 16 = 224 B; rank 17 -> 14 x 17 + 2 x (128 x 2) = 750 B.
+    # The estimator's LoRA part of a selective layer (its one-layer trace at this rank less the
+    # trace without LoRA, bytes per token per layer) is what the forward kept: rank 16 ->
+    # 14 x 16 = 224 B; rank 17 -> 14 x 17 + 2 x (128 x 2) = 750 B.
     measured = sum(n for _, n in lora_a + lora_b) / (TOKENS * SPEC.layers)
     assert measured == {16: 224, 17: 750}[rank]
-    estimated_lora = selective_layer_bytes_per_token(SPEC, rank) - selective_layer_bytes_per_token(
-        SPEC, 0
-    )
-    assert estimated_lora == measured
+
+    def traced(r: int) -> float:  # bytes per token one selective layer keeps, pure bf16
+        return activations_of(SPEC, ActivationKey(SEQ, r, policy="selective")).layer / SEQ
+
+    assert traced(rank) - traced(0) == measured

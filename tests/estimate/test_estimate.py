@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from autofit.arch import structure_of
 from autofit.config import Config
 from autofit.estimate import BREAKDOWN_KEYS, estimate
 from autofit.estimate import memory as mem
@@ -105,8 +106,8 @@ def test_int8_base_is_replicated_not_divided_by_gpus():
     knobs = {**QLORA, "quant": "int8"}
     one = est("llama-7b", "1xa100-80gb", **knobs).breakdown["base_weights"]
     four = est("llama-7b", "4xa100-80gb", **knobs).breakdown["base_weights"]
-    int8 = mem.base_weight_bytes(LLAMA_7B, "int8")
-    others = mem.frozen_other_bytes(LLAMA_7B)
+    int8 = mem.base_weight_bytes(structure_of(LLAMA_7B), "int8")
+    others = mem.frozen_other_bytes(structure_of(LLAMA_7B))
     assert one == pytest.approx(int8 + others, abs=1)
     assert four == pytest.approx(int8 + others / 4, abs=1)  # only the bf16 rest is sharded
     assert four > one / 2

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from autofit.arch import structure_of
 from autofit.config import Sharding
 from autofit.estimate import memory as mem
 from autofit.models import PRESETS
 from tests.conftest import LLAMA_7B
+
+S7 = structure_of(LLAMA_7B)  # Llama-2-7B's parameters by role, read from its meta model
 
 
 def test_mixed_precision_adamw_full_fine_tune_is_16_bytes_per_param():
@@ -59,9 +62,11 @@ def test_int8_and_bf16_base_widths():
 
 
 def test_int8_base_adds_one_bf16_scale_per_output_row():
-    rows = 4096 + 4096 + 4096 + 4096 + 11008 + 11008 + 4096  # out rows of q k v o gate up down
-    expected = LLAMA_7B.linear_params * 1 + LLAMA_7B.layers * rows * 2
-    assert mem.base_weight_bytes(LLAMA_7B, "int8") == expected
+    # by hand: 32 layers of q, k, v, o (4096 x 4096) and gate, up, down (4096 x 11008), 1 B
+    # each, plus a bf16 scale per output row of q k v o gate up down
+    weights = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    rows = 4096 + 4096 + 4096 + 4096 + 11008 + 11008 + 4096
+    assert mem.base_weight_bytes(S7, "int8") == weights * 1 + 32 * rows * 2
 
 
 def test_low_bit_optimizer_state_does_not_depend_on_precision():
@@ -76,17 +81,17 @@ def test_lora_trainable_params_of_llama_7b_rank_64_by_hand():
     #   q, k, v, o: 4096 + 4096 each; gate, up: 4096 + 11008; down: 11008 + 4096
     per_layer = 4 * (4096 + 4096) + 3 * (4096 + 11008)
     assert per_layer == 78_080
-    assert mem.trainable_params(LLAMA_7B, 64) == 64 * per_layer * 32 == 159_907_840
+    assert mem.trainable_params(S7, 64) == 64 * per_layer * 32 == 159_907_840
 
 
 def test_full_fine_tune_trains_every_parameter():
-    assert mem.trainable_params(LLAMA_7B, 0) == 6_738_415_616
+    assert mem.trainable_params(S7, 0) == 6_738_415_616
 
 
 def test_frozen_non_projection_weights_are_bf16():
     # embeddings + LM head + final norm + 2 norms per layer, 2 bytes each
     others = 32000 * 4096 * 2 + 4096 + 32 * 2 * 4096
-    assert mem.frozen_other_bytes(LLAMA_7B) == 2 * others
+    assert mem.frozen_other_bytes(S7) == 2 * others
 
 
 def test_shard_degree_is_all_gpus_except_for_replicas():
@@ -103,57 +108,62 @@ def test_gathered_units_follow_torchtitans_layout():
     embed = 32000 * 4096 * 2
     layer = (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) * 2
     fsdp = Sharding.FSDP2
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", True, fsdp) == head + 2 * layer
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "every-2", True, fsdp) == head + 4 * layer
+    assert mem.gathered_bytes(S7, "none", 0, "layer", True, fsdp) == head + 2 * layer
+    assert mem.gathered_bytes(S7, "none", 0, "every-2", True, fsdp) == head + 4 * layer
     # without reshard_after_forward every unit stays gathered: the whole model in bf16
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "layer", False, fsdp) == (
-        head + embed + 32 * layer
-    )
+    assert mem.gathered_bytes(S7, "none", 0, "layer", False, fsdp) == (head + embed + 32 * layer)
     # `model`: every layer in the root unit, which FSDP2 never reshards after forward
-    assert mem.gathered_bytes(LLAMA_7B, "none", 0, "model", True, fsdp) == head + 32 * layer
+    assert mem.gathered_bytes(S7, "none", 0, "model", True, fsdp) == head + 32 * layer
 
 
 def test_replicas_and_the_plain_module_gather_nothing():
     for sharding in (Sharding.NONE, Sharding.DDP):
-        assert mem.gathered_bytes(LLAMA_7B, "none", 0, "none", True, sharding) == 0
-        assert mem.unit_grad_bytes(LLAMA_7B, 0, "none", sharding) == 0
+        assert mem.gathered_bytes(S7, "none", 0, "none", True, sharding) == 0
+        assert mem.unit_grad_bytes(S7, 0, "none", sharding) == 0
 
 
 def test_int8_base_is_never_all_gathered():
-    nf4 = mem.gathered_layer_bytes(LLAMA_7B, "nf4", 16)
-    int8 = mem.gathered_layer_bytes(LLAMA_7B, "int8", 16)
+    nf4 = mem.gathered_layer_bytes(S7, "nf4", 16)
+    int8 = mem.gathered_layer_bytes(S7, "int8", 16)
     assert int8 < nf4
+
+
+def act(model, micro_batch: int, seq_len: int, lora: int, ckpt: str, autocast: bool = False):  # type: ignore[no-untyped-def]
+    """Activation bytes of one micro-batch: the decoder layers' and those outside them."""
+    layers, outside = mem.activation_bytes(
+        model, structure_of(model), micro_batch, seq_len, lora, ckpt, autocast
+    )
+    return layers + outside
 
 
 @pytest.mark.parametrize("name", [n for n, m in PRESETS.items() if m.layers >= 4])
 @pytest.mark.parametrize("lora", [0, 16, 64])
 def test_checkpointing_full_below_every_2_below_none(name, lora):
     model = PRESETS[name]
-
-    def act(ckpt: str) -> float:
-        return mem.activation_bytes(model, 2, 1024, lora, ckpt)
-
-    assert act("full") < act("every-2") < act("none")
+    full, every2, none = (act(model, 2, 1024, lora, c) for c in ("full", "every-2", "none"))
+    assert full < every2 < none
 
 
 @pytest.mark.parametrize("name", [n for n, m in PRESETS.items() if m.layers >= 4])
 def test_selective_checkpointing_below_none_for_full_fine_tune(name):
     model = PRESETS[name]
-    sel = mem.activation_bytes(model, 2, 1024, 0, "selective")
-    assert sel < mem.activation_bytes(model, 2, 1024, 0, "none")
+    assert act(model, 2, 1024, 0, "selective") < act(model, 2, 1024, 0, "none")
 
 
 @pytest.mark.parametrize("name", ["llama-7b", "llama-13b", "llama-3-8b", "llama-70b"])
 def test_selective_checkpointing_below_none_with_lora(name):
     model = PRESETS[name]
-    sel = mem.activation_bytes(model, 2, 1024, 64, "selective")
-    assert sel < mem.activation_bytes(model, 2, 1024, 64, "none")
+    assert act(model, 2, 1024, 64, "selective") < act(model, 2, 1024, 64, "none")
 
 
-def test_activations_scale_linearly_with_tokens():
-    one = mem.activation_bytes(LLAMA_7B, 1, 2048, 0, "none")
-    assert mem.activation_bytes(LLAMA_7B, 4, 2048, 0, "none") == pytest.approx(4 * one)
-    assert mem.activation_bytes(LLAMA_7B, 1, 8192, 0, "none") == pytest.approx(4 * one)
+@pytest.mark.parametrize("autocast", [False, True])
+def test_activations_scale_linearly_with_tokens(autocast):
+    # SDPA's fused kernels keep O(seq) per sequence, never the s x s scores (Dao et al. 2022,
+    # FlashAttention; torch's CPU flash kernel likewise): tokens are tokens, in a micro-batch or
+    # in a longer sequence.
+    one = act(LLAMA_7B, 1, 2048, 0, "none", autocast)
+    assert act(LLAMA_7B, 4, 2048, 0, "none", autocast) == pytest.approx(4 * one)
+    assert act(LLAMA_7B, 1, 8192, 0, "none", autocast) == pytest.approx(4 * one)
 
 
 def test_allocator_overhead_grows_with_allocation():

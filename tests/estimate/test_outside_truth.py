@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autofit.arch import structure_of
 from autofit.errors import GPU, HOST, is_oom, oom_kind
 from autofit.estimate.speed import micro_step_flops
 from tests.conftest import LLAMA_7B
@@ -17,7 +18,7 @@ def test_full_fine_tune_costs_six_flops_per_parameter_per_token():
     # one token of context attention costs nothing, so the napkin must land on 6 N (norms and
     # the embedding lookup are not matmuls: within 0.1%).
     n = 6_738_415_616 - 32000 * 4096
-    assert micro_step_flops(LLAMA_7B, 1, 0, "none") == pytest.approx(6 * n, rel=1e-3)
+    assert micro_step_flops(structure_of(LLAMA_7B), 1, 0, "none") == pytest.approx(6 * n, rel=1e-3)
 
 
 def test_a_real_failed_host_allocation_and_the_cuda_allocators_text_are_told_apart():

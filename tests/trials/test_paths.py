@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 
+from autofit.arch import structure_of
 from autofit.config import Config
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
@@ -57,7 +58,7 @@ def test_replicas_hold_the_base_once(trials) -> None:  # type: ignore[no-untyped
     # the bf16 base above `wrap: layer`. DDP holds the weights once: what remains above FSDP2 is
     # the other half of the base, which FSDP2 shards away on 2 ranks (0.5 x), plus activations'
     # worth of noise.
-    bf16_base = resolve_model("llama-mini").n_params * 2
+    bf16_base = structure_of(resolve_model("llama-mini")).n_params * 2
     extra = trials["mini-ddp"].peak_bytes - trials["mini-fsdp"].peak_bytes
     assert 0 < extra < 0.6 * bf16_base
 
