@@ -4,8 +4,8 @@ Plain data and arithmetic, no torch. `autofit.estimate` reads these to count byt
 reads the same names to cast, quantize, checkpoint and build the optimizer, so a measured trial and
 its estimate cannot drift apart. Two rules between knobs that both also read live with the knobs:
 which trainable params are fp32 (`autofit.config.fp32_trainable`) and how a `wrap` holds the model
-(`autofit.config.sharding_for`). The projections LoRA targets and quantization touches are part of
-the architecture (`autofit.models.PROJECTIONS`).
+(`autofit.config.sharding_for`). The projections LoRA targets and quantization touches are read
+from the model itself (`autofit.build.model.decoder_projections`, which `autofit.arch` counts by).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ _SAVE_OPS = {
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._grouped_mm.default,  # MoE experts (HF's grouped-mm implementation)
 }
 
 
