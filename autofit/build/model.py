@@ -101,6 +101,13 @@ def _init_module(name: str, mod: nn.Module) -> None:
             nn.init.normal_(param, mean=0.0, std=INIT_STD)
         else:  # a norm's scale: 1, or 0 where the family computes (1 + weight) (Gemma)
             nn.init.constant_(param, _norm_neutral(type(mod), param.shape[0]))
+    for bname, buf in mod.named_buffers(recurse=False):
+        # a constant kept as a buffer beside the float HF initialises it from (Gemma 2/3's
+        # embedding scale, sqrt(hidden): `embed_scale` and `scalar_embed_scale`); `to_empty`
+        # leaves it uninitialised memory otherwise
+        value = getattr(mod, f"scalar_{bname}", None)
+        if isinstance(value, int | float) and buf.is_floating_point():
+            nn.init.constant_(buf, value)
 
 
 @functools.lru_cache(maxsize=64)
