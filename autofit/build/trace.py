@@ -19,9 +19,12 @@ masks the layers share, final norm, logits and loss).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -138,11 +141,31 @@ def _live_bytes(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[
                                                                *model.buffers(), ids)}  # fmt: skip
         births = _Births(kept)
         autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
-        with births, autocast:
+        with births, autocast, unpacked_sequences():
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         end = births.live()
         del loss
     return float(end), float(births.peak)
+
+
+@contextlib.contextmanager
+def unpacked_sequences() -> Iterator[None]:
+    """Tell HF's mask code that the trace's ids are one sequence per row, as a trial's are.
+
+    HF takes FakeTensors for a graph being traced (`is_tracing`), where it cannot read the
+    position ids to rule out packed sequences (`find_packed_sequence_indices`), so it builds a
+    causal mask that a real run skips (SDPA's `is_causal`, grouped-query attention inside the
+    kernel): with the mask, every SDPA layer saves its k and v repeated per query head and a
+    float copy of the seq x seq mask (+2-11% per layer without checkpointing at the debug
+    presets' widths, measured against real tensors: bench/accuracy.py --trace). A real run of
+    unpacked rows finds no packing and returns None: so does this."""
+    from transformers import masking_utils
+
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):  # no packing detection
+        yield
+        return
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda _ids: None):
+        yield
 
 
 def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
