@@ -6,12 +6,13 @@ they return. Everything else is private and may change.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
 from autofit.checks import check_steps, check_trial_timeout
-from autofit.config import KNOBS, Config
+from autofit.config import KNOBS, LORA_SETTINGS, Config
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
@@ -44,7 +45,8 @@ __all__ = [
 
 
 def _config(knobs: dict[str, Any]) -> Config:
-    unknown = set(knobs) - set(KNOBS) - {"lora_alpha"}
+    """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`)."""
+    unknown = set(knobs) - set(KNOBS) - set(LORA_SETTINGS)
     if unknown:
         from autofit.config import coerce_knob
 
@@ -61,7 +63,9 @@ def estimate(
     **knobs: Any,
 ) -> Estimate:
     """Napkin estimate of one config: `autofit.estimate("llama-7b", gpus="2xrtx3090",
-    quant="nf4", lora_rank=64, micro_batch=8, seq_len=2048, checkpointing="full")`."""
+    quant="nf4", lora_rank=64, micro_batch=8, seq_len=2048, checkpointing="full")`. Besides the
+    knobs, the LoRA settings: `lora_targets=["q_proj", "v_proj"]` (default: every linear
+    projection of the decoder blocks), `lora_dropout=0.05`, `lora_alpha=32`."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model
@@ -90,10 +94,16 @@ def plan(
     study: str | None = None,
     run_dir: str | Path | None = None,
     prune: bool = True,
+    lora_targets: str | Sequence[str] | None = None,
+    lora_dropout: float | None = None,
     console: Any = None,
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
-    otherwise an Optuna study runs real trials of the most promising candidates."""
+    otherwise an Optuna study runs real trials of the most promising candidates.
+
+    `lora_targets` (module names, or "all-linear") and `lora_dropout` are the LoRA settings every
+    candidate carries; given, they replace the space file's (None: the space's, whose default is
+    every linear projection of the decoder blocks and no dropout)."""
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
@@ -113,10 +123,13 @@ def plan(
             f"--global-batch must be a positive number of sequences; got {global_batch}."
         )
     check_steps(steps)
+    settings = _lora_settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     sp = load_space(space)
+    if settings:
+        sp = sp.with_settings(**settings)
     if trials == 0:
         return plan_estimates(
             PlanRequest.of(spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin,
@@ -138,6 +151,17 @@ def plan(
     result = search(request, console=console)
     write_run_folder(result, folder)
     return result
+
+
+def _lora_settings(**given: Any) -> dict[str, Any]:
+    """The LoRA settings given (not None), checked: `ConfigError` names a bad one. Their raw
+    values are kept, so an explicit "all-linear" still replaces a space's targets."""
+    from autofit.config import coerce_setting
+
+    out = {name: value for name, value in given.items() if value is not None}
+    for name, value in out.items():
+        coerce_setting(name, value)
+    return out
 
 
 def _run_folder(
@@ -182,7 +206,8 @@ def trial(
     **knobs: Any,
 ) -> TrialResult:
     """Run one real trial (a few training steps in fresh processes, the model held as `wrap` and
-    the GPU count say: plain module, DDP or FSDP2) and measure it."""
+    the GPU count say: plain module, DDP or FSDP2) and measure it. Keyword arguments: the knobs
+    and the LoRA settings, as `estimate` takes them."""
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.trials import run_trial
@@ -193,8 +218,13 @@ def trial(
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     check_trial_hardware(hw, device, gpus)
+    cfg = _config(knobs)
+    if cfg.lora_targets is not None:
+        from autofit.arch import structure_of
+
+        structure_of(spec).targets(cfg.lora_targets)  # a name the model lacks: one paragraph
     return run_trial(
-        spec, _config(knobs), nprocs=hw.n_gpus, device=device,
+        spec, cfg, nprocs=hw.n_gpus, device=device,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
         timeout_s=timeout,
     )  # fmt: skip

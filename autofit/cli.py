@@ -17,7 +17,7 @@ from rich.markup import escape
 
 import autofit
 from autofit import interrupt, report
-from autofit.config import KNOB_HELP, KNOBS, Config, coerce_knob
+from autofit.config import KNOB_HELP, KNOBS, SETTING_HELP, Config, coerce_knob, coerce_setting
 from autofit.errors import AutofitError
 from autofit.interrupt import stop_signals_interrupt
 from autofit.units import fmt_bytes
@@ -177,6 +177,21 @@ def _knobs(**values: Any) -> dict[str, Any]:
     return {k: coerce_knob(k, v) for k, v in values.items() if v is not None}
 
 
+# The LoRA settings (not searched) as flags. Text, checked by `coerce_setting`, so that a bad value
+# gets the one paragraph naming what is allowed (a float option would get click's own message).
+LORA_TARGETS = typer.Option(
+    None, "--lora-targets", metavar="NAMES", help=SETTING_HELP["lora_targets"] + "."
+)
+LORA_DROPOUT = typer.Option(
+    None, "--lora-dropout", metavar="FLOAT", help=SETTING_HELP["lora_dropout"] + "."
+)
+
+
+def _settings(**values: Any) -> dict[str, Any]:
+    """Drop unset setting flags and validate the rest (`ConfigError`, one paragraph)."""
+    return {k: coerce_setting(k, v) for k, v in values.items() if v is not None}
+
+
 # ----- commands ---------------------------------------------------------------------------------
 @app.command()
 def hardware(
@@ -273,6 +288,8 @@ def estimate(
     optimizer: str | None = _knob_option("optimizer"),
     precision: str | None = _knob_option("precision"),
     seq_len: int | None = _knob_option("seq_len"),
+    lora_targets: str | None = LORA_TARGETS,
+    lora_dropout: str | None = LORA_DROPOUT,
     gpu_memory: str | None = GPU_MEMORY,
     device: str = DEVICE,
     json_out: bool = JSON,
@@ -280,6 +297,7 @@ def estimate(
     """Napkin estimate of one config: peak memory per GPU with a breakdown, and step time."""
     try:
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
+        knobs |= _settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
         with _warnings_to_stderr():
             est = autofit.estimate(model, gpus, gpu_memory=gpu_memory, device=device, **knobs)
     except AutofitError as exc:
@@ -310,6 +328,8 @@ def trial(
     optimizer: str | None = _knob_option("optimizer"),
     precision: str | None = _knob_option("precision"),
     seq_len: int | None = _knob_option("seq_len"),
+    lora_targets: str | None = LORA_TARGETS,
+    lora_dropout: str | None = LORA_DROPOUT,
     gpu_memory: str | None = GPU_MEMORY,
     device: str = DEVICE,
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps (after 1 warm-up)."),
@@ -326,6 +346,7 @@ def trial(
     timeout = _renamed("--timeout", timeout, "--trial-timeout", trial_timeout, 600.0)
     try:
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
+        knobs |= _settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
         if not json_out:
             err.print(
                 f"Running a trial of {escape(model)} on {escape(gpus)} ({escape(device)}) ..."
@@ -359,6 +380,18 @@ def plan(
     ),
     space: str = typer.Option(
         "default", "--space", help="Search space: default, qlora, lora, full, or a .yaml path."
+    ),
+    lora_targets: str | None = typer.Option(
+        None,
+        "--lora-targets",
+        metavar="NAMES",
+        help=SETTING_HELP["lora_targets"] + "; replaces the space file's lora_targets.",
+    ),
+    lora_dropout: str | None = typer.Option(
+        None,
+        "--lora-dropout",
+        metavar="FLOAT",
+        help=SETTING_HELP["lora_dropout"] + "; replaces the space file's lora_dropout.",
     ),
     trials: int = typer.Option(20, "--trials", help="Real trials to spend (0 = estimates only)."),
     no_trials: bool = typer.Option(False, "--no-trials", help="Estimates only: no GPU needed."),
@@ -416,8 +449,8 @@ def plan(
                 model, gpus, seq_len=seq_len, global_batch=global_batch, space=space,
                 trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
                 margin=margin, device=device, gpu_memory=gpu_memory, storage=storage,
-                study=study, run_dir=run_dir, prune=not no_prune,
-                console=None if json_out else console,
+                study=study, run_dir=run_dir, prune=not no_prune, lora_targets=lora_targets,
+                lora_dropout=lora_dropout, console=None if json_out else console,
             )  # fmt: skip
         written: list[Path] = []
         if export_path is not None and result.best is not None:

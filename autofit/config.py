@@ -2,13 +2,19 @@
 
 `KNOBS` is the one table of knob names and allowed values; the search-space loader, the CLI flags,
 validation and the exports all read it. `Config` is one point of the space.
+
+`LORA_SETTINGS` are what the user chooses for LoRA and the search never varies: the same for every
+candidate of a plan, yet part of each `Config` (the estimate counts them, the builder applies them).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+import math
+import numbers
+import re
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -33,7 +39,7 @@ KNOBS: dict[str, tuple[Any, ...] | None] = {
 
 KNOB_HELP: dict[str, str] = {
     "quant": "storage of the frozen base weights (torchao); needs lora_rank > 0",
-    "lora_rank": "0 = full fine-tune; r = LoRA on all attention and MLP projections",
+    "lora_rank": "0 = full fine-tune; r = LoRA on lora_targets (default: all linear projections)",
     "micro_batch": "sequences per GPU per forward/backward",
     "grad_accum": "micro-steps per optimizer step (derived from global_batch when given)",
     "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one GPU: "
@@ -47,6 +53,24 @@ KNOB_HELP: dict[str, str] = {
     "precision": "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",
     "seq_len": "tokens per sequence (fixed per plan)",
 }
+
+# Settings of a `Config` that are not searched: the user's choice, fixed for a whole plan.
+LORA_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout")
+
+SETTING_HELP: dict[str, str] = {
+    "lora_alpha": "LoRA alpha (the adapter's scale is alpha / rank); default 2 x rank",
+    "lora_targets": "modules LoRA adapts: leaf names (q_proj, v_proj, gate_up_proj) or paths "
+    "inside a decoder layer (self_attn.q_proj), comma-separated; default all-linear (every "
+    "linear projection of the decoder blocks)",
+    "lora_dropout": "dropout on each adapted layer's input, >= 0 and < 1 (peft keeps a copy of "
+    "that input, which costs memory); default 0",
+}
+
+# `lora_targets` spellings of the default: every linear projection of the decoder blocks.
+ALL_LINEAR = "all-linear"
+_ALL_LINEAR_WORDS = (ALL_LINEAR, "all")
+# a module name: a leaf (`q_proj`) or a dotted path inside a decoder layer (`self_attn.q_proj`)
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 
 # Integer knobs and their least value.
 _INT_KNOBS = {"lora_rank": 0, "micro_batch": 1, "grad_accum": 1, "seq_len": 1}
@@ -165,7 +189,8 @@ def unknown_knob_error(name: str, where: str = "") -> str:
 
     place = f" in {where}" if where else ""
     return (
-        f"Unknown knob {name!r}{place}.{did_you_mean(name, KNOBS)} Knobs are: {', '.join(KNOBS)}."
+        f"Unknown knob {name!r}{place}.{did_you_mean(name, [*KNOBS, *LORA_SETTINGS])} Knobs are: "
+        f"{', '.join(KNOBS)}; settings: {', '.join(LORA_SETTINGS)}."
     )
 
 
@@ -180,9 +205,110 @@ def coerce_knob(name: str, value: Any, where: str = "") -> Any:
         raise ConfigError(knob_error(name, value, where)) from None
 
 
+def _targets_problem(value: Any) -> tuple[tuple[str, ...] | None, str | None]:
+    """(`lora_targets` normalised, None) or (None, why it cannot be)."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        if value.strip().lower() in _ALL_LINEAR_WORDS:
+            return None, None
+        items: list[Any] = value.split(",")
+        if not any(item.strip() for item in items):
+            return None, "it names no module"
+    elif isinstance(value, list | tuple):
+        items = list(value)
+        if not items:
+            return None, None  # an empty list: the default
+    else:
+        return None, "it is neither text nor a list of module names"
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            return None, f"{item!r} is not a module name"
+        name = item.strip()
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        return None, "it names no module"
+    if any(name.lower() in _ALL_LINEAR_WORDS for name in names):
+        if len(names) == 1:
+            return None, None
+        return None, f"{ALL_LINEAR} already means every projection; give it alone"
+    for name in names:
+        if not _MODULE_NAME.fullmatch(name):
+            return None, f"{name!r} is not a module name (letters, digits, _ and . only)"
+    return tuple(names), None
+
+
+def _number(value: Any) -> float | None:
+    """A real number from a number or its text; None for anything else (booleans too)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
+    """(the setting's normalised value, None), or (None, what is wrong with `value`)."""
+    if name == "lora_targets":
+        return _targets_problem(value)
+    if name == "lora_dropout":
+        number = _number(0.0 if value is None else value)
+        if number is None or not 0 <= number < 1:  # NaN fails the test too
+            return None, "out of range"
+        return number, None
+    if name == "lora_alpha":
+        if value is None:
+            return None, None
+        number = _number(value)
+        if number is None or not math.isfinite(number) or number != int(number) or number < 1:
+            return None, "not a whole number"
+        return int(number), None
+    raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
+
+
+def setting_error(name: str, value: Any, where: str = "") -> str | None:
+    """The sentence for a value setting `name` cannot take (the setting, the value and what is
+    allowed), or None when it can take it."""
+    _, why = _setting_problem(name, value)
+    if why is None:
+        return None
+    place = f" in {where}" if where else ""
+    if name == "lora_dropout":
+        return (
+            f"Setting 'lora_dropout'{place} must be a number >= 0 and < 1 (the share of each "
+            f"adapted layer's input that LoRA drops, e.g. 0.05; 0 = no dropout); got {value!r}."
+        )
+    if name == "lora_alpha":
+        return f"Setting 'lora_alpha'{place} must be a whole number >= 1; got {value!r}."
+    return (
+        f"Setting 'lora_targets'{place} cannot be {value!r}: {why}. Allowed: module names of the "
+        "decoder layers, comma-separated or as a list, e.g. q_proj,v_proj (leaf names such as "
+        f"q_proj or gate_up_proj, or paths inside a layer such as self_attn.q_proj); or "
+        f"{ALL_LINEAR} for every linear projection of the decoder blocks (the default)."
+    )
+
+
+def coerce_setting(name: str, value: Any, where: str = "") -> Any:
+    """Check and normalise one LoRA setting (`LORA_SETTINGS`); raise `ConfigError` naming the
+    setting, the value and what is allowed. `lora_targets`: a tuple of module names, or None for
+    every linear projection (`all-linear`, `all`, an empty list); `lora_dropout`: a float."""
+    problem = setting_error(name, value, where)
+    if problem is not None:
+        raise ConfigError(problem)
+    return _setting_problem(name, value)[0]
+
+
 @dataclass(frozen=True)
 class Config:
-    """One fine-tuning configuration: every knob of design.md with a value."""
+    """One fine-tuning configuration: every knob of design.md with a value, and the LoRA
+    settings (`LORA_SETTINGS`), which the user chooses and the search does not vary."""
 
     quant: str = "none"
     lora_rank: int = 0
@@ -195,15 +321,15 @@ class Config:
     optimizer: str = "adamw"
     precision: str = "bf16-mixed"
     seq_len: int = 2048
-    lora_alpha: int | None = field(default=None, compare=True)
-    lora_targets: tuple[str, ...] | None = None  # TEMP until the settings branch merges
+    lora_alpha: int | None = None  # None: 2 x lora_rank
+    lora_targets: tuple[str, ...] | None = None  # None: every linear projection of the decoder
     lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in KNOBS:
             object.__setattr__(self, name, coerce_knob(name, getattr(self, name)))
-        if self.lora_alpha is not None:
-            object.__setattr__(self, "lora_alpha", int(self.lora_alpha))
+        for name in LORA_SETTINGS:
+            object.__setattr__(self, name, coerce_setting(name, getattr(self, name)))
         problem = rule_violation(self)
         if problem:
             raise ConfigError(problem)
@@ -220,20 +346,30 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in KNOBS}
+    def settings(self) -> dict[str, Any]:
+        """The LoRA settings that differ from their defaults, JSON-ready (targets as a list)."""
+        out: dict[str, Any] = {}
         if self.lora_alpha is not None:
             out["lora_alpha"] = self.lora_alpha
+        if self.lora_targets is not None:
+            out["lora_targets"] = list(self.lora_targets)
+        if self.lora_dropout:
+            out["lora_dropout"] = self.lora_dropout
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every knob, then the settings that differ from their defaults."""
+        return {**{name: getattr(self, name) for name in KNOBS}, **self.settings()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "") -> Config:
-        unknown = set(data) - set(KNOBS) - {"lora_alpha"}
+        unknown = set(data) - set(KNOBS) - set(LORA_SETTINGS)
         if unknown:
             coerce_knob(sorted(unknown)[0], None, where)  # raises with a did-you-mean hint
         values = {k: coerce_knob(k, v, where) for k, v in data.items() if k in KNOBS}
-        if "lora_alpha" in data and data["lora_alpha"] is not None:
-            values["lora_alpha"] = int(data["lora_alpha"])
+        for name in LORA_SETTINGS:
+            if data.get(name) is not None:
+                values[name] = coerce_setting(name, data[name], where)
         return cls(**values)
 
     def short(self) -> str:
@@ -251,6 +387,10 @@ class Config:
             parts.append(self.optimizer)
         if self.precision != "bf16-mixed":
             parts.append(self.precision)
+        if self.is_lora and self.lora_targets is not None:
+            parts.append(f"targets={','.join(self.lora_targets)}")
+        if self.is_lora and self.lora_dropout:
+            parts.append(f"drop={self.lora_dropout:g}")
         return " ".join(parts)
 
 

@@ -25,14 +25,20 @@ from typing import Any
 import yaml
 
 from autofit._version import __version__
-from autofit.config import Config, Sharding, fp32_trainable, sharding_for, wrap_group_size
+from autofit.config import (
+    ALL_LINEAR,
+    Config,
+    Sharding,
+    fp32_trainable,
+    sharding_for,
+    wrap_group_size,
+)
 from autofit.errors import AutofitError
 
 FORMATS = ("autofit", "accelerate", "trainer")
 SCHEMA = 1
 MARKER = "written by autofit"
 ALLOC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-LORA_TARGETS = "all-linear"
 TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit"}
 
 
@@ -78,16 +84,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
         },
         "trial": trial.to_dict() if trial is not None else None,
         "reason": plan.reason,
-        "lora": (
-            {
-                "rank": cfg.lora_rank,
-                "alpha": cfg.alpha,
-                "dropout": 0.0,
-                "target_modules": LORA_TARGETS,
-            }
-            if cfg.is_lora
-            else None
-        ),
+        "lora": lora_section(cfg) if cfg.is_lora else None,
         "env": dict(ALLOC_ENV) if plan.device != "cpu" else {},  # a CUDA setting: none on CPU
         "study": {"storage": plan.storage, "name": plan.study_name},
         "trials": [
@@ -100,6 +97,18 @@ def plan_document(plan: Any) -> dict[str, Any]:
             }
             for c in plan.trials
         ],
+    }
+
+
+def lora_section(cfg: Config) -> dict[str, Any]:
+    """The LoRA part of an export, in peft's `LoraConfig` terms: `target_modules` is the list of
+    module names the user chose, or peft's "all-linear" (every linear layer but the output head:
+    autofit's default, every linear projection of the decoder blocks)."""
+    return {
+        "rank": cfg.lora_rank,
+        "alpha": cfg.alpha,
+        "dropout": cfg.lora_dropout,
+        "target_modules": list(cfg.lora_targets) if cfg.lora_targets is not None else ALL_LINEAR,
     }
 
 
@@ -257,9 +266,17 @@ def _header(doc: dict[str, Any], what: str) -> list[str]:
         lines.append(f"# Base weights quantized to {cfg['quant']} (torchao), frozen.")
     if cfg.get("lora_rank", 0):
         lora = doc.get("lora") or {}
+        targets = lora.get("target_modules", cfg.get("lora_targets") or ALL_LINEAR)
+        where = (
+            "every linear projection of the decoder blocks (all-linear)"
+            if targets == ALL_LINEAR
+            else ", ".join(targets)
+        )
+        dropout = lora.get("dropout", cfg.get("lora_dropout", 0.0))
         lines.append(
-            f"# LoRA rank {cfg['lora_rank']}, alpha {lora.get('alpha', 2 * cfg['lora_rank'])} on "
-            f"{', '.join(lora.get('target_modules', LORA_TARGETS))}."
+            f"# LoRA rank {cfg['lora_rank']}, alpha {lora.get('alpha', 2 * cfg['lora_rank'])}"
+            + (f", dropout {dropout:g}" if dropout else "")
+            + f" on {where}."
         )
     return lines
 

@@ -1,30 +1,51 @@
 """Search spaces: the knobs' candidate values, read from `search_spaces/*.yaml`.
 
 A space is a YAML file with `knobs:` (each knob of `autofit.config.KNOBS` -> a list of values),
-an optional `seq_len:` default and `description:`. `--space NAME` picks a shipped file, `--space
-path.yaml` any file. Enumeration applies the rules between knobs and derives `grad_accum` from the
-global batch, counting every skipped combination by reason.
+an optional `seq_len:` default and `description:`, and optionally the LoRA settings
+(`autofit.config.LORA_SETTINGS`) as top-level keys beside `seq_len:`, one value each, which every
+candidate of the space carries (they are not searched):
+
+    lora_targets: [q_proj, v_proj]   # or "q_proj,v_proj"; default all-linear
+    lora_dropout: 0.05               # default 0
+    lora_alpha: 32                   # default 2 x lora_rank
+
+`--space NAME` picks a shipped file, `--space path.yaml` any file. Enumeration applies the rules
+between knobs and derives `grad_accum` from the global batch, counting every skipped combination
+by reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    create_model,
+)
 
 from autofit.config import (
     KNOB_HELP,
     KNOBS,
+    LORA_SETTINGS,
+    SETTING_HELP,
     Config,
     broken_rule,
+    coerce_setting,
     derive_grad_accum,
     knob_error,
     knob_type,
+    setting_error,
 )
 from autofit.errors import SpaceError, did_you_mean
 
@@ -52,6 +73,15 @@ class Space:
     knobs: dict[str, tuple[Any, ...]]
     seq_len: int = 2048
     description: str = ""
+    # the LoRA settings (`LORA_SETTINGS`) every candidate carries, normalised; only those that
+    # differ from their defaults
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def with_settings(self, where: str = "", **given: Any) -> Space:
+        """This space with the LoRA settings in `given` replacing its own (`lora_targets=
+        "all-linear"` included: a setting given its default value drops the space's)."""
+        settings = {**self.settings, **given}
+        return dataclasses.replace(self, settings=_settings(settings, where))
 
     @property
     def size(self) -> int:
@@ -62,24 +92,29 @@ class Space:
         return total
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "path": self.path,
             "seq_len": self.seq_len,
             "knobs": {k: list(v) for k, v in self.knobs.items()},
             "description": self.description,
         }
+        if self.settings:  # as a Config writes them: lora_targets as a list
+            out["settings"] = Config(**self.settings).settings()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Space:
         """The inverse of `to_dict` (values as stored: a study's space was validated when it was
-        loaded, so it is not validated again)."""
+        loaded, so it is not validated again; its settings are normalised back, lists to
+        tuples). Spaces stored before settings existed have none."""
         return cls(
             name=data["name"],
             path=data["path"],
             knobs={k: tuple(v) for k, v in data["knobs"].items()},
             seq_len=data["seq_len"],
             description=data.get("description", ""),
+            settings=_settings(data.get("settings") or {}),
         )
 
     def candidates(
@@ -111,7 +146,7 @@ class Space:
             else:
                 accums = accum_values  # type: ignore[assignment]
             for ga in accums:
-                cfg = _fast_config(values, ga, seq)
+                cfg = _fast_config(values, ga, seq, self.settings)
                 broken = broken_rule(cfg)
                 if broken:
                     skipped[broken[0]] += 1
@@ -129,15 +164,32 @@ class Space:
 ONE_GPU_FSDP = "one GPU: FSDP2 only with offload=params"
 
 
-def _fast_config(values: dict[str, Any], grad_accum: int, seq_len: int) -> Config:
-    """Build a Config from values the loader already validated, skipping re-validation."""
+def _fast_config(
+    values: dict[str, Any], grad_accum: int, seq_len: int, settings: dict[str, Any]
+) -> Config:
+    """Build a Config from values the loader already validated (and settings already
+    normalised), skipping re-validation."""
     cfg = object.__new__(Config)
     for k, v in values.items():
         object.__setattr__(cfg, k, v)
     object.__setattr__(cfg, "grad_accum", grad_accum)
     object.__setattr__(cfg, "seq_len", seq_len)
-    object.__setattr__(cfg, "lora_alpha", None)
+    for name in LORA_SETTINGS:
+        object.__setattr__(cfg, name, settings.get(name, getattr(_DEFAULTS, name)))
     return cfg
+
+
+def _settings(given: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """LoRA settings normalised (`coerce_setting`; `ConfigError` for a bad one), keeping only
+    those that differ from their defaults."""
+    out = {}
+    for name, value in given.items():
+        if name not in LORA_SETTINGS:  # pragma: no cover - a caller's bug
+            raise ValueError(f"{name!r} is not a LoRA setting")
+        value = coerce_setting(name, value, where)
+        if value != getattr(_DEFAULTS, name):
+            out[name] = value
+    return out
 
 
 def load_space(name_or_path: str | Path = "default") -> Space:
@@ -180,7 +232,7 @@ def load_space(name_or_path: str | Path = "default") -> Space:
 
 
 # ----- the space file's schema: pydantic owns parsing, errors and the JSON schema ---------------
-SPACE_KEYS = ("knobs", "seq_len", "description", "name")
+SPACE_KEYS = ("knobs", "seq_len", *LORA_SETTINGS, "description", "name")
 
 
 def _as_list(value: Any) -> Any:
@@ -204,6 +256,23 @@ def _knob_list(name: str) -> Any:
         values,
         BeforeValidator(_as_list, json_schema_input_type=values | item),  # type: ignore[operator]
         Field(description=KNOB_HELP[name]),
+    ]
+
+
+def _setting(name: str, shown: Any) -> Any:
+    """A LoRA setting's field: checked and normalised by `coerce_setting` (whose sentence the
+    error repeats); `shown` is the type the JSON schema describes."""
+
+    def check(value: Any) -> Any:
+        problem = setting_error(name, value)
+        if problem is not None:
+            raise ValueError(problem)
+        return coerce_setting(name, value)
+
+    return Annotated[
+        Any,
+        PlainValidator(check, json_schema_input_type=shown),
+        Field(description=SETTING_HELP[name] + ". The same for every candidate (not searched)."),
     ]
 
 
@@ -231,6 +300,15 @@ class SpaceFile(BaseModel):
     seq_len: knob_type("seq_len") = Field(  # type: ignore[valid-type]
         2048, description="Tokens per sequence when the plan names none (--seq-len)."
     )
+    lora_alpha: _setting(  # type: ignore[valid-type]
+        "lora_alpha", Annotated[int, Field(ge=1)] | None
+    ) = None
+    lora_targets: _setting(  # type: ignore[valid-type]
+        "lora_targets", list[str] | str | None
+    ) = None
+    lora_dropout: _setting(  # type: ignore[valid-type]
+        "lora_dropout", Annotated[float, Field(ge=0, lt=1)]
+    ) = 0.0
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )
@@ -262,12 +340,13 @@ def parse_space(data: Any, where: str, name: str = "custom") -> Space:
         knobs=knobs,
         seq_len=parsed.seq_len,
         description=parsed.description,
+        settings=_settings({k: getattr(parsed, k) for k in LORA_SETTINGS}),
     )
 
 
 def _space_error(exc: ValidationError, data: Any, where: str) -> str:
     """The one sentence for the first mistake: the shape, then top-level keys, then the knobs in
-    the order the file lists them, then seq_len."""
+    the order the file lists them, then seq_len and the LoRA settings."""
     order = (
         list(data["knobs"])
         if isinstance(data, dict) and isinstance(data.get("knobs"), dict)
@@ -278,7 +357,7 @@ def _space_error(exc: ValidationError, data: Any, where: str) -> str:
         loc = err["loc"]
         if not loc or loc == ("knobs",):
             return (0, 0)
-        if len(loc) == 1 and loc[0] != "seq_len":
+        if len(loc) == 1 and loc[0] not in ("seq_len", *LORA_SETTINGS):
             return (1, 0)
         if loc[0] == "knobs":
             return (2, order.index(loc[1]) if loc[1] in order else len(order))
@@ -293,16 +372,27 @@ def _space_error(exc: ValidationError, data: Any, where: str) -> str:
         )
     if loc[0] == "seq_len":
         return knob_error("seq_len", err["input"], f"{where}, seq_len")
+    if loc[0] in LORA_SETTINGS:
+        return setting_error(str(loc[0]), err["input"], where) or err["msg"]
     if len(loc) == 1:
         if kind == "extra_forbidden":
-            return f"{where}: unknown top-level key {loc[0]!r}. Allowed: {', '.join(SPACE_KEYS)}."
+            return (
+                f"{where}: unknown top-level key {loc[0]!r}."
+                f"{did_you_mean(str(loc[0]), SPACE_KEYS)} Allowed: {', '.join(SPACE_KEYS)}."
+            )
         return f"{where}: {loc[0]} {err['msg'].lower()}; got {err['input']!r}."
     key = str(loc[1])
+    if kind == "extra_forbidden" and key in ("seq_len", *LORA_SETTINGS):
+        return (
+            f"{where}: {key} is a top-level key, not a knob: write `{key}: ...` beside `knobs:`, "
+            "with one value (it is the same for every candidate)."
+        )
     if kind == "extra_forbidden":
         allowed = [k for k in KNOBS if k != "seq_len"]
         return (
-            f"{where}: unknown knob {key!r}.{did_you_mean(key, allowed)} Knobs: "
-            f"{', '.join(allowed)} (seq_len is a top-level key)."
+            f"{where}: unknown knob {key!r}.{did_you_mean(key, [*allowed, *LORA_SETTINGS])} Knobs: "
+            f"{', '.join(allowed)} (seq_len and the settings {', '.join(LORA_SETTINGS)} are "
+            "top-level keys)."
         )
     if kind == "too_short":
         return f"{where}: knob {key!r} has an empty list; give at least one value."

@@ -28,7 +28,7 @@ import os
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 import autofit
 from autofit.models import resolve_model
@@ -60,8 +60,8 @@ def main() -> None:
         dist.init_process_group("nccl" if accelerator.device.type == "cuda" else "gloo")
 
     torch.manual_seed(0)  # every process builds (loads) the same weights
-    # Your script: LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16) on every process.
-    model = LlamaForCausalLM(resolve_model(args.model).to_hf_config())
+    # Your script: AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), every process.
+    model = AutoModelForCausalLM.from_config(resolve_model(args.model).to_hf_config())
     run = autofit.apply(model, cfg, device=accelerator.device)
     accelerator.print(f"sharding: {run.sharding}; optimizer: {type(run.optimizer).__name__}")
 

@@ -30,7 +30,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 import autofit
 from autofit.models import resolve_model
@@ -74,7 +74,7 @@ def main() -> None:
             )
 
     torch.manual_seed(0)  # every rank builds (loads) the same weights
-    model = LlamaForCausalLM(resolve_model(args.model).to_hf_config())
+    model = AutoModelForCausalLM.from_config(resolve_model(args.model).to_hf_config())
     if args.device == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     else:

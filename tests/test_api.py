@@ -66,3 +66,70 @@ def test_plan_rejects_bad_settings(kwargs, pattern):
 
 def test_version_is_a_string():
     assert isinstance(autofit.__version__, str) and autofit.__version__[0].isdigit()
+
+
+# ----- the LoRA settings ------------------------------------------------------------------------
+def test_estimate_takes_the_lora_settings():
+    est = autofit.estimate(
+        "llama-debug", gpus="1xrtx3090", lora_rank=8, lora_targets=["q_proj", "v_proj"],
+        lora_dropout=0.05,
+    )  # fmt: skip
+    assert est.config.lora_targets == ("q_proj", "v_proj") and est.config.lora_dropout == 0.05
+    assert est.to_dict()["config"]["lora_targets"] == ["q_proj", "v_proj"]
+
+
+def test_trial_takes_the_lora_settings(monkeypatch):
+    import autofit.trials
+
+    seen = []
+    monkeypatch.setattr(autofit.trials, "run_trial", lambda spec, cfg, **kw: seen.append(cfg))
+    autofit.trial("llama-debug", gpus="1", device="cpu", lora_rank=8, lora_targets="q_proj",
+                  lora_dropout=0.1)  # fmt: skip
+    assert [(c.lora_targets, c.lora_dropout) for c in seen] == [(("q_proj",), 0.1)]
+
+
+def test_plan_takes_the_lora_settings_for_every_candidate():
+    plan = autofit.plan("llama-debug", gpus="1xrtx3090", space="lora", trials=0, seq_len=256,
+                        lora_targets="q_proj,v_proj", lora_dropout=0.05)  # fmt: skip
+    assert plan.space.settings == {"lora_targets": ("q_proj", "v_proj"), "lora_dropout": 0.05}
+    assert plan.ranked and {
+        (c.config.lora_targets, c.config.lora_dropout) for c in plan.ranked
+    } == {(("q_proj", "v_proj"), 0.05)}
+    assert plan.to_dict()["best"]["config"]["lora_targets"] == ["q_proj", "v_proj"]
+
+
+def test_plan_settings_replace_the_space_files(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs: {lora_rank: [8]}\nlora_targets: [v_proj]\nlora_dropout: 0.1\n")
+    kept = autofit.plan("llama-debug", gpus="1xrtx3090", space=space, trials=0, seq_len=256)
+    assert (kept.best.config.lora_targets, kept.best.config.lora_dropout) == (("v_proj",), 0.1)
+    replaced = autofit.plan("llama-debug", gpus="1xrtx3090", space=space, trials=0, seq_len=256,
+                            lora_targets="all-linear", lora_dropout=0.0)  # fmt: skip
+    assert (replaced.best.config.lora_targets, replaced.best.config.lora_dropout) == (None, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"lora_dropout": 1.0}, "'lora_dropout' must be a number >= 0 and < 1"),
+        ({"lora_targets": "q proj"}, "'lora_targets' cannot be 'q proj'"),
+    ],
+)
+def test_bad_lora_settings_are_config_errors(kwargs, fragment):
+    with pytest.raises(autofit.ConfigError, match=fragment):
+        autofit.plan("llama-debug", gpus="1xrtx3090", trials=0, **kwargs)
+    with pytest.raises(autofit.ConfigError, match=fragment):
+        autofit.estimate("llama-debug", gpus="1xrtx3090", lora_rank=8, **kwargs)
+
+
+def test_plan_request_with_settings_round_trips_through_its_dict():
+    import json
+
+    from autofit.request import PlanRequest
+
+    plan = autofit.plan("llama-debug", gpus="1xrtx3090", space="lora", trials=0, seq_len=256,
+                        lora_targets=["q_proj", "v_proj"], lora_dropout=0.05)  # fmt: skip
+    data = json.loads(json.dumps(plan.request.to_dict()))  # as a study stores it
+    again = PlanRequest.from_dict(data)
+    assert again == plan.request
+    assert again.space.candidates(1, seq_len=256) == plan.space.candidates(1, seq_len=256)

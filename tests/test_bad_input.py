@@ -395,3 +395,50 @@ def test_bracketed_user_text_is_printed(tmp_path):
     folder.mkdir(parents=True)
     result = run("estimate", "-m", str(folder), "-g", "2", "--device", "cpu")
     assert_clean_failure(result, f"{folder}", "has no config.json")
+
+
+# ----- the LoRA settings: a bad value is one paragraph naming what is allowed, before any trial --
+LORA_COMMANDS = {
+    "estimate": ["estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lora-rank", "8"],
+    "trial": ["trial", "-m", "llama-debug", "-g", "2", "--device", "cpu", "--lora-rank", "8"],
+    "plan": CPU_PLAN,
+}
+DROPOUT_RANGE = "'lora_dropout' must be a number >= 0 and < 1"
+TARGETS_ALLOWED = ["q_proj,v_proj", "all-linear"]
+
+
+@pytest.mark.parametrize("command", LORA_COMMANDS)
+@pytest.mark.parametrize(
+    ("flags", "fragments"),
+    [
+        (["--lora-dropout", "1"], [DROPOUT_RANGE, "got '1'"]),
+        (["--lora-dropout", "-0.1"], [DROPOUT_RANGE, "got '-0.1'"]),
+        (["--lora-dropout", "lots"], [DROPOUT_RANGE, "got 'lots'"]),
+        (["--lora-targets", "q_proj;v_proj"], ["'lora_targets' cannot be 'q_proj;v_proj'",
+                                               *TARGETS_ALLOWED]),
+        (["--lora-targets", " , "], ["'lora_targets'", "names no module", *TARGETS_ALLOWED]),
+        (["--lora-targets", "all-linear,q_proj"], ["'lora_targets'", "give it alone"]),
+    ],
+)  # fmt: skip
+def test_bad_lora_settings_are_refused_up_front(command, flags, fragments):
+    assert_clean_failure(run(*LORA_COMMANDS[command], *flags), *fragments)
+
+
+@pytest.mark.parametrize("command", LORA_COMMANDS)
+def test_bad_lora_settings_under_json_are_one_object(command):
+    result = run(*LORA_COMMANDS[command], "--lora-targets", "q proj", "--json")
+    data = assert_json_failure(result, "'lora_targets' cannot be 'q proj'", *TARGETS_ALLOWED)
+    assert f"autofit {command} --help" in data["hint"]
+
+
+def test_bad_lora_settings_in_a_space_file_name_the_file(tmp_path):
+    result = plan_with_space_file(
+        tmp_path, "knobs: {lora_rank: [8]}\nlora_targets: [q_proj, [v]]\n"
+    )
+    assert_clean_failure(
+        result, f"'lora_targets' in {tmp_path / 'space.yaml'}", "['v'] is not a module name"
+    )
+    result = plan_with_space_file(tmp_path, "knobs: {lora_rank: [8]}\nlora_dropout: 1.0\n")
+    assert_clean_failure(
+        result, f"'lora_dropout' in {tmp_path / 'space.yaml'} must be a number >= 0 and < 1"
+    )

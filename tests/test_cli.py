@@ -264,3 +264,57 @@ def test_missing_model_is_a_usage_error():
     result = run("estimate", "-g", "1xrtx3090")
     assert result.exit_code == 2
     assert "--model" in result.output
+
+
+# ----- the LoRA settings: flags of estimate, trial and plan -------------------------------------
+LORA_SETTING_FLAGS = ["--lora-targets", "q_proj, v_proj", "--lora-dropout", "0.05"]
+
+
+def test_estimate_lora_setting_flags_reach_the_json_config():
+    result = run("estimate", "-m", "llama-debug", "-g", "1xrtx3090", "--lora-rank", "8",
+                 *LORA_SETTING_FLAGS, "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)["config"]
+    assert config["lora_targets"] == ["q_proj", "v_proj"] and config["lora_dropout"] == 0.05
+    assert autofit.Config.from_dict(config) == autofit.Config(
+        lora_rank=8, lora_targets=("q_proj", "v_proj"), lora_dropout=0.05
+    )
+
+
+def test_estimate_all_linear_is_the_default():
+    result = run("estimate", "-m", "llama-debug", "-g", "1xrtx3090", "--lora-rank", "8",
+                 "--lora-targets", "all-linear", "--lora-dropout", "0", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)["config"]
+    assert "lora_targets" not in config and "lora_dropout" not in config
+
+
+def test_trial_lora_setting_flags_reach_the_trial(monkeypatch):
+    import autofit.trials
+    from autofit.trials import TrialResult
+
+    def fake(spec, cfg, **kw):  # type: ignore[no-untyped-def]
+        return TrialResult(status="ok", config=cfg.to_dict(), model=spec.name, device="cpu",
+                           nprocs=1)  # fmt: skip
+
+    monkeypatch.setattr(autofit.trials, "run_trial", fake)
+    result = run("trial", "-m", "llama-debug", "-g", "1", "--device", "cpu", "--lora-rank", "8",
+                 *LORA_SETTING_FLAGS, "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)["config"]
+    assert config["lora_targets"] == ["q_proj", "v_proj"] and config["lora_dropout"] == 0.05
+
+
+def test_plan_lora_setting_flags_reach_every_candidate(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs: {lora_rank: [8, 16], micro_batch: [1, 2]}\nlora_targets: o_proj\n")
+    result = run("plan", "-m", "llama-debug", "-g", "1xrtx3090", "--no-trials", "--space",
+                 str(space), *LORA_SETTING_FLAGS, "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    configs = [c["config"] for c in data["ranked"]]
+    assert len(configs) == 4 and data["best"]["config"] == configs[0]
+    assert {(tuple(c["lora_targets"]), c["lora_dropout"]) for c in configs} == {
+        (("q_proj", "v_proj"), 0.05)
+    }
+    assert "targets=q_proj,v_proj drop=0.05" in data["best"]["label"]

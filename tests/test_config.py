@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
-from autofit.config import KNOBS, Config, coerce_knob, derive_grad_accum, wrap_units
+from autofit.config import (
+    KNOBS,
+    LORA_SETTINGS,
+    Config,
+    coerce_knob,
+    derive_grad_accum,
+    wrap_units,
+)
 from autofit.errors import ConfigError
 
 
@@ -129,3 +139,92 @@ def test_wrap_units_group_decoder_layers():
     assert wrap_units("every-4", 8) == ((0, 1, 2, 3), (4, 5, 6, 7))
     assert wrap_units("model", 4) == ()
     assert wrap_units("none", 4) == ()
+
+
+# ----- the LoRA settings: the user's choice, not searched ---------------------------------------
+def test_lora_settings_follow_lora_alpha_in_the_config():
+    names = [f.name for f in dataclasses.fields(Config)]
+    assert LORA_SETTINGS == ("lora_alpha", "lora_targets", "lora_dropout")
+    assert names[len(KNOBS) :] == list(LORA_SETTINGS)
+    cfg = Config()
+    assert cfg.lora_targets is None and cfg.lora_dropout == 0.0  # every projection, no dropout
+
+
+@pytest.mark.parametrize(
+    ("given", "targets"),
+    [
+        (["q_proj", "v_proj"], ("q_proj", "v_proj")),
+        ((" q_proj ", "v_proj", "q_proj", ""), ("q_proj", "v_proj")),  # stripped, once, in order
+        ("v_proj, q_proj,v_proj", ("v_proj", "q_proj")),  # text is split on commas
+        ("qkv_proj", ("qkv_proj",)),
+        (["self_attn.q_proj", "mlp.gate_up_proj"], ("self_attn.q_proj", "mlp.gate_up_proj")),
+        ("all-linear", None),
+        ("ALL", None),
+        ([" All-Linear "], None),
+        ([], None),
+        (None, None),
+    ],
+)
+def test_lora_targets_are_normalised(given, targets):
+    assert Config(lora_rank=8, lora_targets=given).lora_targets == targets
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["", " , ", ["q_proj", 3], "q proj", "q_proj;v_proj", ["all-linear", "q_proj"], 7, {"q_proj"}],
+)
+def test_bad_lora_targets_name_the_setting_the_value_and_what_is_allowed(given):
+    with pytest.raises(ConfigError) as info:
+        Config(lora_rank=8, lora_targets=given)
+    text = str(info.value)
+    assert "'lora_targets'" in text and repr(given) in text
+    assert "q_proj,v_proj" in text and "all-linear" in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("given", "dropout"), [(0, 0.0), (0.05, 0.05), ("0.1", 0.1), (0.999, 0.999)]
+)
+def test_lora_dropout_is_a_float(given, dropout):
+    value = Config(lora_rank=8, lora_dropout=given).lora_dropout
+    assert value == dropout and type(value) is float
+
+
+@pytest.mark.parametrize("given", [1, 1.0, -0.01, "much", True, float("nan"), [0.1]])
+def test_bad_lora_dropout_names_the_setting_and_its_range(given):
+    with pytest.raises(ConfigError, match=r"'lora_dropout' must be a number >= 0 and < 1"):
+        Config(lora_rank=8, lora_dropout=given)
+
+
+def test_a_bad_lora_alpha_is_a_config_error_not_a_crash():
+    with pytest.raises(ConfigError, match=r"'lora_alpha' must be a whole number >= 1; got 'x'"):
+        Config(lora_rank=8, lora_alpha="x")
+    assert Config(lora_rank=8, lora_alpha="16").lora_alpha == 16
+
+
+def test_settings_round_trip_through_dict_and_json():
+    cfg = Config(lora_rank=16, lora_targets="q_proj,v_proj", lora_dropout=0.05, lora_alpha=8)
+    data = cfg.to_dict()
+    assert data["lora_targets"] == ["q_proj", "v_proj"] and data["lora_dropout"] == 0.05
+    assert Config.from_dict(json.loads(json.dumps(data))) == cfg
+    assert Config.from_dict(data) != Config(lora_rank=16, lora_alpha=8)  # settings tell apart
+    assert hash(Config.from_dict(data)) == hash(cfg)
+
+
+def test_default_settings_stay_out_of_the_dict():
+    data = Config(lora_rank=16, lora_targets="all-linear", lora_dropout=0).to_dict()
+    assert set(data) == set(KNOBS)
+    assert Config.from_dict({**data, "lora_targets": None, "lora_dropout": None}).to_dict() == data
+
+
+def test_from_dict_checks_settings_naming_the_place():
+    with pytest.raises(ConfigError, match=r"Setting 'lora_dropout' in plan.yaml must be"):
+        Config.from_dict({"lora_rank": 8, "lora_dropout": 1.5}, where="plan.yaml")
+    with pytest.raises(ConfigError, match=r"Did you mean 'lora_targets'"):
+        Config.from_dict({"lora_target": ["q_proj"]})
+
+
+def test_short_label_shows_settings_only_when_not_the_default():
+    cfg = Config(lora_rank=16, lora_targets=["q_proj", "v_proj"], lora_dropout=0.05)
+    assert cfg.short() == "lora r16 mb1x1 wrap=layer targets=q_proj,v_proj drop=0.05"
+    assert Config(lora_rank=16).short() == "lora r16 mb1x1 wrap=layer"

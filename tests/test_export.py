@@ -218,6 +218,49 @@ def test_autofit_plan_round_trips_through_load_plan(qlora_plan, tmp_path):
     assert text.startswith("# autofit plan") and "nf4" in text and "LoRA rank" in text
 
 
+def _peft_config(lora: dict[str, Any]) -> Any:
+    """The `peft.LoraConfig` an export's `lora:` section names (what a training script builds)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+        target_modules=lora["target_modules"],
+    )  # fmt: skip
+
+
+def test_default_lora_targets_export_as_peft_all_linear(qlora_plan, tmp_path):
+    (path,) = qlora_plan.export("autofit", tmp_path / "plan.yaml")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["lora"]["target_modules"] == "all-linear" and doc["lora"]["dropout"] == 0.0
+    assert "lora_targets" not in doc["config"]
+    peft = _peft_config(doc["lora"])
+    assert peft.target_modules == "all-linear" and peft.lora_dropout == 0.0
+    assert "on every linear projection of the decoder blocks (all-linear)" in path.read_text()
+
+
+def test_chosen_lora_targets_and_dropout_reach_every_export(qlora_plan, tmp_path):
+    with winner(qlora_plan, lora_targets=["q_proj", "v_proj"], lora_dropout=0.05) as best:
+        (path,) = export_plan(qlora_plan, "autofit", tmp_path / "plan.yaml")
+        _, side = export_plan(qlora_plan, "accelerate", tmp_path / "accelerate.yaml")
+        tpath, _ = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["lora"] == {"rank": best.lora_rank, "alpha": best.alpha, "dropout": 0.05,
+                           "target_modules": ["q_proj", "v_proj"]}  # fmt: skip
+    peft = _peft_config(doc["lora"])
+    assert peft.target_modules == {"q_proj", "v_proj"} and peft.lora_dropout == 0.05
+    assert "dropout 0.05 on q_proj, v_proj." in path.read_text()
+    assert "dropout 0.05 on q_proj, v_proj." in (tmp_path / "accelerate.yaml").read_text()
+    assert load_plan(path).best.config == best == load_plan(side).best.config
+    assert best.lora_targets == ("q_proj", "v_proj")
+
+
+def test_a_full_fine_tune_exports_no_lora_section(qlora_plan, tmp_path):
+    with winner(qlora_plan, quant="none", lora_rank=0, lora_targets=["q_proj"]):
+        (path,) = export_plan(qlora_plan, "autofit", tmp_path / "plan.yaml")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["lora"] is None and "LoRA rank" not in path.read_text()
+
+
 def test_unknown_format_lists_the_allowed_ones(qlora_plan, tmp_path):
     with pytest.raises(AutofitError, match="autofit, accelerate, trainer"):
         qlora_plan.export("deepspeed", tmp_path / "x.json")

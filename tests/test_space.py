@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -9,10 +10,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autofit.config import KNOBS, Config
 from autofit.errors import SpaceError
-from autofit.space import available_spaces, load_space, parse_space, spaces_dir
+from autofit.space import Space, available_spaces, load_space, parse_space, spaces_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,6 +156,90 @@ def test_structural_mistakes_are_explained(tmp_path, text, pattern):
     path = tmp_path / "s.yaml"
     path.write_text(text)
     with pytest.raises(SpaceError, match=pattern):
+        load_space(str(path))
+
+
+# ----- the LoRA settings: top-level keys, one value each, carried by every candidate -------------
+LORA_SPACE = "knobs:\n  lora_rank: [0, 8, 16]\n  micro_batch: [1, 2]\n"
+
+
+def test_space_file_lora_targets_reach_every_candidate(tmp_path):
+    path = tmp_path / "targets.yaml"
+    path.write_text(LORA_SPACE + "lora_targets: [q_proj, v_proj]\nlora_dropout: 0.05\n")
+    space = load_space(str(path))
+    assert space.settings == {"lora_targets": ("q_proj", "v_proj"), "lora_dropout": 0.05}
+    configs, _ = space.candidates(1)
+    assert len(configs) == 6
+    assert {(c.lora_targets, c.lora_dropout, c.lora_alpha) for c in configs} == {
+        (("q_proj", "v_proj"), 0.05, None)
+    }
+    for cfg in configs:  # as a validated Config reads them
+        assert Config.from_dict(cfg.to_dict()) == cfg
+    assert configs[-1].short() == "lora r16 mb2x1 wrap=layer targets=q_proj,v_proj drop=0.05"
+
+
+def test_space_file_settings_may_be_text_and_name_alpha(tmp_path):
+    text = LORA_SPACE + "lora_targets: self_attn.q_proj, self_attn.v_proj\nlora_alpha: 32\n"
+    space = parse_space(yaml.safe_load(text), "inline")
+    configs, _ = space.candidates(1)
+    assert {(c.lora_targets, c.lora_alpha) for c in configs} == {
+        (("self_attn.q_proj", "self_attn.v_proj"), 32)
+    }
+
+
+def test_space_without_settings_has_the_defaults(tmp_path):
+    space = parse_space(yaml.safe_load(LORA_SPACE + "lora_targets: all-linear\n"), "inline")
+    assert space.settings == {} and "settings" not in space.to_dict()
+    configs, _ = space.candidates(1)
+    assert all(c.lora_targets is None and c.lora_dropout == 0.0 for c in configs)
+
+
+def test_space_settings_round_trip_through_its_dict():
+    space = parse_space(yaml.safe_load(LORA_SPACE + "lora_targets: [v_proj]\n"), "inline")
+    data = json.loads(json.dumps(space.to_dict()))  # as a study stores it
+    assert data["settings"] == {"lora_targets": ["v_proj"]}
+    again = Space.from_dict(data)
+    assert again == space and again.candidates(1) == space.candidates(1)
+
+
+def test_given_settings_replace_the_space_files():
+    space = parse_space(
+        yaml.safe_load(LORA_SPACE + "lora_targets: [v_proj]\nlora_dropout: 0.1\n"), "inline"
+    )
+    assert space.with_settings(lora_targets="q_proj").settings == {
+        "lora_targets": ("q_proj",),
+        "lora_dropout": 0.1,
+    }
+    assert space.with_settings(lora_targets="all-linear", lora_dropout=0).settings == {}
+    assert space.settings == {"lora_targets": ("v_proj",), "lora_dropout": 0.1}  # unchanged
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("lora_dropout: 1.5\n", ["Setting 'lora_dropout' in", ">= 0 and < 1", "got 1.5"]),
+        ("lora_dropout: lots\n", ["Setting 'lora_dropout' in", "got 'lots'"]),
+        ("lora_targets: [q proj]\n", ["'lora_targets' in", "'q proj'", "q_proj,v_proj"]),
+        ("lora_targets: {q: 1}\n", ["'lora_targets' in", "all-linear"]),
+        ("lora_alpha: 0\n", ["Setting 'lora_alpha' in", "whole number >= 1"]),
+        ("lora_dropuot: 0.1\n", ["unknown top-level key 'lora_dropuot'", "'lora_dropout'"]),
+    ],
+)
+def test_bad_settings_in_a_space_file_name_the_file_and_the_setting(tmp_path, text, fragments):
+    path = tmp_path / "s.yaml"
+    path.write_text(LORA_SPACE + text)
+    with pytest.raises(SpaceError) as info:
+        load_space(str(path))
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_setting_under_knobs_is_pointed_to_the_top_level(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("knobs:\n  lora_rank: [8]\n  lora_targets: [q_proj]\n")
+    with pytest.raises(SpaceError, match=r"lora_targets is a top-level key, not a knob"):
         load_space(str(path))
 
 

@@ -54,3 +54,15 @@ def test_shipped_spaces_obey_the_schema(path):
         for v in values if isinstance(values, list) else [values]:
             assert v in item["enum"] if "enum" in item else isinstance(v, int | bool)
     load_space(path)
+
+
+def test_schema_lists_the_lora_settings_as_single_values():
+    from autofit.config import LORA_SETTINGS
+
+    props = space_schema()["properties"]
+    assert set(LORA_SETTINGS) <= set(props)
+    dropout = props["lora_dropout"]
+    assert (dropout["type"], dropout["minimum"], dropout["exclusiveMaximum"]) == ("number", 0, 1)
+    targets = [branch.get("type") for branch in props["lora_targets"]["anyOf"]]
+    assert targets == ["array", "string", "null"]
+    assert props["lora_alpha"]["anyOf"][0] == {"type": "integer", "minimum": 1}

@@ -156,12 +156,12 @@ class Structure:
         known = {p.leaf for p in self.projections} | {p.name for p in self.projections}
         unknown = [n for n in names if n not in known]
         if unknown:
-            leaves = ", ".join(dict.fromkeys(p.leaf for p in self.projections))
+            leaves = list(dict.fromkeys(p.leaf for p in self.projections))
             raise ConfigError(
                 f"lora_targets names {', '.join(map(repr, unknown))}, which this model "
                 f"({self.layer_class}) does not have. Its decoder layers' linear projections are: "
-                f"{leaves}. Name some of them (e.g. lora_targets: [q_proj, v_proj]), or leave "
-                "lora_targets out to adapt all of them."
+                f"{', '.join(leaves)}. Name some of them (e.g. --lora-targets "
+                f"{','.join(leaves[:2])}), or leave lora_targets out to adapt all of them."
             )
         return tuple(chosen)
 

@@ -12,12 +12,18 @@ def lora_target_modules(model: nn.Module, targets: tuple[str, ...] | None) -> li
     (`decoder_projections`, the rule the estimator counts by), all of them or those `targets`
     names by leaf (`q_proj`) or by path inside the layer (`self_attn.q_proj`)."""
     prefix = next(name for name, mod in model.named_modules() if mod is decoder_layers(model))
-    names = []
+    names, seen = [], set()
     for i, layer in enumerate(decoder_layers(model)):
         for name, _ in decoder_projections(layer):
             leaf = name.rsplit(".", 1)[-1]
+            seen.add(leaf)
             if targets is None or leaf in targets or name in targets:
                 names.append(f"{prefix}.{i}.{name}")
+    if not names:
+        raise ValueError(
+            f"lora_targets {list(targets or ())} names none of this model's projections; its "
+            f"decoder layers have: {', '.join(sorted(seen))}."
+        )
     return names
 
 

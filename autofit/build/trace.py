@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -85,9 +86,15 @@ class _Births(TorchDispatchMode):
 def trace_activations(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
     """Bytes one decoder layer of `spec` keeps for backward per sequence (mean over its layer
     types, weighted by how many layers of each the model has), and those outside the layers."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # HF's own deprecations, not the user's
-        return _trace_or_bf16(spec, key)
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)  # an op refused under fake tensors is handled below
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # HF's deprecations, not the user's
+            return _trace_or_bf16(spec, key)
+    finally:
+        fake_log.setLevel(level)
 
 
 def _trace_or_bf16(spec: ModelSpec, key: ActivationKey) -> LayerActivations:

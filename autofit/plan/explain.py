@@ -72,7 +72,10 @@ def winner_reason(
         return f"the only config that fits ({what} {best.tokens_per_s:,.0f} tokens/s; {mem})."
     quicker = [c for c in others if faster(c.tokens_per_s, best.tokens_per_s)]
     slow = [c for c in others if slower(c.tokens_per_s, best.tokens_per_s)]
-    ties = [c for c in others if c not in quicker and c not in slow]
+    # by identity: comparing candidates field by field made this quadratic in slow equality
+    # checks (minutes for a space where ten thousand configs fit)
+    sorted_out = {id(c) for c in (*quicker, *slow)}
+    ties = [c for c in others if id(c) not in sorted_out]
     text = ""
     if slow:
         nxt = max(slow, key=lambda c: c.tokens_per_s)

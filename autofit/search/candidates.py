@@ -126,6 +126,7 @@ def _make_params(cands: Candidates) -> None:
         elif choices:
             cands.fixed[name] = choices[0]
     cands.fixed["seq_len"] = s.seq_len
+    cands.fixed.update(s.space.settings)  # the LoRA settings: every candidate carries them
 
 
 def distinct_seeds(ranked: list[Candidate], n: int) -> list[Candidate]:

@@ -64,10 +64,14 @@ def default_study_name(
     device: str,
 ) -> str:
     """Stable, readable and unique per setting: the same command always finds the same study."""
-    # the family (`model_type`) is left out so names stay those of studies made before specs
-    # recorded it; the numbers and the name already tell two models apart
+    # the family (`model_type`) and an empty `extra` are left out so names stay those of studies
+    # made before specs recorded them; the numbers and the name already tell two models apart
     ident = {
-        "model": {k: v for k, v in asdict(model).items() if k != "model_type"},
+        "model": {
+            k: v
+            for k, v in asdict(model).items()
+            if k != "model_type" and not (k == "extra" and not v)
+        },
         "gpus": [
             hardware.smallest_gpu.name,
             hardware.n_gpus,
@@ -79,6 +83,8 @@ def default_study_name(
         "seq_len": seq_len,
         "global_batch": global_batch,
     }
+    if space.settings:  # only then: the names of studies made before settings existed stay
+        ident["settings"] = space.to_dict()["settings"]
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
     gpu = re.sub(r"[^a-z0-9]+", "-", hardware.smallest_gpu.name.lower()).strip("-")
     batch = f"-gb{global_batch}" if global_batch else ""
@@ -191,9 +197,20 @@ def check_metadata(study: optuna.Study, request: PlanRequest) -> None:
             f"Study {study.study_name!r} was made for a different search space. Drop --study, "
             "or pass a new --study name."
         )
+    if old.space.settings != request.space.settings:
+        raise AutofitError(
+            f"Study {study.study_name!r} was made for other LoRA settings "
+            f"({_settings_text(old.space)} there, {_settings_text(request.space)} now). Drop "
+            "--study to get a study named for these settings, or pass a new --study name."
+        )
     if old.margin != request.margin:
         stored = study.user_attrs[META_KEY]
         study.set_user_attr(META_KEY, {**stored, "margin": request.margin})
+
+
+def _settings_text(space: Space) -> str:
+    shown = space.to_dict().get("settings") or {}
+    return ", ".join(f"{k}={v}" for k, v in shown.items()) or "the defaults"
 
 
 def _short(value: Any) -> str:

@@ -317,3 +317,44 @@ def test_two_workers_on_one_storage_share_the_work(search_kwargs, tmp_path, monk
     assert plans[0].best.config == plans[1].best.config
     verified = [c for f in fakes for c, steps in f.calls if steps > 2]
     assert len(verified) == len(set(verified)), "two workers on one host verified one config"
+
+
+# ----- the LoRA settings: carried by every candidate, stored with the study ----------------------
+def test_lora_settings_reach_every_trial_and_read_back_from_the_study(fake, search_kwargs):
+    space = wide_space().with_settings(lora_targets=["q_proj", "v_proj"], lora_dropout=0.05)
+    plan = run(fake, **{**search_kwargs, "space": space, "trials": 6})
+    measured = [cfg for cfg, _ in fake.calls]
+    assert len(fake.search_configs) == 6  # the sampler's picks are candidates, none "invalid"
+    assert any(cfg.is_lora for cfg in measured)
+    assert {(cfg.lora_targets, cfg.lora_dropout) for cfg in measured} == {
+        (("q_proj", "v_proj"), 0.05)
+    }
+
+    stored = st.stored_request(study_of(plan))
+    assert stored is not None and stored.space.settings == space.settings
+    assert stored.space.candidates(2, seq_len=64) == space.candidates(2, seq_len=64)
+    loaded = load_study_plan(plan.storage, plan.study_name)
+    assert loaded.best.config == plan.best.config
+    assert loaded.best.config.lora_targets == ("q_proj", "v_proj")
+    assert [c.config for c in loaded.trials] == [c.config for c in plan.trials]
+
+
+def test_a_study_is_not_resumed_with_other_lora_settings(fake, search_kwargs):
+    kw = {**search_kwargs, "trials": 2, "study": "lora-study"}
+    run(fake, **{**kw, "space": wide_space().with_settings(lora_targets="q_proj")})
+    with pytest.raises(AutofitError, match=r"other LoRA settings \(lora_targets=\['q_proj'\]"):
+        run(fake, **{**kw, "space": wide_space()})
+
+
+def test_default_study_name_tells_lora_settings_apart(search_kwargs):
+    kw, space = search_kwargs, wide_space()
+    names = {
+        st.default_study_name(kw["model"], kw["hardware"], sp, 64, None, "cpu")
+        for sp in (
+            space,
+            space.with_settings(lora_targets="all-linear"),  # the default: the same study
+            space.with_settings(lora_targets="q_proj"),
+            space.with_settings(lora_dropout=0.1),
+        )
+    }
+    assert len(names) == 3
