@@ -71,11 +71,20 @@ def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") ->
     family's neutral value, LoRA A kaiming / B zero, rotary frequencies recomputed). Modules
     already materialised (quantized layers, say) are left as they are, and after `fully_shard`
     `to_empty` allocates only this rank's shards. `prefix` is the module's name in its model, so
-    a LoRA adapter is recognised by its path."""
+    a LoRA adapter is recognised by its path. A parameter two modules share (a tied LM head) is
+    materialised once, by the first, and the second is given that same parameter: `to_empty` on
+    each module would untie them."""
+    made: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(meta original) -> (it, real)
     for name, mod in module.named_modules(prefix=prefix):
+        for pname, param in list(mod._parameters.items()):
+            if param is not None and id(param) in made:
+                mod._parameters[pname] = made[id(param)][1]
         own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
         if any(t.is_meta for t in own):
+            on_meta = {n: p for n, p in mod._parameters.items() if p is not None and p.is_meta}
             mod.to_empty(device=device, recurse=False)
+            for pname, original in on_meta.items():
+                made[id(original)] = (original, mod._parameters[pname])  # type: ignore[assignment]
             _init_module(name, mod)
     return module
 

@@ -1,5 +1,6 @@
 """`materialize` initialises every family's tiny model as HF's own init does: the same buffers
-(rotary frequencies, Gemma's embedding scale) and the same norm scales, so a debug model trains.
+(rotary frequencies, Gemma's embedding scale) and the same norm scales, so a debug model trains;
+and a tied LM head stays tied (`to_empty` module by module gave the head a weight of its own).
 
 Gemma 2/3 keep their embedding scale, sqrt(hidden), in a non-persistent buffer: left as the
 uninitialised memory `to_empty` gives, the embeddings came out ~1e-9 and gemma2-debug's loss did
@@ -11,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autofit.build.model import build_meta_model, materialize
+from autofit.arch import structure_of
+from autofit.build.model import build_meta_model, materialize, model_parts
 from autofit.models import PRESETS
 
 DEBUG = [name for name in PRESETS if name.endswith("-debug")]
@@ -33,3 +35,11 @@ def test_buffers_and_norms_match_hf_init(name: str) -> None:
     for key, param in ours.named_parameters():
         if param.dim() == 1 and not key.endswith("bias"):  # norm scales: a constant each
             torch.testing.assert_close(param, hf_params[key], msg=f"{name}: norm {key}")
+
+
+@pytest.mark.parametrize("name", DEBUG)
+def test_a_tied_head_stays_tied(name: str) -> None:
+    spec = PRESETS[name]
+    model = materialize(build_meta_model(spec), torch.device("cpu"))
+    assert model_parts(model).tied == spec.tied_embeddings
+    assert sum(p.numel() for p in model.parameters()) == structure_of(spec).n_params
