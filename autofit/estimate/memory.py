@@ -238,14 +238,16 @@ def activation_bytes(
     rank, targets and dropout, and whether it runs under autocast). Per layer:
 
     - none: what the layer keeps;
-    - full: its checkpointed input, plus during backward the one layer being recomputed, whose
-      activations are all live then;
+    - full: its checkpointed input;
     - every-2: `autofit.recipe.checkpointed_layers` (the builder's list) checkpointed, the rest
-      kept, plus the one being recomputed;
-    - selective: what op-level checkpointing saves (matmul and attention outputs), plus the
-      recomputed element-wise tensors of the one layer in backward.
+      kept;
+    - selective: what op-level checkpointing saves (matmul and attention outputs).
     Outside the layers: embedding side, shared rotary tables and masks, final norm, and the
-    logits and loss at their peak over the vocabulary."""
+    logits and loss at their peak over the vocabulary. With checkpointing, backward recomputes
+    one layer at a time, all its activations alive then (the recomputed element-wise tensors
+    under `selective`); by then the loss's tensors over the vocabulary are freed, so the second
+    part is the larger of the two, not their sum (CPU trials of every family: the sum
+    over-estimated checkpointed runs by 10-44%, bench/accuracy.py --families)."""
     key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast)
     kept = activations_of(model, key)
     n = s.layers
@@ -254,8 +256,9 @@ def activation_bytes(
     policy = "selective" if checkpointing == "selective" else "full"
     ckpt = activations_of(model, replace(key, policy=policy))
     k = len(recipe.checkpointed_layers(checkpointing, n))
-    per_seq = k * ckpt.layer + (n - k) * kept.layer + (kept.layer - ckpt.layer)
-    return micro_batch * per_seq, micro_batch * ckpt.root
+    per_seq = k * ckpt.layer + (n - k) * kept.layer
+    recomputed = kept.layer - ckpt.layer
+    return micro_batch * per_seq, micro_batch * max(ckpt.root, recomputed)
 
 
 def int8_saved_weight_bytes(s: Structure, checkpointing: str) -> float:
