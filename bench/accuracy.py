@@ -29,6 +29,7 @@ real ones (vocabularies cut to 32k: they only shape what lies outside the layers
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -141,16 +142,16 @@ def trace_real_specs() -> list[ModelSpec]:
 
 def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[int, int]:
     """The model `autofit.build.trace` traces for `kinds`, with real random weights on CPU: the
-    bytes alive after forward returned the loss and the forward's peak, as the trials'
-    `TensorTracker` counts them, less the parameters, buffers and token ids that exist before
-    and the bf16 copies autocast makes of fp32 weights (which the estimator counts from the
-    weights, `autocast_copy_bytes`)."""
+    bytes alive after forward returned the loss and the peak through the loss's backward (up to
+    the LM head's output gradient), as the trials' `TensorTracker` counts them, less the
+    parameters, buffers and token ids that exist before and the bf16 copies autocast makes of
+    fp32 weights (which the estimator counts from the weights, `autocast_copy_bytes`)."""
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
 
     from autofit.build.dtypes import TORCH_DTYPES
     from autofit.build.model import build_meta_model, materialize
-    from autofit.build.trace import _prepare
+    from autofit.build.trace import _LogitsGradReady, _prepare, _stop_at_the_logits
     from autofit.recipe import COMPUTE_DTYPE
     from autofit.trials.memory import TensorTracker
 
@@ -192,9 +193,12 @@ def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tup
     before = tracker.current
     tracker.reset_peak()
     autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
-    with tracker, autocast:
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-    end = tracker.current - before
+    with tracker:
+        with autocast, _stop_at_the_logits(model):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        end = tracker.current - before
+        with contextlib.suppress(_LogitsGradReady):
+            loss.backward()  # the loss's backward, up to the LM head's output gradient
     del loss
     return end, tracker.peak - before
 

@@ -3,7 +3,7 @@ layer run with real tensors on CPU and counted by the trials' own `TensorTracker
 (`bench/accuracy.py --trace`, `measured_activations`): within 1% per family, checkpointing
 policy and LoRA rank (they agree to the byte at the debug widths; `--trace --width real` checks
 real widths). The layer's bytes are the two-layer model's minus the one-layer model's; the
-root's are the rest of the forward's peak.
+root's are the rest of the peak over the loss (its forward and the start of its backward).
 """
 
 from __future__ import annotations
