@@ -121,10 +121,15 @@ def _init_module(name: str, mod: nn.Module) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _norm_neutral(cls: type, dim: int) -> float:
-    """The value a norm class initialises its scale to, read from a small instance of it."""
+    """The value a norm class initialises its scale to, read from a small instance of it built
+    on the CPU outside any dispatch mode: under the trace's FakeTensorMode the value cannot be
+    read, and the fallback, cached, gave every later real Gemma model norms of (1 + 1)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
     try:
-        fresh = cls(dim)
-        return float(next(fresh.parameters()).reshape(-1)[0])
+        with _disable_current_modes(), torch.device("cpu"):
+            fresh = cls(dim)
+            return float(next(fresh.parameters()).reshape(-1)[0])
     except Exception:  # a norm whose constructor wants more: the common neutral scale
         return 1.0
 

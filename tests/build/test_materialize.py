@@ -43,3 +43,18 @@ def test_a_tied_head_stays_tied(name: str) -> None:
     model = materialize(build_meta_model(spec), torch.device("cpu"))
     assert model_parts(model).tied == spec.tied_embeddings
     assert sum(p.numel() for p in model.parameters()) == structure_of(spec).n_params
+
+
+def test_a_fake_build_first_does_not_change_the_real_init() -> None:
+    """The trace materialises under FakeTensorMode; a real model built later in the same process
+    (a trial, `autofit.apply` after a plan) still gets Gemma's zero-centred norm scales."""
+    from autofit.arch import ActivationKey
+    from autofit.build import model as build_model
+    from autofit.build.trace import trace_activations
+
+    build_model._norm_neutral.cache_clear()
+    spec = PRESETS["gemma2-debug"]
+    trace_activations(spec, ActivationKey(16))
+    real = materialize(build_meta_model(spec), torch.device("cpu"))
+    norms = [p for n, p in real.named_parameters() if "norm" in n]
+    assert norms and all(bool((p == 0).all()) for p in norms)
