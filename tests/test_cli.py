@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 import autofit
 from autofit.cli import app
+from autofit.models import PRESETS
+from tests.test_models import PUBLISHED
 
 runner = CliRunner()
 
@@ -120,9 +122,12 @@ def test_models_shows_exact_parameter_counts():
 
 
 def test_models_json():
+    """Every preset, each published model with its exact published parameter count."""
     data = json.loads(run("models", "--json").stdout)
     counts = {m["name"]: m["n_params"] for m in data["models"]}
-    assert counts["llama-7b"] == 6_738_415_616 and counts["mistral-7b"] == 7_241_732_096
+    assert list(counts) == list(PRESETS)
+    assert {name: counts[name] for name in PUBLISHED} == PUBLISHED
+    assert all(n > 0 for n in counts.values())
 
 
 def test_estimate_text_report():

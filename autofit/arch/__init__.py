@@ -45,7 +45,7 @@ __all__ = [
     "structure_of",
 ]
 
-TRACE_VERSION = 5
+TRACE_VERSION = 6
 """Bump when what a trace or a structure read counts changes: older cache entries are ignored."""
 
 

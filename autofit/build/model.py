@@ -71,11 +71,20 @@ def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") ->
     family's neutral value, LoRA A kaiming / B zero, rotary frequencies recomputed). Modules
     already materialised (quantized layers, say) are left as they are, and after `fully_shard`
     `to_empty` allocates only this rank's shards. `prefix` is the module's name in its model, so
-    a LoRA adapter is recognised by its path."""
+    a LoRA adapter is recognised by its path. A parameter two modules share (a tied LM head) is
+    materialised once, by the first, and the second is given that same parameter: `to_empty` on
+    each module would untie them."""
+    made: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(meta original) -> (it, real)
     for name, mod in module.named_modules(prefix=prefix):
+        for pname, param in list(mod._parameters.items()):
+            if param is not None and id(param) in made:
+                mod._parameters[pname] = made[id(param)][1]
         own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
         if any(t.is_meta for t in own):
+            on_meta = {n: p for n, p in mod._parameters.items() if p is not None and p.is_meta}
             mod.to_empty(device=device, recurse=False)
+            for pname, original in on_meta.items():
+                made[id(original)] = (original, mod._parameters[pname])  # type: ignore[assignment]
             _init_module(name, mod)
     return module
 
@@ -101,14 +110,26 @@ def _init_module(name: str, mod: nn.Module) -> None:
             nn.init.normal_(param, mean=0.0, std=INIT_STD)
         else:  # a norm's scale: 1, or 0 where the family computes (1 + weight) (Gemma)
             nn.init.constant_(param, _norm_neutral(type(mod), param.shape[0]))
+    for bname, buf in mod.named_buffers(recurse=False):
+        # a constant kept as a buffer beside the float HF initialises it from (Gemma 2/3's
+        # embedding scale, sqrt(hidden): `embed_scale` and `scalar_embed_scale`); `to_empty`
+        # leaves it uninitialised memory otherwise
+        value = getattr(mod, f"scalar_{bname}", None)
+        if isinstance(value, int | float) and buf.is_floating_point():
+            nn.init.constant_(buf, value)
 
 
 @functools.lru_cache(maxsize=64)
 def _norm_neutral(cls: type, dim: int) -> float:
-    """The value a norm class initialises its scale to, read from a small instance of it."""
+    """The value a norm class initialises its scale to, read from a small instance of it built
+    on the CPU outside any dispatch mode: under the trace's FakeTensorMode the value cannot be
+    read, and the fallback, cached, gave every later real Gemma model norms of (1 + 1)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
     try:
-        fresh = cls(dim)
-        return float(next(fresh.parameters()).reshape(-1)[0])
+        with _disable_current_modes(), torch.device("cpu"):
+            fresh = cls(dim)
+            return float(next(fresh.parameters()).reshape(-1)[0])
     except Exception:  # a norm whose constructor wants more: the common neutral scale
         return 1.0
 

@@ -25,6 +25,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -116,8 +117,9 @@ def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
         two, _ = _live_bytes(spec, key, [kind, kind])
         per_kind[kind] = two - one
     _, peak = _live_bytes(spec, key, kinds)
-    # outside the layers: the forward's peak (the loss over the vocabulary holds bf16 logits,
-    # their fp32 copy and log-softmax's output at once) less what the layers keep
+    # outside the layers: the peak over the loss (forward: bf16 logits, their fp32 copy and
+    # log-softmax's output; the start of backward: log-softmax's output and two fp32 gradients
+    # over the vocabulary) less what the layers keep
     root = peak - sum(per_kind.values())
     if types:
         layer = sum(per_kind[t] for t in types) / len(types)
@@ -134,7 +136,8 @@ def _layer_types(spec: ModelSpec) -> list[str] | None:
 
 
 def _live_bytes(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[float, float]:
-    """Bytes alive when forward has returned the loss, and the peak during forward."""
+    """Bytes alive when forward has returned the loss, and the peak from the forward through the
+    loss's backward (up to the LM head's output gradient)."""
     overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
     if kinds[0] is not None:
         overrides["layer_types"] = kinds
@@ -147,33 +150,62 @@ def _live_bytes(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[
                                                                *model.buffers(), ids)}  # fmt: skip
         births = _Births(kept)
         autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
-        with births, autocast, _unpacked_batch():
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        end = births.live()
+        with births:
+            with autocast, unpacked_sequences(), _stop_at_the_logits(model) as logits_grad:
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            end = births.live()
+            with contextlib.suppress(_LogitsGradReady):
+                loss.backward()
+            if not logits_grad:  # pragma: no cover - every causal LM has an LM head
+                raise RuntimeError("the trace's backward never reached the LM head's output")
         del loss
     return float(end), float(births.peak)
 
 
-@contextlib.contextmanager
-def _unpacked_batch() -> Iterator[None]:
-    """Let HF see the batch a trial feeds: one sequence per row, no padding.
+class _LogitsGradReady(Exception):
+    """Raised in backward once the LM head's output has its gradient: the loss is done."""
 
-    Given no attention mask, HF reads the position ids' values to detect packed sequences
-    (`masking_utils.find_packed_sequence_indices`), and finds none in a real batch: the causal
-    mask is then left to SDPA's `is_causal` and grouped-query attention to SDPA's `enable_gqa`.
-    A fake tensor has no values, so HF takes it for a traced graph and keeps the packed-sequence
-    path: it materialises an S x S mask, which SDPA converts and saves in every layer, and repeats
-    k and v to every query head. A real forward of llama-debug keeps neither (seq 64: 40,960 B per
-    layer per sequence more in the trace, 5.7% of the layer; the mask alone grows as S^2). The
-    answer HF gives a real batch is given here."""
+
+@contextlib.contextmanager
+def _stop_at_the_logits(model: nn.Module) -> Iterator[list[bool]]:
+    """Backward of the loss only: its start holds log-softmax's saved output beside the fp32
+    gradients of the loss and of log-softmax, over the whole vocabulary, more than the forward's
+    peak (measured: 12 B vs 10 B per logit). Backward stops when the LM head's output has its
+    gradient, before any weight gradient or recomputed layer (counted elsewhere)."""
+    reached: list[bool] = []
+
+    def stop(_grad: torch.Tensor) -> None:
+        reached.append(True)
+        raise _LogitsGradReady
+
+    def on_output(_mod: nn.Module, _args: Any, out: torch.Tensor) -> None:
+        out.register_hook(stop)
+
+    handle = model.get_output_embeddings().register_forward_hook(on_output)
+    try:
+        yield reached
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def unpacked_sequences() -> Iterator[None]:
+    """Tell HF's mask code that the trace's ids are one sequence per row, as a trial's are.
+
+    HF takes FakeTensors for a graph being traced (`is_tracing`), where it cannot read the
+    position ids to rule out packed sequences (`find_packed_sequence_indices`), so it builds a
+    causal mask that a real run skips (SDPA's `is_causal`, grouped-query attention inside the
+    kernel): with the mask, every SDPA layer saves its k and v repeated per query head and a
+    float copy of the seq x seq mask (+2-11% per layer without checkpointing at the debug
+    presets' widths, measured against real tensors: bench/accuracy.py --trace). A real run of
+    unpacked rows finds no packing and returns None: so does this."""
     from transformers import masking_utils
 
-    real = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):  # no packing detection
         yield
-    finally:
-        masking_utils.find_packed_sequence_indices = real
+        return
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda _ids: None):
+        yield
 
 
 def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:

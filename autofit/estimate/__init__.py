@@ -133,10 +133,18 @@ def estimate(
     gathered = mem.gathered_bytes(
         s, config.quant, lora, config.wrap, config.reshard, sharding, targets
     )
-    gathered += mem.autocast_copy_bytes(s, lora, autocast, targets)
+    copies = mem.autocast_copy_bytes(s, lora, autocast, targets)
+    gathered_at_loss = copies + mem.gathered_at_loss_bytes(
+        s, config.quant, lora, config.wrap, config.reshard, sharding, targets
+    )
+    gathered += copies
     unit_grads = mem.unit_grad_bytes(s, lora, config.wrap, sharding, targets)
     acts, logits = mem.activation_bytes(
         model, s, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
+        targets, config.lora_dropout,
+    )  # fmt: skip
+    recomputed = mem.recomputed_layer_bytes(
+        model, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
         targets, config.lora_dropout,
     )  # fmt: skip
     if config.quant == "int8":
@@ -153,14 +161,29 @@ def estimate(
         accum = grads  # 0 under offload=params: the gradients live on the host
     buckets = grads if ddp else 0.0
 
+    # Every saved activation is alive from the end of forward into backward, beside one of two
+    # things that are never alive together: the loss's tensors over the vocabulary (while FSDP2
+    # has resharded every layer unit after its forward: `gathered_at_loss`), then, once they are
+    # freed, the last layer's backward: its unit and the prefetched one gathered (`[norm, head]`
+    # resharded after its own backward), the unit's unsharded gradients and, under
+    # checkpointing, the layer being recomputed. The larger is the forward phase.
+    at_loss = {"gradients": buckets + accum, "gathered_params": gathered_at_loss,
+               "activations": acts, "logits_loss": logits}  # fmt: skip
+    layer_grads = mem.layer_unit_grad_bytes(s, lora, config.wrap, sharding, targets)
+    gathered_at_layer = copies + mem.gathered_at_layer_backward_bytes(
+        s, config.quant, lora, config.wrap, config.reshard, sharding, targets
+    )
+    at_layer = {"gradients": buckets + accum + layer_grads, "gathered_params": gathered_at_layer,
+                "activations": acts + recomputed, "logits_loss": 0.0}  # fmt: skip
+    moment = max((at_loss, at_layer), key=lambda m: sum(m.values()))  # the loss's on a tie
     forward_phase = {
         "base_weights": base,
         "trainable_weights": weights,
-        "gradients": buckets + accum,
+        "gradients": moment["gradients"],
         "optimizer_state": opt,
-        "gathered_params": gathered,
-        "activations": acts,
-        "logits_loss": logits,
+        "gathered_params": moment["gathered_params"],
+        "activations": moment["activations"],
+        "logits_loss": moment["logits_loss"],
     }
     # The root's first all-gather under `wrap: model`: buffer and unsharded params at once, with
     # the model states but hardly any activations yet.

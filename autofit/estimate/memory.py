@@ -164,6 +164,37 @@ def root_all_gather_buffer_bytes(
     return s.layers * gathered_layer_bytes(s, quant, lora_rank, targets)
 
 
+def gathered_at_loss_bytes(
+    s: Structure, quant: str, lora_rank: int, wrap: str, reshard: bool, sharding: Sharding,
+    targets: Targets = None,
+) -> float:  # fmt: skip
+    """Unsharded parameters from the end of forward through the loss's backward. With layer
+    units and reshard_after_forward=True each unit was resharded after its own forward and is
+    gathered again only for its backward, once the loss's tensors are freed: what remains is
+    `[norm, head]` and the root (`gathered_bytes` without its two layer units, which belong to
+    the layers' backward). Without resharding, or with `model`, every layer stays gathered.
+    CPU trials measured the difference (bench/accuracy.py --families: two units of Mixtral's
+    experts counted at the loss over-estimated its LoRA runs by 16-18%)."""
+    total = gathered_bytes(s, quant, lora_rank, wrap, reshard, sharding, targets)
+    k = wrap_group_size(wrap, s.layers)
+    if sharding is not Sharding.FSDP2 or wrap == "model" or k >= s.layers or not reshard:
+        return total
+    return total - 2 * k * gathered_layer_bytes(s, quant, lora_rank, targets)
+
+
+def gathered_at_layer_backward_bytes(
+    s: Structure, quant: str, lora_rank: int, wrap: str, reshard: bool, sharding: Sharding,
+    targets: Targets = None,
+) -> float:  # fmt: skip
+    """Unsharded parameters during the last decoder layer's backward: `gathered_bytes` (its unit
+    and the prefetched one, or every layer without resharding) less an untied `[norm, head]`
+    unit, which FSDP2 reshards after its own backward, just before."""
+    total = gathered_bytes(s, quant, lora_rank, wrap, reshard, sharding, targets)
+    if sharding is not Sharding.FSDP2 or s.tied_embeddings:
+        return total
+    return total - head_unit_bytes(s)
+
+
 def gathered_at_reduce_bytes(s: Structure, wrap: str, sharding: Sharding, device: str,
                              gathered: float) -> float:  # fmt: skip
     """Gathered params while the last gradients are reduced (end of backward). The embedding unit
@@ -195,6 +226,19 @@ def unit_grad_bytes(s: Structure, lora_rank: int, wrap: str, sharding: Sharding,
         edges = max(s.embedding_params, s.head_params + s.final_norm_params)
     k = max(1, min(wrap_group_size(wrap, s.layers), s.layers))  # `model`: every layer
     return max(k * per_layer, edges) * (BF16 + FP32)
+
+
+def layer_unit_grad_bytes(s: Structure, lora_rank: int, wrap: str, sharding: Sharding,
+                          targets: Targets = None) -> float:  # fmt: skip
+    """The unsharded gradients of one unit of decoder layers in its backward (bf16 from autograd
+    and FSDP2's fp32 copy for the reduce-scatter), the part of `unit_grad_bytes` alive while the
+    other layers' activations still are (the last layer's backward). `model` has no layer unit
+    of its own (its gradients come at the end of backward)."""
+    if sharding is not Sharding.FSDP2 or wrap == "model":
+        return 0.0
+    per_layer = s.lora_params(lora_rank, targets) / s.layers if lora_rank else s.layer_params
+    k = max(1, min(wrap_group_size(wrap, s.layers), s.layers))
+    return k * per_layer * (BF16 + FP32)
 
 
 def autocast_copy_bytes(s: Structure, lora_rank: int, autocast: bool,
@@ -238,24 +282,46 @@ def activation_bytes(
     rank, targets and dropout, and whether it runs under autocast). Per layer:
 
     - none: what the layer keeps;
-    - full: its checkpointed input, plus during backward the one layer being recomputed, whose
-      activations are all live then;
+    - full: its checkpointed input;
     - every-2: `autofit.recipe.checkpointed_layers` (the builder's list) checkpointed, the rest
-      kept, plus the one being recomputed;
-    - selective: what op-level checkpointing saves (matmul and attention outputs), plus the
-      recomputed element-wise tensors of the one layer in backward.
+      kept;
+    - selective: what op-level checkpointing saves (matmul and attention outputs).
     Outside the layers: embedding side, shared rotary tables and masks, final norm, and the
-    logits and loss at their peak over the vocabulary."""
+    logits and loss at their peak over the vocabulary (forward, and the start of backward).
+    The layer backward recomputes is `recomputed_layer_bytes`: it is never alive together with
+    the loss's tensors (CPU trials of every family: counting both over-estimated checkpointed
+    runs by 10-44%, bench/accuracy.py --families)."""
     key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast)
     kept = activations_of(model, key)
     n = s.layers
     if checkpointing == "none":
         return micro_batch * n * kept.layer, micro_batch * kept.root
-    policy = "selective" if checkpointing == "selective" else "full"
-    ckpt = activations_of(model, replace(key, policy=policy))
+    ckpt = activations_of(model, replace(key, policy=_traced_policy(checkpointing)))
     k = len(recipe.checkpointed_layers(checkpointing, n))
-    per_seq = k * ckpt.layer + (n - k) * kept.layer + (kept.layer - ckpt.layer)
+    per_seq = k * ckpt.layer + (n - k) * kept.layer
     return micro_batch * per_seq, micro_batch * ckpt.root
+
+
+def recomputed_layer_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
+    autocast: bool, targets: Targets = None, dropout: float = 0.0,
+) -> float:  # fmt: skip
+    """With checkpointing, backward recomputes one checkpointed layer at a time, all its
+    activations alive then besides what the checkpoint kept (under `selective`, the element-wise
+    tensors it recomputes): the traced layer without checkpointing less the checkpointed one.
+    By then the loss's tensors over the vocabulary have been freed (`estimate` takes the larger
+    moment)."""
+    if checkpointing == "none":
+        return 0.0
+    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast)
+    kept = activations_of(model, key)
+    ckpt = activations_of(model, replace(key, policy=_traced_policy(checkpointing)))
+    return micro_batch * max(kept.layer - ckpt.layer, 0.0)
+
+
+def _traced_policy(checkpointing: str) -> str:
+    """The trace of a checkpointed layer: op-level for `selective`, else the whole layer."""
+    return "selective" if checkpointing == "selective" else "full"
 
 
 def int8_saved_weight_bytes(s: Structure, checkpointing: str) -> float:
