@@ -72,6 +72,14 @@ CASES = [
     Case("fsdp2-lora-wide-vocab-kept", WIDE_VOCAB, 2, {"lora_rank": 16, "reshard": False}, -0.131,
          DETERMINISTIC, "frozen embeddings and head gathered and kept, logits",
          seq_len=64, micro_batch=1),
+    Case("plain-lora-full-ckpt", DEBUG, 1, {"lora_rank": 16, "checkpointing": "full",
+         "wrap": "none"}, 0.012, DETERMINISTIC,
+         "the last layer's backward: the layer checkpointing recomputes", seq_len=256,
+         micro_batch=4),
+    Case("fsdp2-lora-full-ckpt", DEBUG, 2, {"lora_rank": 16, "checkpointing": "full"}, -0.114,
+         DETERMINISTIC, "the last layer's backward under FSDP2: its unit gathered, its unsharded "
+         "gradients (under by the activation gradients in flight: docs/estimator.md)",
+         seq_len=256, micro_batch=4),
 ]  # fmt: skip
 
 
