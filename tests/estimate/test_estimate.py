@@ -113,11 +113,17 @@ def test_int8_base_is_replicated_not_divided_by_gpus():
     assert four > one / 2
 
 
+LLAMA_7B_LAYER = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096  # one decoder layer, by hand
+
+
 def test_offload_params_moves_model_states_to_the_host():
     on_gpu = est("llama-7b", "8xh100-80gb", checkpointing="full")
     off = est("llama-7b", "8xh100-80gb", checkpointing="full", offload="params")
-    for part in ("base_weights", "trainable_weights", "gradients", "optimizer_state"):
+    for part in ("base_weights", "trainable_weights", "optimizer_state"):
         assert off.breakdown[part] == 0
+    # gradients are made on the GPU, one unit at a time, before they go to the host: at most one
+    # layer's bf16 + fp32 copies (6 B per parameter of 4h^2 + 3hi + 2h)
+    assert off.breakdown["gradients"] <= 6 * LLAMA_7B_LAYER
     # all ranks together hold fp32 params 4 + grads 4 + AdamW 8 = 16 B per parameter
     assert off.host_bytes == pytest.approx(16 * N_7B, rel=1e-9)
     assert on_gpu.host_bytes == 0
@@ -134,7 +140,8 @@ def test_offload_optimizer_moves_optimizer_state_to_the_host():
 def test_grad_accum_under_fsdp_keeps_unsharded_fp32_gradients():
     one = est("llama-7b", "8xh100-80gb", micro_batch=1)
     accum = est("llama-7b", "8xh100-80gb", micro_batch=1, grad_accum=2)
-    assert one.breakdown["gradients"] == 0 or one.peak_phase == "optimizer"
+    # without accumulation only the unit in its backward holds unsharded gradients
+    assert one.breakdown["gradients"] <= 6 * LLAMA_7B_LAYER or one.peak_phase == "optimizer"
     extra = accum.peak_allocated_bytes - one.peak_allocated_bytes
     # unsharded (not / 8) fp32 gradients of every trainable parameter
     assert extra >= 4 * N_7B * 0.99

@@ -76,8 +76,9 @@ def test_first_trials_are_the_napkins_best_distinct_candidates(fake, search_kwar
 
 
 def test_an_oom_is_a_completed_trial_with_its_constraint_violated(search_kwargs):
-    # the estimate says everything fits; reality is 60% bigger for micro-batch 8
-    fake = FakeTrials(peak_factor=lambda cfg: 1.6 if cfg.micro_batch == 8 else 1.0)
+    # the estimate says everything fits; reality is 2.5x bigger for micro-batch 8, past the
+    # capacity whatever the checkpointing
+    fake = FakeTrials(peak_factor=lambda cfg: 2.5 if cfg.micro_batch == 8 else 1.0)
     plan = run(fake, **{**search_kwargs, "trials": 4})
     ooms = [c for c in plan.trials if c.trial.status == "oom"]
     assert ooms, "micro-batch 8 must OOM"
