@@ -127,6 +127,22 @@ def cast_trainable(model: nn.Module, config: Config) -> None:
             p.data = p.data.to(dtype)
 
 
+def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
+    """The builder's steps before any weight exists: dtypes, LoRA (its targets and dropout), and
+    activation checkpointing; `autocast`: the run autocasts fp32 adapters (`keep_lora_inputs`).
+    `prepare` runs them before sharding, and the one-layer trace (`autofit.build.trace`) on the
+    layers it measures."""
+    cast_base(model, config)
+    model = apply_lora(
+        model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout
+    )
+    cast_trainable(model, config)
+    if autocast:
+        keep_lora_inputs(model)
+    apply_checkpointing(model, config.checkpointing)
+    return model
+
+
 def prepare(
     model: nn.Module, config: Config, device: torch.device, world: int
 ) -> tuple[nn.Module, Sharding]:
@@ -136,15 +152,8 @@ def prepare(
     quantized base exist whole on each rank before it is sharded."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
-    cast_base(model, config)
-    model = apply_lora(
-        model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout
-    )
-    cast_trainable(model, config)
     sharding = sharding_for(config.wrap, world)
-    if autocast_dtype(config, sharding) is not None:
-        keep_lora_inputs(model)
-    apply_checkpointing(model, config.checkpointing)
+    model = adapt(model, config, autocast=autocast_dtype(config, sharding) is not None)
     parts = model_parts(model)
 
     def build_layers(layers: list[nn.Module]) -> None:

@@ -35,12 +35,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from autofit.arch import ActivationKey, LayerActivations
-from autofit.build.checkpoint import apply_checkpointing
 from autofit.build.dtypes import TORCH_DTYPES
-from autofit.build.lora import apply_lora
 from autofit.build.model import build_meta_model, materialize
+from autofit.config import Config
 from autofit.models import ModelSpec
-from autofit.recipe import COMPUTE_DTYPE, FP32, FROZEN_DTYPE
+from autofit.recipe import COMPUTE_DTYPE
 
 _CASTS = {torch.ops.aten._to_copy.default}
 
@@ -209,23 +208,19 @@ def unpacked_sequences() -> Iterator[None]:
 
 
 def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
-    """The builder's steps up to sharding, with the dtypes a micro-step computes in: bf16
-    everywhere (FSDP2 gathers in bf16, pure bf16 stores it), or under autocast fp32 trainable
-    weights beside a bf16 frozen base (the plain module and DDP under bf16-mixed)."""
-    from autofit.build.apply import keep_lora_inputs
+    """The builder's steps up to sharding (`autofit.build.apply.adapt`), with the dtypes a
+    micro-step computes in: bf16 everywhere (FSDP2 gathers in bf16, pure bf16 stores it: the
+    `bf16` precision), or under autocast fp32 trainable weights beside a bf16 frozen base (the
+    plain module and DDP under `bf16-mixed`)."""
+    from autofit.build.apply import adapt
 
-    lora = key.lora_rank > 0
-    trainable = TORCH_DTYPES[FP32] if key.autocast else TORCH_DTYPES[COMPUTE_DTYPE]
-    frozen = TORCH_DTYPES[FROZEN_DTYPE] if lora else trainable
-    for p in model.parameters():
-        p.data = p.data.to(frozen)
-        p.requires_grad_(not lora)
-    model = apply_lora(model, key.lora_rank, 2 * key.lora_rank, key.lora_targets, key.lora_dropout)
-    for p in model.parameters():
-        if p.requires_grad:
-            p.data = p.data.to(trainable)
-    if key.autocast:
-        keep_lora_inputs(model)
-    apply_checkpointing(model, key.policy)
+    config = Config(
+        lora_rank=key.lora_rank,
+        precision="bf16-mixed" if key.autocast else "bf16",
+        checkpointing=key.policy,
+        lora_targets=key.lora_targets,
+        lora_dropout=key.lora_dropout,
+    )
+    model = adapt(model, config, autocast=key.autocast)
     model.train()
     return model

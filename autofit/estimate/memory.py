@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import autofit.recipe as recipe
-from autofit.arch import ActivationKey, Structure, activations_of
+from autofit.arch import ActivationKey, LayerActivations, Structure, activations_of
 from autofit.config import Sharding, wrap_group_size
 from autofit.models import ModelSpec
 
@@ -291,12 +291,11 @@ def activation_bytes(
     The layer backward recomputes is `recomputed_layer_bytes`: it is never alive together with
     the loss's tensors (CPU trials of every family: counting both over-estimated checkpointed
     runs by 10-44%, bench/accuracy.py --families)."""
-    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast)
-    kept = activations_of(model, key)
+    kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
+                               dropout)  # fmt: skip
     n = s.layers
-    if checkpointing == "none":
+    if ckpt is None:
         return micro_batch * n * kept.layer, micro_batch * kept.root
-    ckpt = activations_of(model, replace(key, policy=_traced_policy(checkpointing)))
     k = len(recipe.checkpointed_layers(checkpointing, n))
     per_seq = k * ckpt.layer + (n - k) * kept.layer
     return micro_batch * per_seq, micro_batch * ckpt.root
@@ -311,17 +310,26 @@ def recomputed_layer_bytes(
     tensors it recomputes): the traced layer without checkpointing less the checkpointed one.
     By then the loss's tensors over the vocabulary have been freed (`estimate` takes the larger
     moment)."""
-    if checkpointing == "none":
+    kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
+                               dropout)  # fmt: skip
+    if ckpt is None:
         return 0.0
-    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast)
-    kept = activations_of(model, key)
-    ckpt = activations_of(model, replace(key, policy=_traced_policy(checkpointing)))
     return micro_batch * max(kept.layer - ckpt.layer, 0.0)
 
 
-def _traced_policy(checkpointing: str) -> str:
-    """The trace of a checkpointed layer: op-level for `selective`, else the whole layer."""
-    return "selective" if checkpointing == "selective" else "full"
+def _layer_traces(
+    model: ModelSpec, seq_len: int, lora_rank: int, checkpointing: str, autocast: bool,
+    targets: Targets, dropout: float,
+) -> tuple[LayerActivations, LayerActivations | None]:  # fmt: skip
+    """The traced layer without checkpointing, and checkpointed as `checkpointing` does it
+    (op-level for `selective`, the whole layer otherwise; None without checkpointing): the two
+    traces `activation_bytes` and `recomputed_layer_bytes` both read."""
+    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast)
+    kept = activations_of(model, key)
+    if checkpointing == "none":
+        return kept, None
+    policy = "selective" if checkpointing == "selective" else "full"
+    return kept, activations_of(model, replace(key, policy=policy))
 
 
 def int8_saved_weight_bytes(s: Structure, checkpointing: str) -> float:
