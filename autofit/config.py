@@ -34,6 +34,8 @@ KNOBS: dict[str, tuple[Any, ...] | None] = {
     "offload": ("none", "optimizer", "params"),
     "optimizer": ("adamw", "adamw8bit", "adamw4bit"),
     "precision": ("bf16-mixed", "bf16"),
+    "loss": ("standard", "chunked", "fused"),
+    "compile": (False, True),
     "seq_len": None,
 }
 
@@ -51,6 +53,11 @@ KNOB_HELP: dict[str, str] = {
     "offload": "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
     "optimizer": "torch AdamW or torchao low-bit AdamW",
     "precision": "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",
+    "loss": "standard = the model's own cross-entropy; chunked = LM head + cross-entropy over "
+    "chunks of tokens, one chunk's fp32 logits live at a time (pure torch); fused = Liger's fused "
+    "linear cross-entropy kernel (CUDA, pip install 'autofit[liger]')",
+    "compile": "torch.compile each decoder layer (after checkpointing, before sharding, as "
+    "torchtitan does); compile time is reported apart from training time",
     "seq_len": "tokens per sequence (fixed per plan)",
 }
 
@@ -320,6 +327,8 @@ class Config:
     offload: str = "none"
     optimizer: str = "adamw"
     precision: str = "bf16-mixed"
+    loss: str = "standard"
+    compile: bool = False
     seq_len: int = 2048
     lora_alpha: int | None = None  # None: 2 x lora_rank
     lora_targets: tuple[str, ...] | None = None  # None: every linear projection of the decoder
@@ -387,6 +396,10 @@ class Config:
             parts.append(self.optimizer)
         if self.precision != "bf16-mixed":
             parts.append(self.precision)
+        if self.loss != "standard":
+            parts.append(f"loss={self.loss}")
+        if self.compile:
+            parts.append("compiled")
         if self.is_lora and self.lora_targets is not None:
             parts.append(f"targets={','.join(self.lora_targets)}")
         if self.is_lora and self.lora_dropout:

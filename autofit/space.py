@@ -107,11 +107,17 @@ class Space:
     def from_dict(cls, data: dict[str, Any]) -> Space:
         """The inverse of `to_dict` (values as stored: a study's space was validated when it was
         loaded, so it is not validated again; its settings are normalised back, lists to
-        tuples). Spaces stored before settings existed have none."""
+        tuples). Spaces stored before settings existed have none; knobs added since a space was
+        stored (`loss`, `compile`) take their default alone, as a space file that leaves them out
+        does."""
+        knobs = {k: tuple(v) for k, v in data["knobs"].items()}
+        for name in KNOBS:
+            if name != "seq_len" and name not in knobs:
+                knobs[name] = (getattr(_DEFAULTS, name),)
         return cls(
             name=data["name"],
             path=data["path"],
-            knobs={k: tuple(v) for k, v in data["knobs"].items()},
+            knobs=knobs,
             seq_len=data["seq_len"],
             description=data.get("description", ""),
             settings=_settings(data.get("settings") or {}),

@@ -30,9 +30,13 @@ def test_knob_names_are_the_design_contract():
         "offload",
         "optimizer",
         "precision",
+        "loss",
+        "compile",
         "seq_len",
     ]
     assert KNOBS["quant"] == ("none", "int8", "nf4")
+    assert KNOBS["loss"] == ("standard", "chunked", "fused")
+    assert KNOBS["compile"] == (False, True)
     assert KNOBS["checkpointing"] == ("none", "full", "every-2", "selective")
 
 

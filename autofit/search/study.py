@@ -55,6 +55,11 @@ def config_key(cfg: Config | dict[str, Any] | None) -> str:
     return json.dumps(cfg.to_dict() if isinstance(cfg, Config) else cfg, sort_keys=True)
 
 
+_ADDED_KNOBS = ("loss", "compile")
+"""Knobs added after the first release: a space that leaves them at their default alone keeps the
+study name it had before they existed."""
+
+
 def default_study_name(
     model: ModelSpec,
     hardware: Hardware,
@@ -79,7 +84,11 @@ def default_study_name(
             hardware.link,
         ],
         "device": device,
-        "space": {k: list(v) for k, v in space.knobs.items()},
+        "space": {
+            k: list(v)
+            for k, v in space.knobs.items()
+            if not (k in _ADDED_KNOBS and v == (getattr(Config(), k),))
+        },
         "seq_len": seq_len,
         "global_batch": global_batch,
     }
