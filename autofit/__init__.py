@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
 from autofit.checks import check_steps, check_trial_timeout
-from autofit.config import KNOBS, LORA_SETTINGS, Config
+from autofit.config import KNOBS, LORA_SETTINGS, Config, loss_unavailable
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
@@ -223,6 +223,12 @@ def trial(
         from autofit.arch import structure_of
 
         structure_of(spec).targets(cfg.lora_targets)  # a name the model lacks: one paragraph
+    why = loss_unavailable(cfg.loss, device)
+    if why:
+        raise ConfigError(
+            f"This trial cannot run here: {why}. Allowed here: loss=standard or loss=chunked "
+            "(the same fused linear cross-entropy in pure torch)."
+        )
     return run_trial(
         spec, cfg, nprocs=hw.n_gpus, device=device,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,

@@ -287,6 +287,8 @@ def estimate(
     offload: str | None = _knob_option("offload"),
     optimizer: str | None = _knob_option("optimizer"),
     precision: str | None = _knob_option("precision"),
+    loss: str | None = _knob_option("loss"),
+    compile: str | None = _knob_option("compile"),  # noqa: A002 - the knob's name
     seq_len: int | None = _knob_option("seq_len"),
     lora_targets: str | None = LORA_TARGETS,
     lora_dropout: str | None = LORA_DROPOUT,
@@ -327,6 +329,8 @@ def trial(
     offload: str | None = _knob_option("offload"),
     optimizer: str | None = _knob_option("optimizer"),
     precision: str | None = _knob_option("precision"),
+    loss: str | None = _knob_option("loss"),
+    compile: str | None = _knob_option("compile"),  # noqa: A002 - the knob's name
     seq_len: int | None = _knob_option("seq_len"),
     lora_targets: str | None = LORA_TARGETS,
     lora_dropout: str | None = LORA_DROPOUT,

@@ -144,6 +144,29 @@ def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
     return sharding is not Sharding.FSDP2 and fp32_trainable(precision, optimizer)
 
 
+LIGER_MODULE = "liger_kernel"
+"""The import name of Liger's kernels (`pip install 'autofit[liger]'`), which `loss: fused` runs."""
+
+
+def liger_installed() -> bool:
+    """Whether Liger's kernels are importable here (found without importing them, or torch)."""
+    import importlib.util
+
+    return importlib.util.find_spec(LIGER_MODULE) is not None
+
+
+def loss_unavailable(loss: str, device: str) -> str | None:
+    """Why `loss` cannot run on `device` here (a short reason the space's skip count shows), or
+    None: `fused` is Liger's Triton kernel, CUDA only, and an optional install."""
+    if loss != "fused":
+        return None
+    if device != "cuda":
+        return "loss=fused needs CUDA (Liger's Triton kernel); chunked is its pure-torch twin"
+    if not liger_installed():
+        return "loss=fused needs Liger: pip install 'autofit[liger]'"
+    return None
+
+
 def _text(value: Any) -> Any:
     """Choices and booleans are read case-insensitively, around spaces ('NF4', ' true ')."""
     return value.strip().lower() if isinstance(value, str) else value

@@ -278,6 +278,7 @@ def _header(doc: dict[str, Any], what: str) -> list[str]:
             + (f", dropout {dropout:g}" if dropout else "")
             + f" on {where}."
         )
+    lines += _loss_and_compile_notes(cfg)
     return lines
 
 
@@ -319,6 +320,12 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
         "same_network": True,
         "use_cpu": False,
     }
+    if cfg.get("compile"):
+        # Accelerate's own compile of repeated blocks (each decoder layer), as autofit measured
+        base["dynamo_config"] = {
+            "dynamo_backend": "INDUCTOR",
+            "dynamo_use_regional_compilation": True,
+        }
     if sharding is Sharding.NONE:
         base["distributed_type"] = "NO"
         base["num_processes"] = 1
@@ -405,6 +412,33 @@ def _accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
         notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
     if not fp32_trainable(cfg["precision"], cfg["optimizer"]):
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
+    if cfg.get("compile"):
+        notes.append(
+            "# dynamo_config is the same compile for Accelerate's prepare(), which this recipe "
+            "does not call on the model: autofit.apply compiles the layers."
+        )
+    return notes
+
+
+def _loss_and_compile_notes(cfg: dict[str, Any]) -> list[str]:
+    """What the `loss` and `compile` knobs measured, and who sets them up."""
+    notes = []
+    loss = cfg.get("loss", "standard")
+    if loss == "chunked":
+        notes.append(
+            "# Loss: LM head + cross-entropy over chunks of tokens (autofit.build.loss; "
+            "autofit.apply sets it on the model: model(input_ids=..., labels=...).loss)."
+        )
+    elif loss == "fused":
+        notes.append(
+            "# Loss: Liger's fused linear cross-entropy (pip install 'autofit[liger]'); "
+            "autofit.apply sets it on the model."
+        )
+    if cfg.get("compile"):
+        notes.append(
+            "# Compile: each decoder layer torch.compile'd after checkpointing, before sharding "
+            "(autofit.apply does it as measured; compile time is not in the measured tokens/s)."
+        )
     return notes
 
 
@@ -430,6 +464,18 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
         "bf16": True,
         "optim": optim,
     }
+    if cfg.get("compile"):
+        args["torch_compile"] = True
+    if cfg.get("loss") == "fused":
+        # Liger's fused linear cross-entropy alone, as measured (not its other kernels)
+        args["use_liger_kernel"] = True
+        args["liger_kernel_config"] = {
+            "fused_linear_cross_entropy": True,
+            "cross_entropy": False,
+            "rope": False,
+            "rms_norm": False,
+            "swiglu": False,
+        }
     ckpt = cfg["checkpointing"] != "none"
     sharding = plan_sharding(doc)
     if sharding is not Sharding.FSDP2:  # the plain module, or DDP replicas on several GPUs

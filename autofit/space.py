@@ -45,6 +45,7 @@ from autofit.config import (
     derive_grad_accum,
     knob_error,
     knob_type,
+    loss_unavailable,
     setting_error,
 )
 from autofit.errors import SpaceError, did_you_mean
@@ -124,9 +125,16 @@ class Space:
         )
 
     def candidates(
-        self, n_gpus: int, *, seq_len: int | None = None, global_batch: int | None = None
+        self,
+        n_gpus: int,
+        *,
+        seq_len: int | None = None,
+        global_batch: int | None = None,
+        device: str = "cuda",
     ) -> tuple[list[Config], Counter[str]]:
-        """Every valid config of the space, and the count of skipped combinations by reason."""
+        """Every valid config of the space that can run on `device` here, and the count of
+        skipped combinations by reason (`loss: fused` needs CUDA and Liger installed:
+        `autofit.config.loss_unavailable`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
         value_lists = [self.knobs[k] for k in names]
@@ -138,10 +146,15 @@ class Space:
         # FSDP2 mesh (which only adds gathered copies and DTensor overhead) is kept for param
         # offload alone.
         plain_only = n_gpus == 1 and "none" in self.knobs["wrap"]
+        unavailable = {loss: loss_unavailable(loss, device) for loss in self.knobs["loss"]}
         for combo in itertools.product(*value_lists):
             values = dict(zip(names, combo, strict=True))
             if values["quant"] != "none" and values["lora_rank"] == 0:
                 skipped["quant needs LoRA"] += len(accum_values)
+                continue
+            why = unavailable[values["loss"]]
+            if why:
+                skipped[why] += len(accum_values)
                 continue
             if global_batch:
                 ga = derive_grad_accum(global_batch, values["micro_batch"], n_gpus)

@@ -140,10 +140,11 @@ def trace_real_specs() -> list[ModelSpec]:
     ]  # fmt: skip
 
 
-def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[int, int]:
+def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[int, int, int]:
     """The model `autofit.build.trace` traces for `kinds`, with real random weights on CPU: the
-    bytes alive after forward returned the loss and the peak through the loss's backward (up to
-    the LM head's output gradient), as the trials' `TensorTracker` counts them, less the
+    bytes alive after forward returned the loss, the peak of forward and the peak through the
+    loss's backward (up to the LM head's output gradient), as the trials' `TensorTracker`
+    counts them, less the
     parameters, buffers and token ids that exist before and the bf16 copies autocast makes of
     fp32 weights (which the estimator counts from the weights, `autocast_copy_bytes`)."""
     import torch
@@ -196,11 +197,11 @@ def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tup
     with tracker:
         with autocast, _stop_at_the_logits(model):
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        end = tracker.current - before
+        end, forward_peak = tracker.current - before, tracker.peak - before
         with contextlib.suppress(_LogitsGradReady):
             loss.backward()  # the loss's backward, up to the LM head's output gradient
     del loss
-    return end, tracker.peak - before
+    return end, forward_peak, tracker.peak - before
 
 
 def measured_activations(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
@@ -219,9 +220,12 @@ def measured_activations(spec: ModelSpec, key: ActivationKey) -> LayerActivation
             per_kind[kind] = (
                 _measured_live(spec, key, [kind, kind])[0] - _measured_live(spec, key, [kind])[0]
             )
-        peak = _measured_live(spec, key, kinds)[1]
+        _, forward_peak, peak = _measured_live(spec, key, kinds)
     layer = sum(per_kind[t] for t in types) / len(types) if types else per_kind[None]
-    return LayerActivations(layer=float(layer), root=float(peak - sum(per_kind.values())))
+    inside = sum(per_kind.values())
+    return LayerActivations(
+        layer=float(layer), root=float(peak - inside), root_forward=float(forward_peak - inside)
+    )
 
 
 TRACE_KEYS = [

@@ -142,7 +142,7 @@ def test_a_big_estimate_plans_counts_add_up_too():
     plan = plan_estimates(PlanRequest.of(resolve_model("llama-7b"), resolve_hardware("2xrtx3090"),
                           load_space("default")))  # fmt: skip
     tally = plan.tally()
-    assert sum(n for _, n, _ in tally) == plan.considered == 25_920
+    assert sum(n for _, n, _ in tally) == plan.considered == 155_520  # 25,920 x 3 losses x 2
     for _, n, reasons in tally:  # each row is the sum of its reasons
         assert not reasons or n == sum(k for _, k in reasons)
     assert plan.to_dict()["tally"]["fit (estimated)"] == len(plan.ranked)

@@ -45,7 +45,7 @@ __all__ = [
     "structure_of",
 ]
 
-TRACE_VERSION = 6
+TRACE_VERSION = 7
 """Bump when what a trace or a structure read counts changes: older cache entries are ignored."""
 
 
@@ -199,8 +199,9 @@ class Structure:
 @dataclass(frozen=True)
 class ActivationKey:
     """What a layer trace depends on besides the architecture: the plan's sequence length, the
-    LoRA settings, the checkpointing of the layer, and whether the run autocasts fp32 weights
-    (the plain module and DDP under bf16-mixed) or computes in bf16 (FSDP2, pure bf16)."""
+    LoRA settings, the checkpointing of the layer, whether the run autocasts fp32 weights
+    (the plain module and DDP under bf16-mixed) or computes in bf16 (FSDP2, pure bf16), and the
+    loss (`standard` or `chunked`; `fused` is traced as `chunked`, `trace_loss`)."""
 
     seq_len: int
     lora_rank: int = 0
@@ -208,12 +209,15 @@ class ActivationKey:
     lora_dropout: float = 0.0
     policy: str = "none"  # none | full | selective: the checkpointing of every traced layer
     autocast: bool = False
+    loss: str = "standard"  # standard | chunked: how the traced model computes its loss
 
     def text(self) -> str:
         targets = ",".join(self.lora_targets) if self.lora_targets else "all"
+        # the standard loss adds nothing: entries cached before the loss knob stay valid
+        loss = "" if self.loss == "standard" else f"|{self.loss}"
         return (
             f"s{self.seq_len}|r{self.lora_rank}|t{targets}|d{self.lora_dropout}|{self.policy}"
-            f"|{'amp' if self.autocast else 'bf16'}"
+            f"|{'amp' if self.autocast else 'bf16'}{loss}"
         )
 
 
@@ -226,6 +230,8 @@ class LayerActivations:
 
     layer: float
     root: float
+    root_forward: float = 0.0  # `root` at the peak of forward alone (the loss computed, before
+    # its backward): the moment FSDP2 still holds its last all-gather output
 
 
 # ----- caches -------------------------------------------------------------------------------------
@@ -265,7 +271,7 @@ def activations_of(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
         from autofit.build.trace import trace_activations
 
         found = trace_activations(spec, key)
-        _disk_update(spec, activations={text: [found.layer, found.root]})
+        _disk_update(spec, activations={text: [found.layer, found.root, found.root_forward]})
     _ACTIVATIONS[(spec, key)] = found
     return found
 

@@ -24,6 +24,7 @@ from autofit.build.ddp import apply_ddp
 from autofit.build.dtypes import autocast_dtype, base_dtype, train_dtype
 from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh
 from autofit.build.lora import apply_lora
+from autofit.build.loss import apply_loss
 from autofit.build.model import build_meta_model, has_meta, materialize, model_parts
 from autofit.build.optim import LR, build_optimizer
 from autofit.build.quantize import quantize_layer
@@ -128,10 +129,10 @@ def cast_trainable(model: nn.Module, config: Config) -> None:
 
 
 def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
-    """The builder's steps before any weight exists: dtypes, LoRA (its targets and dropout), and
-    activation checkpointing; `autocast`: the run autocasts fp32 adapters (`keep_lora_inputs`).
-    `prepare` runs them before sharding, and the one-layer trace (`autofit.build.trace`) on the
-    layers it measures."""
+    """The builder's steps before any weight exists: dtypes, LoRA (its targets and dropout), the
+    loss (`autofit.build.loss`), and activation checkpointing; `autocast`: the run autocasts fp32
+    adapters (`keep_lora_inputs`). `prepare` runs them before sharding, and the one-layer trace
+    (`autofit.build.trace`) on the layers it measures."""
     cast_base(model, config)
     model = apply_lora(
         model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout
@@ -139,6 +140,7 @@ def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
     cast_trainable(model, config)
     if autocast:
         keep_lora_inputs(model)
+    apply_loss(model, config.loss)
     apply_checkpointing(model, config.checkpointing)
     return model
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import warnings
 from collections.abc import Iterator
@@ -110,21 +111,35 @@ def _trace_or_bf16(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
 def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
     types = _layer_types(spec)
     kinds = list(dict.fromkeys(types)) if types else [None]
-    per_kind: dict[Any, float] = {}
-    for kind in kinds:
-        one, _ = _live_bytes(spec, key, [kind])
-        two, _ = _live_bytes(spec, key, [kind, kind])
-        per_kind[kind] = two - one
-    _, peak = _live_bytes(spec, key, kinds)
-    # outside the layers: the peak over the loss (forward: bf16 logits, their fp32 copy and
-    # log-softmax's output; the start of backward: log-softmax's output and two fp32 gradients
-    # over the vocabulary) less what the layers keep
+    per_kind = _per_layer_kind(spec, dataclasses.replace(key, loss="standard"), tuple(kinds))
+    _, forward_peak, peak = _live_bytes(spec, key, kinds)
+    # outside the layers: the peak over the loss (standard, forward: bf16 logits, their fp32 copy
+    # and log-softmax's output; the start of backward: log-softmax's output and two fp32
+    # gradients over the vocabulary; chunked: one chunk's logits and their gradient beside the
+    # hidden states' gradient) less what the layers keep
     root = peak - sum(per_kind.values())
+    root_forward = forward_peak - sum(per_kind.values())
     if types:
         layer = sum(per_kind[t] for t in types) / len(types)
     else:
         layer = per_kind[None]
-    return LayerActivations(layer=float(layer), root=float(max(root, 0.0)))
+    return LayerActivations(
+        layer=float(layer), root=float(max(root, 0.0)), root_forward=float(max(root_forward, 0.0))
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _per_layer_kind(
+    spec: ModelSpec, key: ActivationKey, kinds: tuple[Any, ...]
+) -> dict[Any, float]:
+    """What one layer of each type keeps: the two-layer model less the one-layer one. The loss
+    does not change it (it runs after the layers), so every loss reads the standard one's."""
+    per_kind: dict[Any, float] = {}
+    for kind in kinds:
+        one = _live_bytes(spec, key, [kind])[0]
+        two = _live_bytes(spec, key, [kind, kind])[0]
+        per_kind[kind] = two - one
+    return per_kind
 
 
 def _layer_types(spec: ModelSpec) -> list[str] | None:
@@ -134,9 +149,12 @@ def _layer_types(spec: ModelSpec) -> list[str] | None:
     return list(types) if types and len(set(types)) > 1 else None
 
 
-def _live_bytes(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[float, float]:
-    """Bytes alive when forward has returned the loss, and the peak from the forward through the
-    loss's backward (up to the LM head's output gradient)."""
+def _live_bytes(
+    spec: ModelSpec, key: ActivationKey, kinds: list[Any]
+) -> tuple[float, float, float]:
+    """Bytes alive when forward has returned the loss, the peak of forward (the loss included),
+    and the peak from the forward through the loss's backward (up to the LM head's output
+    gradient)."""
     overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
     if kinds[0] is not None:
         overrides["layer_types"] = kinds
@@ -152,17 +170,19 @@ def _live_bytes(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[
         with births:
             with autocast, unpacked_sequences(), _stop_at_the_logits(model) as logits_grad:
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            end = births.live()
+            end, forward_peak = births.live(), births.peak
             with contextlib.suppress(_LogitsGradReady):
                 loss.backward()
             if not logits_grad:  # pragma: no cover - every causal LM has an LM head
                 raise RuntimeError("the trace's backward never reached the LM head's output")
         del loss
-    return float(end), float(births.peak)
+    return float(end), float(forward_peak), float(births.peak)
 
 
 class _LogitsGradReady(Exception):
-    """Raised in backward once the LM head's output has its gradient: the loss is done."""
+    """Raised in backward once the LM head's output has its gradient: the loss is done (with
+    `chunked`, whose head returns the loss, before its backward hands on the hidden states'
+    gradient computed in forward)."""
 
 
 @contextlib.contextmanager
@@ -220,6 +240,7 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
         checkpointing=key.policy,
         lora_targets=key.lora_targets,
         lora_dropout=key.lora_dropout,
+        loss=key.loss,
     )
     model = adapt(model, config, autocast=key.autocast)
     model.train()

@@ -141,7 +141,7 @@ def estimate(
     unit_grads = mem.unit_grad_bytes(s, lora, config.wrap, sharding, targets)
     acts, logits = mem.activation_bytes(
         model, s, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
-        targets, config.lora_dropout,
+        targets, config.lora_dropout, config.loss,
     )  # fmt: skip
     recomputed = mem.recomputed_layer_bytes(
         model, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
@@ -167,6 +167,15 @@ def estimate(
     # freed, the last layer's backward: its unit and the prefetched one gathered (`[norm, head]`
     # resharded after its own backward), the unit's unsharded gradients and, under
     # checkpointing, the layer being recomputed. The larger is the forward phase.
+    # The loss's own peak is in its forward (with FSDP2's last all-gather output still held) or
+    # at the start of its backward, whichever is larger.
+    loss_fwd = mem.loss_forward_bytes(
+        model, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
+        targets, config.lora_dropout, config.loss,
+    )  # fmt: skip
+    buffer = mem.forward_gather_buffer_bytes(s, config.quant, lora, config.wrap, sharding, targets)
+    if loss_fwd + buffer > logits:
+        gathered_at_loss, logits = gathered_at_loss + buffer, loss_fwd
     at_loss = {"gradients": buckets + accum, "gathered_params": gathered_at_loss,
                "activations": acts, "logits_loss": logits}  # fmt: skip
     layer_grads = mem.layer_unit_grad_bytes(s, lora, config.wrap, sharding, targets)
@@ -189,6 +198,7 @@ def estimate(
     # the model states but hardly any activations yet.
     root_gather_phase = {
         **forward_phase,
+        "gradients": buckets + accum,  # no layer's backward has begun
         "gathered_params": gathered
         + mem.root_all_gather_buffer_bytes(s, config.quant, lora, config.wrap, sharding, targets),
         "activations": 0.0,

@@ -7,6 +7,7 @@ records how these terms compare with measured peaks and which were calibrated by
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 import autofit.recipe as recipe
 from autofit.arch import ActivationKey, LayerActivations, Structure, activations_of
@@ -275,6 +276,7 @@ def optimizer_temp_bytes(s: Structure, lora_rank: int, precision: str, optimizer
 def activation_bytes(
     model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora_rank: int,
     checkpointing: str, autocast: bool, targets: Targets = None, dropout: float = 0.0,
+    loss: str = "standard",
 ) -> tuple[float, float]:  # fmt: skip
     """(decoder layers, outside the layers) activation bytes of one micro-batch at the peak of
     forward, from one layer of the real architecture traced at real width
@@ -287,18 +289,55 @@ def activation_bytes(
       kept;
     - selective: what op-level checkpointing saves (matmul and attention outputs).
     Outside the layers: embedding side, shared rotary tables and masks, final norm, and the
-    logits and loss at their peak over the vocabulary (forward, and the start of backward).
+    logits and loss at their peak over the vocabulary (forward, and the start of backward), as
+    the `loss` knob computes them (`traced_loss`: the whole batch's logits, or one chunk's beside
+    the hidden states' gradient).
     The layer backward recomputes is `recomputed_layer_bytes`: it is never alive together with
     the loss's tensors (CPU trials of every family: counting both over-estimated checkpointed
     runs by 10-44%, bench/accuracy.py --families)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout)  # fmt: skip
+                               dropout, loss)  # fmt: skip
     n = s.layers
     if ckpt is None:
         return micro_batch * n * kept.layer, micro_batch * kept.root
     k = len(recipe.checkpointed_layers(checkpointing, n))
     per_seq = k * ckpt.layer + (n - k) * kept.layer
     return micro_batch * per_seq, micro_batch * ckpt.root
+
+
+def loss_forward_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
+    autocast: bool, targets: Targets = None, dropout: float = 0.0, loss: str = "standard",
+) -> float:  # fmt: skip
+    """What lives outside the layers at the peak of forward alone, the loss computed but its
+    backward not begun (`LayerActivations.root_forward`): for `standard` the bf16 logits, their
+    fp32 copy and log-softmax's output (less than at the start of its backward); for `chunked`
+    and `fused` the whole loss, whose gradients are computed in forward. FSDP2 still holds its
+    last all-gather output then (`forward_gather_buffer_bytes`)."""
+    kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
+                               dropout, loss)  # fmt: skip
+    return micro_batch * (ckpt or kept).root_forward
+
+
+def forward_gather_buffer_bytes(
+    s: Structure, quant: str, lora_rank: int, wrap: str, sharding: Sharding,
+    targets: Targets = None,
+) -> float:  # fmt: skip
+    """The all-gather output of the last unit FSDP2 gathered in forward, which it keeps beside
+    that unit's unsharded parameters until the next all-gather in forward or the root's
+    post-forward (`AllGatherState`, "free the last all-gather result", torch 2.13
+    `_fsdp_param_group.wait_for_unshard`, `_fsdp_state._post_forward`). A HF causal LM computes
+    its loss inside the root's forward, so through the loss's forward this is a second copy of
+    `[norm, head]` (untied), or of the last unit of decoder layers (a tied head lives in the
+    root). Measured on CPU trials (two gloo ranks, 128K vocabulary): without it, `loss: chunked`,
+    whose whole working set is in forward, was under-estimated by 29%. `model` (the root's own
+    buffer, alive through forward) is the `gather` phase's (`root_all_gather_buffer_bytes`)."""
+    if sharding is not Sharding.FSDP2 or wrap == "model":
+        return 0.0
+    if not s.tied_embeddings:
+        return head_unit_bytes(s)
+    k = max(1, min(wrap_group_size(wrap, s.layers), s.layers))
+    return k * gathered_layer_bytes(s, quant, lora_rank, targets)
 
 
 def recomputed_layer_bytes(
@@ -317,14 +356,25 @@ def recomputed_layer_bytes(
     return micro_batch * max(kept.layer - ckpt.layer, 0.0)
 
 
+def traced_loss(loss: str) -> str:
+    """The loss a trace runs for the `loss` knob: Liger's kernel (`fused`, CUDA only, so never
+    traced) is counted as `chunked`, the same computation in pure torch: Liger's chunk rule and
+    hidden-state gradient, with its chunk's logits held in bf16 and overwritten by their gradient
+    in place where `chunked` has fp32 copies, so the count is an upper bound of a few chunk-sized
+    tensors (Liger `fused_linear_cross_entropy_forward`)."""
+    return "chunked" if loss == "fused" else loss
+
+
+@lru_cache(maxsize=4096)
 def _layer_traces(
     model: ModelSpec, seq_len: int, lora_rank: int, checkpointing: str, autocast: bool,
-    targets: Targets, dropout: float,
+    targets: Targets, dropout: float, loss: str = "standard",
 ) -> tuple[LayerActivations, LayerActivations | None]:  # fmt: skip
     """The traced layer without checkpointing, and checkpointed as `checkpointing` does it
     (op-level for `selective`, the whole layer otherwise; None without checkpointing): the two
-    traces `activation_bytes` and `recomputed_layer_bytes` both read."""
-    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast)
+    traces `activation_bytes`, `loss_forward_bytes` and `recomputed_layer_bytes` read (memoised:
+    a space asks for the same few thousands of times)."""
+    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss))
     kept = activations_of(model, key)
     if checkpointing == "none":
         return kept, None

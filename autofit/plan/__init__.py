@@ -9,7 +9,7 @@
 """
 
 from autofit.plan.enumerate import estimate_all, estimate_space, plan_estimates
-from autofit.plan.explain import infeasible_advice, tally, winner_reason
+from autofit.plan.explain import infeasible_advice, loss_note, tally, winner_reason
 from autofit.plan.outcome import Outcome, trial_status
 from autofit.plan.prune import (
     PRUNE_TOLERANCE,
@@ -39,5 +39,6 @@ __all__ = [
     "search_prune_reason",
     "tally",
     "trial_status",
+    "loss_note",
     "winner_reason",
 ]

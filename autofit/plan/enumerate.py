@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from autofit.estimate import estimate
-from autofit.plan.explain import infeasible_advice, winner_reason
+from autofit.plan.explain import infeasible_advice, loss_note, winner_reason
 from autofit.plan.prune import prune_reason
 from autofit.plan.rank import rank_key
 from autofit.plan.types import Candidate, Plan
@@ -20,7 +20,7 @@ def estimate_all(request: PlanRequest) -> tuple[list[Candidate], Counter[str], i
     combinations the space's rules skipped (by reason), and how many were considered in all."""
     r = request
     configs, skipped = r.space.candidates(
-        r.hardware.n_gpus, seq_len=r.seq_len, global_batch=r.global_batch
+        r.hardware.n_gpus, seq_len=r.seq_len, global_batch=r.global_batch, device=r.device
     )
     cands = [Candidate(cfg, estimate(r.model, r.hardware, cfg, device=r.device)) for cfg in configs]
     return cands, Counter(skipped), len(configs) + sum(skipped.values())
@@ -57,6 +57,7 @@ def plan_estimates(request: PlanRequest) -> Plan:
     )
     if fitting:
         plan.reason = winner_reason(fitting[0], fitting[1:], r.hardware, measured=False)
+        plan.reason += loss_note(fitting[0], r)
     else:
         plan.advice = infeasible_advice(
             r.model, r.hardware, r.space, rejected, r.seq_len, r.global_batch, r.margin,

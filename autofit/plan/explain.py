@@ -21,6 +21,7 @@ from autofit.units import fmt_bytes, fmt_size
 
 if TYPE_CHECKING:
     from autofit.plan.types import Candidate, Plan
+    from autofit.request import PlanRequest
 
 ESTIMATE_REASONS = {r.value for r in PruneReason}
 """Prune reasons that come from the estimate (the others are rules of the space)."""
@@ -94,6 +95,41 @@ def winner_reason(
             "(over the headroom line or not ok when re-run with more steps)"
         )
     return f"{text.lstrip('; ')}; {mem}."
+
+
+def loss_note(best: Candidate, request: PlanRequest) -> str:
+    """Why a winner with a memory-lean loss (`chunked`, `fused`) needs it: its loss's bytes
+    against the model's own, and, when the standard loss would not fit this config, the largest
+    micro-batch of the space that would (every other knob the same). Empty for `standard`, or
+    when the standard loss fits too (the winner then won on speed alone)."""
+    cfg, r = best.config, request
+    if cfg.loss == "standard":
+        return ""
+    own = estimate(r.model, r.hardware, cfg.replace(loss="standard"), device=r.device)
+    if prune_reason(own, r.margin, r.hardware) is None:
+        return ""
+    lean = best.estimate.breakdown["logits_loss"]
+    text = (
+        f" loss={cfg.loss} keeps {fmt_size(lean)} for the LM head and loss where the model's own "
+        f"needs {fmt_size(own.breakdown['logits_loss'])} at micro-batch {cfg.micro_batch}, "
+        f"which with it would peak at {fmt_size(own.peak_bytes)}, over the headroom line"
+    )
+    fits = []
+    for mb in sorted(r.space.knobs["micro_batch"]):
+        if mb >= cfg.micro_batch:
+            break
+        smaller = cfg.replace(loss="standard", micro_batch=mb)
+        if r.global_batch:
+            ga = derive_grad_accum(r.global_batch, mb, r.hardware.n_gpus)
+            if ga is None:
+                continue
+            smaller = smaller.replace(grad_accum=ga)
+        est = estimate(r.model, r.hardware, smaller, device=r.device)
+        if prune_reason(est, r.margin, r.hardware) is None:
+            fits.append(mb)
+    if fits:
+        return f"{text}; the standard loss fits micro-batch {max(fits)} at most."
+    return f"{text}; the standard loss fits no micro-batch of the space with these knobs."
 
 
 def infeasible_advice(

@@ -34,6 +34,7 @@ from autofit.plan import (
     Outcome,
     Plan,
     infeasible_advice,
+    loss_note,
     trial_status,
     winner_reason,
 )
@@ -306,6 +307,7 @@ def assemble(
     )  # fmt: skip
     if best is not None:
         plan.reason = winner_reason(best, ranked[1:], s.hardware, measured=True)
+        plan.reason += loss_note(best, s)
         check = stored_verification(study, best)
         if check:
             speed = check.get("tokens_per_s") or 0

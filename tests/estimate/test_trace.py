@@ -27,6 +27,26 @@ def test_trace_matches_the_layer_run_with_real_tensors(name: str, rank: int, pol
     traced, real = activations_of(spec, key), measured_activations(spec, key)
     assert traced.layer == pytest.approx(real.layer, rel=0.01), (traced, real)
     assert traced.root == pytest.approx(real.root, rel=0.01), (traced, real)
+    assert traced.root_forward == pytest.approx(real.root_forward, rel=0.01), (traced, real)
+
+
+@pytest.mark.parametrize("name", ["llama-debug", "gemma2-debug"])
+@pytest.mark.parametrize("rank", [0, 16])
+def test_trace_of_the_chunked_loss_matches_real_tensors(name: str, rank: int) -> None:
+    """`loss: chunked` (Gemma 2: soft-capped logits; rank 0: the head's weight gradient too):
+    the layer is the standard loss's, and what lives outside the layers matches real tensors,
+    at the peak of forward (where the chunked loss does all its work) and through backward."""
+    spec = PRESETS[name]
+    key = ActivationKey(SEQ, rank, None, 0.0, "none", loss="chunked")
+    traced, real = activations_of(spec, key), measured_activations(spec, key)
+    standard = activations_of(spec, ActivationKey(SEQ, rank, None, 0.0, "none"))
+    assert traced.layer == standard.layer
+    assert traced.root == pytest.approx(real.root, rel=0.01), (traced, real)
+    assert traced.root_forward == pytest.approx(real.root_forward, rel=0.01), (traced, real)
+    if rank:  # the whole vocabulary's logits are never live
+        assert traced.root < standard.root / 2
+    # a full fine-tune sums the head's gradient in fp32 from forward on (4 B x vocab x hidden),
+    # more than 64 tokens' logits at the debug width: chunking pays from ~hidden/3 tokens on
 
 
 @pytest.mark.parametrize("name", ["llama-debug", "gemma2-debug"])
