@@ -3,6 +3,7 @@
     python bench/accuracy.py [--quick] [--nprocs 2] [--json out.json]
     python bench/accuracy.py --families [--json out.json]
     python bench/accuracy.py --trace [--width debug|real] [--json out.json]
+    python bench/accuracy.py --losses [--json out.json]
 
 Runs a grid of CPU trials of `llama-debug` and `llama-mini` across the knobs and every path a job
 can take (the plain module on one rank, DDP replicas and FSDP2 on `--nprocs` ranks, FSDP2 with
@@ -16,6 +17,11 @@ on `--nprocs` ranks and the plain module on one, LoRA r8/r16, NF4, full fine-tun
 selective checkpointing, LoRA dropout and an attention-only `lora_targets`, and prints the median
 |error| and the worst under-estimate overall and per family (issue 10's goal: median <= 3%, no
 under-estimate beyond 8%).
+
+`--losses` runs each `loss` value (`standard`, `chunked`; `fused` needs CUDA) on Llama, Gemma 2
+(soft-capped logits, tied head) and Llama at debug width with Llama 3's 128K vocabulary, over FSDP2
+(LoRA, QLoRA with checkpointing, a full fine-tune, kept units) and the plain module, and prints the
+errors per loss and chunked's peak against standard's.
 
 `--trace` checks the one-layer trace itself (`autofit.arch.activations_of`, traced under
 FakeTensorMode) against the same layer measured with real tensors on CPU: the trace's one- and
@@ -331,7 +337,54 @@ def family_summary(rows: list[dict[str, Any]]) -> None:
               f"{'met' if ok else 'MISSED'}")  # fmt: skip
 
 
-def run_grid(grid: list[tuple[str, dict[str, Any], int]]) -> list[dict[str, Any]]:
+# ----- --losses: each `loss` knob value through the trial paths (issue 11) ------------------------
+VOCAB_128K = dataclasses.replace(
+    PRESETS["llama-debug"], name="llama-128k-vocab-debug", vocab=128256, hidden=64,
+    intermediate=172, heads=4, kv_heads=2, layers=2,
+)  # fmt: skip
+"""Llama 3's vocabulary at debug width: the loss is most of the peak (tests/trials/test_loss.py)."""
+LOSS_MODELS: list[str | ModelSpec] = ["llama-debug", "gemma2-debug", VOCAB_128K]
+LOSS_KNOBS: list[dict[str, Any]] = [
+    {"lora_rank": 8},
+    {"lora_rank": 8, "quant": "nf4", "checkpointing": "full"},
+    {},
+    {"lora_rank": 8, "reshard": False},
+    {"wrap": "none", "lora_rank": 8},
+    {"wrap": "none"},
+]
+
+
+def loss_grid(nprocs: int) -> list[tuple[str | ModelSpec, dict[str, Any], int]]:
+    grid = []
+    for model in LOSS_MODELS:
+        for knobs in LOSS_KNOBS:
+            for loss in ("standard", "chunked"):
+                ranks = 1 if knobs.get("wrap") == "none" else nprocs
+                grid.append((model, {**knobs, "loss": loss, "seq_len": 128}, ranks))
+    return grid
+
+
+def loss_summary(rows: list[dict[str, Any]]) -> None:
+    """Median and worst |error| per loss, and chunked's peak against standard's per config."""
+    for loss in ("standard", "chunked"):
+        errs = [r["error"] for r in rows if r["config"]["loss"] == loss and r["error"] is not None]
+        if errs:
+            print(f"{loss:9} {len(errs):3} trials: median |error| "
+                  f"{statistics.median(map(abs, errs)):.1%}, worst under {min(errs):+.1%}, "
+                  f"worst over {max(errs):+.1%}")  # fmt: skip
+    pairs: dict[tuple[str, str, int], dict[str, int]] = {}
+    for r in rows:
+        cfg = {k: v for k, v in r["config"].items() if k != "loss"}
+        key = (r["model"], json.dumps(cfg, sort_keys=True), r["ranks"])
+        pairs.setdefault(key, {})[r["config"]["loss"]] = r["measured"] or 0
+    for (model, cfg, ranks), peaks in pairs.items():
+        if peaks.get("standard") and peaks.get("chunked"):
+            label = Config.from_dict(json.loads(cfg)).short()
+            print(f"  {model:24} x{ranks} {label:40} chunked/standard peak "
+                  f"{peaks['chunked'] / peaks['standard']:.2f}")  # fmt: skip
+
+
+def run_grid(grid: list[tuple[str | ModelSpec, dict[str, Any], int]]) -> list[dict[str, Any]]:
     """Run each trial, estimate it, print a line each; the rows."""
     est = estimator()
     rows = []
@@ -339,6 +392,7 @@ def run_grid(grid: list[tuple[str, dict[str, Any], int]]) -> list[dict[str, Any]
           f"{'estimate':>9} {'err':>7} {'build':>9}")  # fmt: skip
     for model, knobs, ranks in grid:
         spec = resolve_model(model)
+        model = spec.name
         if knobs.get("lora_targets") == ATTENTION:
             knobs = {**knobs, "lora_targets": attention_targets(spec)}
         cfg = Config(**{**BASE, **knobs})
@@ -373,6 +427,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--families", action="store_true", help="every family's debug preset")
     parser.add_argument("--trace", action="store_true", help="the one-layer trace vs real tensors")
+    parser.add_argument("--losses", action="store_true", help="each loss knob value (issue 11)")
     parser.add_argument("--width", choices=("debug", "real"), default="debug")
     parser.add_argument("--seq-len", type=int, help="--trace: tokens per sequence")
     args = parser.parse_args()
@@ -383,12 +438,14 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
         return
-    if args.families:
-        rows = run_grid(family_grid(args.nprocs))
-        family_summary(rows)
-        if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
-        return
+    for wanted, grid_of, summary in ((args.losses, loss_grid, loss_summary),
+                                     (args.families, family_grid, family_summary)):  # fmt: skip
+        if wanted:
+            rows = run_grid(grid_of(args.nprocs))
+            summary(rows)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
+            return
     grid = [(m, k, args.nprocs) for m, k in (QUICK if args.quick else GRID)]
     grid += [(m, k, 1) for m, k in (QUICK_ONE_RANK if args.quick else ONE_RANK)]
     rows = run_grid(grid)

@@ -330,3 +330,33 @@ def test_launch_command_names_the_file_and_the_allocator_setting(qlora_plan):
     assert cmd.startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True accelerate launch")
     assert "--config_file accelerate.yaml" in cmd and "--plan accelerate.autofit.yaml" in cmd
     assert "--nproc-per-node 2" in launch_command(qlora_plan, "autofit", "plan.yaml")
+
+
+def test_loss_and_compile_reach_what_each_format_can_say(qlora_plan, tmp_path):
+    """Accelerate's regional `dynamo_config` and TrainingArguments' `torch_compile` for `compile`;
+    `use_liger_kernel` with Liger's fused linear cross-entropy alone for `loss: fused` (read back
+    by Accelerate's own loader and by TrainingArguments); `chunked`, which neither can say, is
+    named in the header for `autofit.apply` to set up, and round-trips through load_plan."""
+    with winner(qlora_plan, loss="fused", compile=True) as best:
+        apath, side = export_plan(qlora_plan, "accelerate", tmp_path / "accelerate.yaml")
+        tpath, _ = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
+    acc = _accelerate(apath)
+    assert acc.dynamo_config["dynamo_backend"] == "INDUCTOR"
+    assert acc.dynamo_config["dynamo_use_regional_compilation"] is True
+    args = _training_arguments(tpath)
+    assert args.torch_compile and args.use_liger_kernel
+    assert args.liger_kernel_config["fused_linear_cross_entropy"]
+    assert not any(
+        v for k, v in args.liger_kernel_config.items() if k != "fused_linear_cross_entropy"
+    )
+    assert "Liger's fused linear cross-entropy" in apath.read_text()
+    assert load_plan(side).best.config == best
+
+    with winner(qlora_plan, loss="chunked") as best:
+        apath, side = export_plan(qlora_plan, "accelerate", tmp_path / "accelerate.yaml")
+        tpath, _ = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
+    args = json.loads(tpath.read_text())
+    assert "use_liger_kernel" not in args and "torch_compile" not in args
+    assert "dynamo_config" not in yaml.safe_load(apath.read_text())
+    assert "over chunks of tokens" in apath.read_text()
+    assert load_plan(side).best.config == best and best.loss == "chunked"

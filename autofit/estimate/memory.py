@@ -298,11 +298,28 @@ def activation_bytes(
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
                                dropout, loss)  # fmt: skip
     n = s.layers
+    fixed = head_grad_sum_bytes(model, lora_rank, loss)
     if ckpt is None:
-        return micro_batch * n * kept.layer, micro_batch * kept.root
+        return micro_batch * n * kept.layer, _outside(kept.root, micro_batch, fixed)
     k = len(recipe.checkpointed_layers(checkpointing, n))
     per_seq = k * ckpt.layer + (n - k) * kept.layer
-    return micro_batch * per_seq, micro_batch * ckpt.root
+    return micro_batch * per_seq, _outside(ckpt.root, micro_batch, fixed)
+
+
+def head_grad_sum_bytes(model: ModelSpec, lora_rank: int, loss: str) -> float:
+    """The chunked loss's fp32 sum of the LM head's gradient in a full fine-tune (4 B x vocab x
+    hidden, `autofit.build.loss`), allocated once per micro-step whatever the micro-batch: the
+    part of the traced root (one sequence) that does not scale with it (at Llama 3 8B's width,
+    2 GiB that micro-batch 8 would otherwise count eight times). Liger's kernel sums it in the
+    weight's dtype (an upper bound)."""
+    if lora_rank or traced_loss(loss) != "chunked":
+        return 0.0
+    return FP32 * model.vocab * model.hidden
+
+
+def _outside(root: float, micro_batch: int, fixed: float) -> float:
+    """Bytes outside the layers for `micro_batch` sequences from the one-sequence trace."""
+    return micro_batch * (root - fixed) + fixed
 
 
 def loss_forward_bytes(
@@ -316,7 +333,8 @@ def loss_forward_bytes(
     last all-gather output then (`forward_gather_buffer_bytes`)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
                                dropout, loss)  # fmt: skip
-    return micro_batch * (ckpt or kept).root_forward
+    fixed = head_grad_sum_bytes(model, lora_rank, loss)
+    return _outside((ckpt or kept).root_forward, micro_batch, fixed)
 
 
 def forward_gather_buffer_bytes(

@@ -143,7 +143,8 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
 
 # Knobs that make a recipe different to a reader; configs that differ only in the others
 # (reshard, offload, optimizer, precision) are folded into one row with a count of variants.
-RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "checkpointing")
+RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "checkpointing",
+                "loss", "compile")  # fmt: skip
 
 
 def plan_table(plan: Plan, limit: int = 15) -> Table:
@@ -164,7 +165,8 @@ def plan_table(plan: Plan, limit: int = 15) -> Table:
     table.caption = "variants: other configs of the same recipe that differ only in reshard, "
     table.caption += "offload, optimizer or precision and rank lower"
     cols = ["#", "tokens/s", f"peak / {fmt_size(cap)}", "quant", "lora", "mb x acc", "wrap",
-            "reshard", "ckpt", "offload", "optim", "precision", "variants"]  # fmt: skip
+            "reshard", "ckpt", "offload", "optim", "precision", "loss", "compile",
+            "variants"]  # fmt: skip
     for col in cols:
         right = col in ("#", "tokens/s", "lora", "variants")
         table.add_column(col, justify="right" if right else "left")
@@ -184,6 +186,8 @@ def plan_table(plan: Plan, limit: int = 15) -> Table:
             cfg.offload,
             cfg.optimizer,
             cfg.precision,
+            cfg.loss,
+            "yes" if cfg.compile else "no",
             f"+{variants}" if variants else "",
         )
     return table

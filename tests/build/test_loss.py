@@ -7,6 +7,7 @@ gradients to 0.8% in norm (bf16 rounding of the logits' gradient, computed per c
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -149,3 +150,53 @@ def test_moe_router_loss_is_refused_rather_than_dropped() -> None:
     model = build_meta_model(spec)
     with pytest.raises(ValueError, match="output_router_logits"):
         apply_loss(model, "chunked")
+
+
+@pytest.mark.parametrize("name", ["llama-debug", "qwen2-debug"])
+def test_fused_loss_equals_the_models_own_under_tritons_interpreter(name: str) -> None:
+    """`loss: fused` runs Liger's kernel; without a GPU, Triton's interpreter runs it on CPU
+    (`TRITON_INTERPRET=1`, set before Triton is imported: a fresh process). Skipped where Liger is
+    not installed (`pip install 'autofit[liger]'`). Gemma 2's soft-capping is not checked here:
+    Liger's kernel casts the cap with `softcap.to(tl.float32)`, which the interpreter (a Python
+    float) refuses; on CUDA Triton passes it as a scalar."""
+    import subprocess
+    import sys
+
+    from autofit.config import liger_installed
+
+    if not liger_installed():
+        pytest.skip("liger-kernel is not installed (pip install 'autofit[liger]')")
+    code = f"""
+import torch
+from tests.build.test_loss import _model, _run, _assert_same
+from autofit.models import PRESETS
+ids = torch.randint(0, PRESETS[{name!r}].vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+labels = ids.clone()
+labels[0, :5] = -100
+standard = _run(_model({name!r}, torch.bfloat16, "standard"), ids, labels)
+fused = _run(_model({name!r}, torch.bfloat16, "fused"), ids, labels)
+_assert_same(standard, fused)
+print("ok", standard[0].loss.item(), fused[0].loss.item())
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["llama-debug", "gemma2-debug"])
+def test_fused_loss_equals_the_models_own_on_cuda(name: str) -> None:
+    """On a GPU, Liger's kernel itself (Gemma 2's soft-capped logits included)."""
+    from autofit.config import liger_installed
+
+    if not liger_installed():
+        pytest.skip("liger-kernel is not installed (pip install 'autofit[liger]')")
+    ids = torch.randint(0, PRESETS[name].vocab, (2, 48), generator=torch.Generator().manual_seed(1))
+    ids = ids.cuda()
+    results = []
+    for kind in ("standard", "fused"):
+        model = _model(name, torch.bfloat16, "standard").cuda()
+        results.append(_run(apply_loss(model, kind), ids, ids))
+    _assert_same(*results)
