@@ -105,3 +105,20 @@ def test_estimate_report_for_llama_7b_qlora_on_two_rtx_3090s():
     assert m, text
     tokens_per_s = int(m.group(2).replace(",", ""))
     assert tokens_per_s == pytest.approx(16_384 / float(m.group(1)), abs=1)
+
+
+def test_a_skipped_fused_loss_says_what_to_install(tmp_path):
+    """Without Liger, `loss: fused` is skipped on a CUDA plan with the install command, printed
+    as written (rich would read `[liger]` as markup and drop it)."""
+    import autofit
+    from autofit.config import liger_installed
+    from autofit.report import plan_report
+
+    if liger_installed():
+        pytest.skip("liger-kernel is installed here")
+    space = tmp_path / "space.yaml"
+    space.write_text("seq_len: 256\nknobs:\n  micro_batch: [1]\n  loss: [standard, fused]\n")
+    plan = autofit.plan("llama-debug", gpus="1xrtx4090", space=space, trials=0)
+    text = "\n".join(rendered(lambda console: plan_report(console, plan)))
+    assert "1  loss=fused needs Liger: pip install 'autofit[liger]'" in text
+    assert plan.best is not None and plan.best.config.loss == "standard"

@@ -17,9 +17,10 @@ TIE_TOLERANCE = 0.005
 
 def complexity(cfg: Config) -> int:
     """How far a config departs from the plain recipe (AdamW, no offload, mixed precision, no
-    recompute): among equally fast configs users want the plainest."""
+    recompute, the model's own loss): among equally fast configs users want the plainest."""
     return (
         (cfg.optimizer != "adamw")
+        + (cfg.loss != "standard")
         + (cfg.offload != "none")
         + (cfg.precision != "bf16-mixed")
         + (cfg.checkpointing != "none")

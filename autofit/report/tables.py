@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autofit.arch import structure_of
@@ -277,9 +278,9 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
     elif plan.ranked:
         console.print(plan_table(plan))
     for line in pruned_lines(plan):
-        console.print(line)
+        console.print(line, markup=False)  # reasons are plain text (`autofit[liger]`)
     if plan.best is None:
-        console.print(f"[red]No config fits.[/] {plan.advice}")
+        console.print(f"[red]No config fits.[/] {escape(plan.advice)}")
         return
     best = plan.best
     how = "measured" if best.measured else "estimated"
@@ -289,7 +290,7 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         f"[bold green]Winner[/] ({how}): {best.config.short()}  -> "
         f"{best.tokens_per_s:,.0f} tokens/s, peak {fmt_size(best.peak_bytes)}"
     )
-    console.print(f"Why: {plan.reason}")
+    console.print(f"Why: {escape(plan.reason)}")
     if not best.measured and hw.source != "cpu":
         console.print(
             "[dim]Estimates only. On the real GPUs, run without --no-trials to measure the top "
