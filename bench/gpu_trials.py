@@ -5,10 +5,12 @@
 One command for a GPU session. Runs answer.ai's published Llama-2-7B QLoRA and LoRA recipes
 (micro-batch 1-8, seq 2048) on one GPU as the plain module and as FSDP2 on a one-rank mesh (with
 param offload, as answer.ai offloads), full fine-tunes of tinyllama-1.1b with and without
-`offload=params`, and a `--gpu-memory` cap that must produce a real OOM. Prints, per trial, how the
-model was held, the estimated vs measured reserved peak (`max_memory_reserved`), the device-level
-peak (`mem_get_info`: allocator + CUDA context + NCCL) against capacity, the build's own peak, and
-estimated vs measured tokens/s; then the median and worst |error| of the memory estimate.
+`offload=params`, four of these again with each decoder layer compiled (`compile: true`: compile
+time, graphs, graph breaks), and a `--gpu-memory` cap that must produce a real OOM. Prints, per
+trial, how the model was held, the estimated vs measured reserved peak (`max_memory_reserved`), the
+device-level peak (`mem_get_info`: allocator + CUDA context + NCCL) against capacity, the build's
+own peak, and estimated vs measured tokens/s; then the median and worst |error| of the memory
+estimate.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ def cases(seq: int) -> list[tuple[str, Config, str]]:
     rows += [
         ("tinyllama-1.1b", Config(micro_batch=4, wrap="none", **ck), "ok"),
         ("tinyllama-1.1b", Config(micro_batch=4, offload="params", **ck), "ok"),
+    ]
+    # each decoder layer compiled (compile: true), beside the eager rows above: the speed-up the
+    # estimate assumes (`autofit.estimate.speed.COMPILE_TIME_SAVED`) and the eager memory bound
+    rows += [
+        ("llama-7b", Config(micro_batch=4, wrap="none", compile=True, **qlora), "ok"),
+        ("llama-7b", Config(micro_batch=4, wrap="none", compile=True, **lora), "ok"),
+        ("llama-7b", Config(micro_batch=4, offload="params", compile=True, **qlora), "ok"),
+        ("tinyllama-1.1b", Config(micro_batch=4, wrap="none", compile=True, **ck), "ok"),
     ]
     return rows
 
@@ -87,6 +97,9 @@ def main() -> None:
               f"{est.peak_bytes / GiB:8.2f} {gib(res.peak_bytes)} {shown} "
               f"{gib(res.device_peak_bytes)} {gib(res.build_peak_bytes)} {tps} "
               f"{est.tokens_per_s:7.0f}{flag}", flush=True)  # fmt: skip
+        if res.compile_s is not None:
+            print(f"    compiled: {res.graphs} graph(s), {res.graph_breaks} graph break(s), "
+                  f"{res.recompiles} recompile(s), {res.compile_s:.1f} s compiling")  # fmt: skip
         if res.status != "ok" and res.message:
             print("   ", res.message.splitlines()[0])
         out.append({"model": model, "config": cfg.to_dict(), "expect": expect,

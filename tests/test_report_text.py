@@ -59,6 +59,34 @@ def test_trial_report_prints_the_measured_numbers():
     ]
 
 
+def test_a_compiled_trial_prints_its_compile_apart_and_old_records_read_none():
+    result = TrialResult(
+        status="ok",
+        config=Config(lora_rank=8, compile=True).to_dict(),
+        model="llama-debug",
+        device="cpu",
+        nprocs=2,
+        sharding="fsdp2",
+        peak_bytes=21 * MiB,
+        peak_allocated_bytes=21 * MiB,
+        build_peak_bytes=2 * MiB,
+        tokens_per_s=1000.0,
+        step_time_s=0.256,
+        losses=[6.9, 6.8],
+        compile_s=18.3,
+        graphs=2,
+        graph_breaks=0,
+        recompiles=0,
+    )
+    lines = rendered(lambda c: trial_report(c, result))
+    assert lines[3] == (
+        "  compiled: 2 graph(s), 0 graph break(s), 18.3 s compiling (not in the step time)"
+    )
+    new = ("compile_s", "graphs", "graph_breaks", "recompiles")
+    read = TrialResult.from_dict({k: v for k, v in result.to_dict().items() if k not in new})
+    assert (read.compile_s, read.graphs, read.graph_breaks, read.recompiles) == (None,) * 4
+
+
 def test_an_oom_trial_prints_its_message_and_no_numbers():
     result = TrialResult(
         status="oom",

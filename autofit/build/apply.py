@@ -1,10 +1,11 @@
 """The builder: a config applied to a model in the order it must happen.
 
-dtypes, LoRA, checkpoint, then layer by layer materialise, quantize and shard, then the optimizer:
-the trial builds its random-weight model with exactly these steps, and `autofit.apply` runs them
-on a user's model, so a user's run is what was measured. How the model is held follows
-`sharding_for(wrap, world size)`: the plain module on one GPU (`wrap: none`), DDP replicas on
-several, FSDP2 laid out as torchtitan does otherwise.
+dtypes, LoRA, checkpoint, compile (each decoder layer, `compile: true`), then layer by layer
+materialise, quantize and shard, then the optimizer: the trial builds its random-weight model
+with exactly these steps, and `autofit.apply` runs them on a user's model, so a user's run is
+what was measured. How the model is held follows `sharding_for(wrap, world size)`: the plain
+module on one GPU (`wrap: none`), DDP replicas on several, FSDP2 laid out as torchtitan does
+otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from autofit.build.checkpoint import apply_checkpointing
+from autofit.build.compile import apply_compile
 from autofit.build.ddp import apply_ddp
 from autofit.build.dtypes import autocast_dtype, base_dtype, train_dtype
 from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh
@@ -148,14 +150,16 @@ def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
 def prepare(
     model: nn.Module, config: Config, device: torch.device, world: int
 ) -> tuple[nn.Module, Sharding]:
-    """dtypes, LoRA, checkpointing, then unit by unit: materialise (if on meta), quantize one
-    projection at a time, shard; then the rest. A rank holds its shards plus the projection being
-    quantized; only with `wrap: model` (every layer in the root unit, sharded last) does a
-    quantized base exist whole on each rank before it is sharded."""
+    """dtypes, LoRA, checkpointing, `torch.compile` of each decoder layer (`compile: true`; after
+    checkpointing, before sharding, as torchtitan), then unit by unit: materialise (if on meta),
+    quantize one projection at a time, shard; then the rest. A rank holds its shards plus the
+    projection being quantized; only with `wrap: model` (every layer in the root unit, sharded last)
+    does a quantized base exist whole on each rank before it is sharded."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
     sharding = sharding_for(config.wrap, world)
     model = adapt(model, config, autocast=autocast_dtype(config, sharding) is not None)
+    apply_compile(model, config)
     parts = model_parts(model)
 
     def build_layers(layers: list[nn.Module]) -> None:
@@ -203,9 +207,10 @@ def apply(
     lr: float = LR,
     device: torch.device | str | None = None,
 ) -> Applied:
-    """Apply `config` to a user's model as trials do: LoRA, checkpointing, quantization, then the
-    plain module, DDP or FSDP2 (inside an initialised process group of several ranks), and the
-    optimizer (torch AdamW, torchao low-bit AdamW, or CPU-offloaded).
+    """Apply `config` to a user's model as trials do: LoRA, checkpointing, compile (each decoder
+    layer, compiled on its first forward), quantization, then the plain module, DDP or FSDP2
+    (inside an initialised process group of several ranks), and the optimizer (torch AdamW,
+    torchao low-bit AdamW, or CPU-offloaded).
 
     `device`: where the model trains (default: where its parameters are; a model on meta is
     materialised there with random weights, as trials do). Returns `Applied`:

@@ -273,6 +273,8 @@ def step_time(
     compute += spd.dequant_time(s, config.quant, config.checkpointing, gpu.mem_bw_gbs)
     if config.checkpointing == "selective":
         compute *= 1.03  # pointwise recompute: no matmuls, a few % of layer time (assumed)
+    if config.compile:
+        compute = spd.compiled_compute_time(compute)
 
     gathered = spd.comm_bytes_per_micro_step(
         s, config.quant, config.lora_rank, config.wrap, config.reshard, config.lora_targets

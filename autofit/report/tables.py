@@ -232,6 +232,11 @@ def trial_report(console: Console, result: TrialResult) -> None:
             f"build peak {fmt_size(result.build_peak_bytes)}"
         )
         console.print(f"  {result.tokens_per_s:,.1f} tokens/s; step {result.step_time_s:.3f} s")
+        if result.compile_s is not None:
+            console.print(
+                f"  compiled: {result.graphs} graph(s), {result.graph_breaks} graph break(s), "
+                f"{result.compile_s:.1f} s compiling (not in the step time)"
+            )
         console.print("  losses: " + ", ".join(f"{x:.4f}" for x in result.losses))
     if result.message:
         console.print(f"  {result.message}")

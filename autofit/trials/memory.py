@@ -7,6 +7,13 @@ every live tensor storage created while it is active and raises `torch.OutOfMemo
 count passes the cap. Storages are released through weak references, and FSDP2's
 `UntypedStorage.resize_` (which allocates and frees all-gather buffers outside the dispatcher) is
 patched while tracking, as `MemTracker` does.
+
+Compiled layers (`compile: true`) run under the tracker too: it ignores compilation itself
+(`ignore_compile_internals`: dynamo turns the mode off while it traces and compiles, and on again
+for the compiled code, which a mode that does not say so keeps from compiling at all), and
+inductor's CPU buffers, which its generated code allocates outside the dispatcher
+(`torch._C._dynamo.guards._empty_strided_cpu`), are allocated through it while tracking, so the
+compiled code's own memory plan is what is counted.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
@@ -27,6 +35,10 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 class TensorTracker(TorchDispatchMode):
     """Counts live tensor-storage bytes (current and peak); raises OOM past `cap_bytes`."""
+
+    # Compiled, checkpointed layers run random ops through higher-order operators
+    # (`run_and_save_rng_state`): they come here as ops do, and what they return is counted.
+    supports_higher_order_operators = True
 
     def __init__(self, cap_bytes: int | None = None) -> None:
         super().__init__()
@@ -81,11 +93,19 @@ class TensorTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak = self.current
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Compilation is not the run: off while dynamo and inductor compile, on again for the
+        compiled code (torch's `TorchDispatchMode` protocol)."""
+        return True
+
     # ----- the mode -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         # Let subclasses (DTensor, NF4Tensor, Int8Tensor) desugar first; their inner ops on plain
-        # tensors come back here.
-        if any(issubclass(t, FakeTensor) for t in types):  # DTensor's sharding propagation
+        # tensors come back here. Fake and functional tensors hold no memory: DTensor's sharding
+        # propagation, and a compile that runs while the mode is on (DDP's graph splitter,
+        # `torch._dynamo.backends.distributed`), go on to the modes below this one.
+        if any(issubclass(t, (FakeTensor, FunctionalTensor)) for t in types):
             return func(*args, **(kwargs or {}))
         if any(t not in _PLAIN for t in types):
             return NotImplemented
@@ -105,12 +125,26 @@ class TensorTracker(TorchDispatchMode):
             return result
 
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        _guards._empty_strided_cpu = _dispatched_empty_strided_cpu
         super().__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        _guards._empty_strided_cpu = _EMPTY_STRIDED_CPU
         super().__exit__(*exc)
+
+
+# Inductor's generated CPU code binds this name when it is loaded (during the first, tracked
+# step) and allocates every buffer with it, directly in C++: tracked, it goes through the
+# dispatcher instead. A module loaded then keeps the dispatched version (same tensors, a little
+# slower), which only trial processes ever load.
+_guards = torch._C._dynamo.guards
+_EMPTY_STRIDED_CPU = _guards._empty_strided_cpu
+
+
+def _dispatched_empty_strided_cpu(size: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
 
 
 def _plain_tensors(t: Any) -> Iterator[torch.Tensor]:

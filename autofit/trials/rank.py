@@ -4,6 +4,10 @@ Each rank builds the model, runs warm-up then measured steps, and writes `OUT.js
 (status, message and, for an OOM, whether the GPU or the host ran out); rank 0 also writes
 `OUT.json`, the whole result with peaks reduced over ranks, and `progress.json` after each step.
 
+A compiled run (`compile: true`) compiles its layers in the first warm-up step (there is always
+one): dynamo's own compile time, graph and graph-break counts are reported apart from the step
+time, and a graph compiled during a measured step is a recompile, counted and explained.
+
 Every rank offers itself first to the kernel's OOM killer, so a host that runs out of RAM kills a
 trial, not the planner that records it.
 """
@@ -28,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from autofit.build.apply import Applied, build_for_trial
+from autofit.build.compile import CompileStats, recompile_reasons
 from autofit.build.optim import is_compiled_step
 from autofit.config import Config
 from autofit.errors import oom_kind
@@ -78,12 +83,18 @@ def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.de
     return tokens.to(device)
 
 
-def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None) -> torch.Tensor:
+def train_step(
+    run: Applied, batch: torch.Tensor, tracker: TensorTracker | None
+) -> tuple[torch.Tensor, CompileStats]:
     """One optimizer step of `grad_accum` micro-steps, as a user's run does it (`Applied.backward`,
     then the optimizer step). The optimizer step is `Applied.train_step`'s, except that on CPU the
-    tracker must not count state that lives in host memory or in a compiled step's buffers."""
+    tracker must not count state that lives in host memory or in a compiled step's buffers.
+    Returns the loss and what dynamo compiled in forward and backward (the model's layers; a
+    low-bit optimizer's own compiled step is not the `compile` knob's)."""
     config = run.config
+    before = CompileStats.now()
     loss = run.backward([batch] * config.grad_accum)
+    compiled = CompileStats.now() - before
     optimizer = run.optimizer
     cpu_offload = tracker is not None and config.offload != "none"
     if tracker is not None and (cpu_offload or is_compiled_step(config.optimizer)):
@@ -94,7 +105,7 @@ def train_step(run: Applied, batch: torch.Tensor, tracker: TensorTracker | None)
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss
+    return loss, compiled
 
 
 def run(
@@ -137,16 +148,23 @@ def run(
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         losses, times = [], []
-        for step in range(spec["warmup"] + spec["steps"]):
-            warm = step < spec["warmup"]
-            progress("warmup" if warm else "step", step + 1 - (0 if warm else spec["warmup"]))
+        warmup = warmup_steps(config, spec["warmup"])
+        compiled, recompiled = CompileStats(), CompileStats()
+        for step in range(warmup + spec["steps"]):
+            warm = step < warmup
+            progress("warmup" if warm else "step", step + 1 - (0 if warm else warmup))
             start = time.perf_counter()
-            loss = train_step(applied, batch, tracker)
+            loss, made = train_step(applied, batch, tracker)
             losses.append(loss)
             if device_type == "cuda":
                 torch.cuda.synchronize(device)
                 device_peak = max(device_peak, device_used_bytes(device))
-            times.append(time.perf_counter() - start)
+            # compile time is not training time: a recompile in a measured step is taken out
+            times.append(time.perf_counter() - start - (0.0 if warm else made.seconds))
+            if warm:
+                compiled += made
+            else:
+                recompiled += made
     if tracker is not None:
         peaks = [tracker.peak, tracker.peak, build_peak, 0]  # no device-level view on CPU
     else:
@@ -164,12 +182,14 @@ def run(
     dist.all_reduce(loss_t, op=dist.ReduceOp.AVG if device_type == "cuda" else dist.ReduceOp.SUM)
     if device_type != "cuda":  # gloo has no AVG
         loss_t /= world
-    measured = times[spec["warmup"] :] or times
+    measured = times[warmup:] or times
     step_time = statistics.median(measured)
     tokens = config.micro_batch * config.grad_accum * config.seq_len * world
+    compile_report = compile_result(config, compiled, recompiled, device)
     if rank != 0:
         return None
     return {
+        **compile_report,
         "status": "ok",
         "sharding": str(applied.sharding),
         "peak_bytes": int(peak_t[0].item()),
@@ -182,6 +202,47 @@ def run(
         "losses": [float(x) for x in loss_t.tolist()],
         "capacity_bytes": capacity,
     }
+
+
+def warmup_steps(config: Config, asked: int) -> int:
+    """Warm-up steps to run: those asked for, and at least one for a compiled model, whose first
+    forward and backward compile its layers (that step is never a measured one)."""
+    return max(asked, 1) if config.compile else asked
+
+
+def compile_result(
+    config: Config, compiled: CompileStats, recompiled: CompileStats, device: torch.device
+) -> dict[str, Any]:
+    """The trial's compile fields (None when not compiled; every rank calls this, it reduces):
+    `compile_s` (dynamo's compile time in warm-up and any recompile, the slowest rank's),
+    `graphs` and `graph_breaks` (warm-up and measured steps), `recompiles` (graphs compiled again
+    during measured steps: none in a sound run) and, when there were any, a message with dynamo's
+    reasons. A compiled model that compiled no graph raises: that run would be eager."""
+    if not config.compile:
+        return {"compile_s": None, "graphs": None, "graph_breaks": None, "recompiles": None}
+    if compiled.graphs + recompiled.graphs == 0:
+        raise RuntimeError(
+            "compile=true compiled no graph in the warm-up step: torch.compile did not run "
+            "(is TORCHDYNAMO_DISABLE set, or torch._dynamo.config.disable?). The trial would "
+            "measure eager code; use compile=false, or let torch.compile run."
+        )
+    seconds = torch.tensor([compiled.seconds + recompiled.seconds], dtype=torch.float64)
+    seconds = seconds.to(device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    total = compiled + recompiled
+    report: dict[str, Any] = {
+        "compile_s": float(seconds.item()),
+        "graphs": total.graphs,
+        "graph_breaks": total.graph_breaks,
+        "recompiles": recompiled.graphs,
+    }
+    if recompiled.graphs:
+        reasons = "; ".join(recompile_reasons(recompiled.graphs)) or "no reason recorded"
+        report["message"] = (
+            f"{recompiled.graphs} graph(s) compiled again during measured steps "
+            f"({recompiled.seconds:.2f} s, taken out of the step times): {reasons}"
+        )
+    return report
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

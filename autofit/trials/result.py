@@ -22,6 +22,12 @@ class TrialResult:
     module on one GPU), `ddp` or `fsdp2`. `oom_of` says, for an `oom`, what ran out: `gpu` (the
     device, or the capacity a CPU trial is held to) or `host` (RAM: a failed host or pinned
     allocation, or a worker killed by the kernel's OOM killer).
+
+    A compiled run (`compile: true`) also reports `compile_s`, the seconds torch.compile spent
+    (dynamo's own measure, the slowest rank's; not in `step_time_s` or `tokens_per_s`), `graphs`
+    and `graph_breaks` (dynamo's counts of the graphs it compiled and the breaks between them),
+    and `recompiles` (graphs compiled again during measured steps; 0 in a sound run). All four
+    are None when the run was not compiled, and in records older than the knob.
     """
 
     status: str
@@ -42,6 +48,10 @@ class TrialResult:
     wall_s: float = 0.0
     capacity_bytes: int | None = None
     oom_of: str | None = None
+    compile_s: float | None = None
+    graphs: int | None = None
+    graph_breaks: int | None = None
+    recompiles: int | None = None
 
     @property
     def ok(self) -> bool:
