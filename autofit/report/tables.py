@@ -97,7 +97,7 @@ BREAKDOWN_LABELS = {
     "optimizer_state": "optimizer state",
     "gathered_params": "working bf16 weight copies (FSDP2 all-gathers / autocast casts)",
     "activations": "activations",
-    "logits_loss": "logits + loss (fp32 over vocab)",
+    "logits_loss": "LM head logits + loss",
 }
 
 
@@ -135,10 +135,17 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
     )
     if not est.within_capacity:
+        tips = [
+            "--loss chunked" if cfg.loss == "standard" else "",
+            "--checkpointing full" if cfg.checkpointing != "full" else "",
+            "a smaller --micro-batch (raise --grad-accum to keep the batch)",
+            "--quant nf4 --lora-rank 16" if cfg.quant != "nf4" else "",
+            "--offload optimizer" if cfg.offload == "none" else "",
+            "more GPUs",
+        ]
         console.print(
-            "Next step: try --checkpointing full, a smaller --micro-batch (raise --grad-accum to "
-            "keep the batch), --quant nf4 --lora-rank 16, --offload optimizer, or more GPUs; "
-            "`autofit plan` searches all of these."
+            f"Next step: try {', '.join(t for t in tips if t)}; `autofit plan` searches all of "
+            "these."
         )
 
 
