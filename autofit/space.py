@@ -137,64 +137,83 @@ class Space:
         `autofit.config.loss_unavailable`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
-        value_lists = [self.knobs[k] for k in names]
         accum_values = (None,) if global_batch else self.knobs["grad_accum"]
         out: list[Config] = []
-        seen: set[Config] = set()
         skipped: Counter[str] = Counter()
+        # a space that lists a value twice makes some configs twice: each is kept once
+        seen: set[Config] | None = None
+        if any(len(set(v)) < len(v) for v in (*(self.knobs[k] for k in names), accum_values)):
+            seen = set()
         # One GPU trains the plain module (`wrap: none`); where the space offers it, a one-rank
         # FSDP2 mesh (which only adds gathered copies and DTensor overhead) is kept for param
         # offload alone.
         plain_only = n_gpus == 1 and "none" in self.knobs["wrap"]
         unavailable = {loss: loss_unavailable(loss, device) for loss in self.knobs["loss"]}
-        for combo in itertools.product(*value_lists):
-            values = dict(zip(names, combo, strict=True))
-            if values["quant"] != "none" and values["lora_rank"] == 0:
-                skipped["quant needs LoRA"] += len(accum_values)
+        accums_of = {  # micro_batch -> the grad_accum values it is tried with (none: skipped)
+            m: () if (ga := derive_grad_accum(global_batch, m, n_gpus)) is None else (ga,)
+            for m in self.knobs["micro_batch"]
+        } if global_batch else {}  # fmt: skip
+        template = _config_dict(seq, self.settings)
+        # The innermost knob varies fastest: each combination of the others is checked and laid
+        # out once (the checks below read none of it), then takes each of its values.
+        *outer, inner = names
+        quant_at, rank_at, mb_at, loss_at = (
+            outer.index(k) for k in ("quant", "lora_rank", "micro_batch", "loss")
+        )
+        inner_values = self.knobs[inner]
+        for combo in itertools.product(*(self.knobs[k] for k in outer)):
+            if combo[quant_at] != "none" and combo[rank_at] == 0:
+                skipped["quant needs LoRA"] += len(inner_values) * len(accum_values)
                 continue
-            why = unavailable[values["loss"]]
+            why = unavailable[combo[loss_at]]
             if why:
-                skipped[why] += len(accum_values)
+                skipped[why] += len(inner_values) * len(accum_values)
                 continue
             if global_batch:
-                ga = derive_grad_accum(global_batch, values["micro_batch"], n_gpus)
-                if ga is None:
-                    skipped["micro_batch x GPUs does not divide global batch"] += 1
+                accums = accums_of[combo[mb_at]]
+                if not accums:
+                    skipped["micro_batch x GPUs does not divide global batch"] += len(inner_values)
                     continue
-                accums: tuple[int, ...] = (ga,)
             else:
-                accums = accum_values  # type: ignore[assignment]
-            for ga in accums:
-                cfg = _fast_config(values, ga, seq, self.settings)
-                broken = broken_rule(cfg)
-                if broken:
-                    skipped[broken[0]] += 1
-                    continue
-                if plain_only and cfg.wrap != "none" and cfg.offload != "params":
-                    skipped[ONE_GPU_FSDP] += 1
-                    continue
-                if cfg in seen:
-                    continue
-                seen.add(cfg)
-                out.append(cfg)
+                accums = accum_values
+            prefix = template.copy()
+            prefix.update(zip(outer, combo, strict=True))
+            for value in inner_values:
+                for ga in accums:
+                    cfg = _fast_config(prefix, inner, value, ga)
+                    broken = broken_rule(cfg)
+                    if broken:
+                        skipped[broken[0]] += 1
+                        continue
+                    if plain_only and cfg.wrap != "none" and cfg.offload != "params":
+                        skipped[ONE_GPU_FSDP] += 1
+                        continue
+                    if seen is not None:
+                        if cfg in seen:
+                            continue
+                        seen.add(cfg)
+                    out.append(cfg)
         return out, skipped
 
 
 ONE_GPU_FSDP = "one GPU: FSDP2 only with offload=params"
 
 
-def _fast_config(
-    values: dict[str, Any], grad_accum: int, seq_len: int, settings: dict[str, Any]
-) -> Config:
-    """Build a Config from values the loader already validated (and settings already
-    normalised), skipping re-validation."""
+def _config_dict(seq_len: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """A Config's fields in order, at their defaults but for `seq_len` and the (normalised)
+    LoRA settings: what every config of a space starts from."""
+    out = {f.name: getattr(_DEFAULTS, f.name) for f in dataclasses.fields(Config)}
+    return {**out, "seq_len": seq_len, **{k: settings[k] for k in LORA_SETTINGS if k in settings}}
+
+
+def _fast_config(prefix: dict[str, Any], knob: str, value: Any, grad_accum: int) -> Config:
+    """A Config of the fields in `prefix` (`_config_dict` with knob values the loader already
+    validated) with `knob` at `value`, skipping re-validation."""
+    attrs = prefix.copy()
+    attrs[knob] = value
+    attrs["grad_accum"] = grad_accum
     cfg = object.__new__(Config)
-    for k, v in values.items():
-        object.__setattr__(cfg, k, v)
-    object.__setattr__(cfg, "grad_accum", grad_accum)
-    object.__setattr__(cfg, "seq_len", seq_len)
-    for name in LORA_SETTINGS:
-        object.__setattr__(cfg, name, settings.get(name, getattr(_DEFAULTS, name)))
+    object.__setattr__(cfg, "__dict__", attrs)
     return cfg
 
 

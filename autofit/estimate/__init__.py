@@ -6,28 +6,20 @@ of thousands of candidates per second, which is what lets the search prune befor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 from autofit.arch import Structure, structure_of
-from autofit.config import Config, Sharding, sharding_for, uses_autocast, wrap_units
+from autofit.config import Config, Sharding, sharding_for, wrap_units
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
+from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
-from autofit.recipe import base_stays_whole
 
-__all__ = ["Estimate", "estimate"]
-
-BREAKDOWN_KEYS = (
-    "base_weights",
-    "trainable_weights",
-    "gradients",
-    "optimizer_state",
-    "gathered_params",
-    "activations",
-    "logits_loss",
-)
+__all__ = ["BREAKDOWN_KEYS", "Estimate", "estimate", "estimate_many"]
 
 
 @dataclass
@@ -90,173 +82,63 @@ def estimate(
     `device="cpu"` predicts what a CPU trial measures (tensor bytes only: no CUDA context, no
     caching-allocator slack) so CPU trials can check the same formulas.
     """
+    return estimate_many(model, hardware, (config,), device=device)[0]
+
+
+# Every knob and setting but `loss`, which changes no FLOP nor byte moved (the LM head's matmul is
+# the same however the loss is chunked or fused): what a step time depends on.
+_TIMED_KNOBS = attrgetter(*(f.name for f in fields(Config) if f.name != "loss"))
+
+
+def estimate_many(
+    model: ModelSpec, hardware: Hardware, configs: Iterable[Config], *, device: str = "cuda"
+) -> list[Estimate]:
+    """`estimate` of each of `configs`, in order. The configs of a space share most knob values,
+    so each group of terms is computed once per distinct value of the knobs it reads (memory:
+    `autofit.estimate.peak.Peaks`; the step time once per value of every knob but `loss`)."""
     n = max(hardware.n_gpus, 1)
-    gpu = hardware.smallest_gpu
-    sharding = sharding_for(config.wrap, n)
-    shard = mem.shard_degree(sharding, n)
-    ddp = sharding is Sharding.DDP
-    autocast = uses_autocast(config.precision, config.optimizer, sharding)
-    lora = config.lora_rank
-    targets = config.lora_targets
     s = structure_of(model)
-    trainable = mem.trainable_params(s, lora, targets)
-    pb = mem.master_bytes(config.precision, config.optimizer)
-
-    # --- persistent state, per GPU -------------------------------------------------------------
-    if lora:
-        projections = mem.base_weight_bytes(s, config.quant)
-        other = mem.frozen_other_bytes(s)
-        # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
-        # projections stay whole (the rule the builder's `unshardable_params` reads too).
-        whole = base_stays_whole(config.quant, shard)
-        base = projections + other / shard if whole else (projections + other) / shard
-    else:
-        projections, whole, base = 0.0, False, 0.0
-    weights = trainable * pb / shard
-    grads = trainable * mem.grad_bytes(config.precision, config.optimizer) / shard
-    opt = trainable * mem.optimizer_bytes_per_param(config.optimizer, config.precision) / shard
-
-    host = 0.0
-    if config.offload == "params":
-        # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host;
-        # parameters FSDP2 leaves whole stay on the GPU.
-        kept = projections if whole else 0.0
-        host = (base - kept + weights + grads + opt) * n
-        base, weights, grads, opt = kept, 0.0, 0.0, 0.0
-    elif config.offload == "optimizer":
-        # torchao CPUOffloadOptimizer: states + an fp32 param copy + grads on the host; device
-        # grads are freed as soon as they are copied off (offload_gradients).
-        host = (opt + trainable * (mem.FP32 + mem.FP32) / shard) * n
-        opt = 0.0
-
-    # --- transient state --------------------------------------------------------------------
-    gathered = mem.gathered_bytes(
-        s, config.quant, lora, config.wrap, config.reshard, sharding, targets
-    )
-    copies = mem.autocast_copy_bytes(s, lora, autocast, targets)
-    gathered_at_loss = copies + mem.gathered_at_loss_bytes(
-        s, config.quant, lora, config.wrap, config.reshard, sharding, targets
-    )
-    gathered += copies
-    unit_grads = mem.unit_grad_bytes(s, lora, config.wrap, sharding, targets)
-    acts, logits = mem.activation_bytes(
-        model, s, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
-        targets, config.lora_dropout, config.loss,
-    )  # fmt: skip
-    recomputed = mem.recomputed_layer_bytes(
-        model, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
-        targets, config.lora_dropout,
-    )  # fmt: skip
-    if config.quant == "int8":
-        acts += mem.int8_saved_weight_bytes(s, config.checkpointing)
-    # Gradients alive during forward. FSDP2 with grad_accum > 1 skips the reduce-scatter on all
-    # but the last micro-step and keeps unsharded gradients (in reduce_dtype fp32) on every GPU.
-    # DDP allocates its all-reduce buckets (which the gradients are views of) when it wraps the
-    # model, and under `no_sync` autograd accumulates into separate `.grad` tensors besides.
-    # The plain module accumulates into `.grad` from the first micro-step on.
-    accum = 0.0
-    if config.grad_accum > 1 and shard > 1:
-        accum = trainable * mem.accumulated_grad_bytes(config.precision)
-    elif config.grad_accum > 1:
-        accum = grads  # 0 under offload=params: the gradients live on the host
-    buckets = grads if ddp else 0.0
-
-    # Every saved activation is alive from the end of forward into backward, beside one of two
-    # things that are never alive together: the loss's tensors over the vocabulary (while FSDP2
-    # has resharded every layer unit after its forward: `gathered_at_loss`), then, once they are
-    # freed, the last layer's backward: its unit and the prefetched one gathered (`[norm, head]`
-    # resharded after its own backward), the unit's unsharded gradients and, under
-    # checkpointing, the layer being recomputed. The larger is the forward phase.
-    # The loss's own peak is in its forward (with FSDP2's last all-gather output still held) or
-    # at the start of its backward, whichever is larger.
-    loss_fwd = mem.loss_forward_bytes(
-        model, config.micro_batch, config.seq_len, lora, config.checkpointing, autocast,
-        targets, config.lora_dropout, config.loss,
-    )  # fmt: skip
-    buffer = mem.forward_gather_buffer_bytes(s, config.quant, lora, config.wrap, sharding, targets)
-    if loss_fwd + buffer > logits:
-        gathered_at_loss, logits = gathered_at_loss + buffer, loss_fwd
-    at_loss = {"gradients": buckets + accum, "gathered_params": gathered_at_loss,
-               "activations": acts, "logits_loss": logits}  # fmt: skip
-    layer_grads = mem.layer_unit_grad_bytes(s, lora, config.wrap, sharding, targets)
-    gathered_at_layer = copies + mem.gathered_at_layer_backward_bytes(
-        s, config.quant, lora, config.wrap, config.reshard, sharding, targets
-    )
-    at_layer = {"gradients": buckets + accum + layer_grads, "gathered_params": gathered_at_layer,
-                "activations": acts + recomputed, "logits_loss": 0.0}  # fmt: skip
-    moment = max((at_loss, at_layer), key=lambda m: sum(m.values()))  # the loss's on a tie
-    forward_phase = {
-        "base_weights": base,
-        "trainable_weights": weights,
-        "gradients": moment["gradients"],
-        "optimizer_state": opt,
-        "gathered_params": moment["gathered_params"],
-        "activations": moment["activations"],
-        "logits_loss": moment["logits_loss"],
-    }
-    # The root's first all-gather under `wrap: model`: buffer and unsharded params at once, with
-    # the model states but hardly any activations yet.
-    root_gather_phase = {
-        **forward_phase,
-        "gradients": buckets + accum,  # no layer's backward has begun
-        "gathered_params": gathered
-        + mem.root_all_gather_buffer_bytes(s, config.quant, lora, config.wrap, sharding, targets),
-        "activations": 0.0,
-        "logits_loss": 0.0,
-    }
-    gathered_at_reduce = mem.gathered_at_reduce_bytes(s, config.wrap, sharding, device, gathered)
-    # Optimizer step: the gradients exist, activations are gone. Backward's tail (last unit's
-    # unsharded grads + the embedding unit gathered) is folded in here, and on CPU trials the
-    # single-tensor AdamW's temporaries.
-    optimizer_phase = {
-        "base_weights": base,
-        "trainable_weights": weights,
-        "gradients": grads + accum + unit_grads,
-        "optimizer_state": opt
-        + mem.optimizer_temp_bytes(
-            s, lora, config.precision, config.optimizer, device, shard, targets
-        ),
-        "gathered_params": gathered_at_reduce,
-        "activations": 0.0,
-        "logits_loss": 0.0,
-    }
-    phases = {"forward": forward_phase, "optimizer": optimizer_phase, "gather": root_gather_phase}
-    phase = max(phases, key=lambda name: sum(phases[name].values()))  # earlier wins ties
-    parts = phases[phase]
-    breakdown = {k: int(round(v)) for k, v in parts.items()}
-    allocated = sum(breakdown.values())
-    overhead = {
-        "allocator": 0 if device == "cpu" else int(mem.allocator_overhead(allocated)),
-        "cuda_context": mem.cuda_context_bytes(device),
-    }
-    reserved = allocated + overhead["allocator"]
-    capacity = gpu.memory_bytes
+    peaks = Peaks(model, n, device)
+    step_times: dict[Any, tuple[dict[str, float], float]] = {}  # and their sum
+    capacity = hardware.smallest_gpu.memory_bytes
     usable = mem.usable_bytes(capacity, device)
     host_cap = hardware.host_ram_bytes
-    fits = reserved <= usable and (host <= mem.usable_host_bytes(host_cap) if host else True)
-
-    # --- time ------------------------------------------------------------------------------------
-    times = step_time(s, hardware, config, trainable, shard)
-    step = sum(times.values())
-    tokens = config.micro_batch * config.grad_accum * n * config.seq_len
-    return Estimate(
-        config=config,
-        peak_bytes=int(reserved),
-        peak_allocated_bytes=int(allocated),
-        capacity_bytes=int(capacity),
-        usable_bytes=int(usable),
-        within_capacity=bool(fits),
-        breakdown=breakdown,
-        peak_phase=phase,
-        overhead=overhead,
-        host_bytes=int(host),
-        host_capacity_bytes=int(host_cap),
-        step_time_s=step,
-        tokens_per_s=tokens / step if step > 0 else 0.0,
-        time_breakdown=times,
-        n_gpus=n,
-        sharding=str(sharding),
-    )
+    host_usable = mem.usable_host_bytes(host_cap)
+    out = []
+    for config in configs:
+        peak = peaks.of(config)
+        host = peak.host
+        fits = peak.reserved <= usable and (host <= host_usable if host else True)
+        key = _TIMED_KNOBS(config)
+        timed = step_times.get(key)
+        if timed is None:
+            if len(step_times) >= MEMO_SIZE:
+                step_times.clear()
+            times = step_time(s, hardware, config, peak.trainable, peak.shard)
+            timed = step_times[key] = times, sum(times.values())
+        times, step = timed
+        tokens = config.micro_batch * config.grad_accum * n * config.seq_len
+        out.append(
+            Estimate(
+                config=config,
+                peak_bytes=peak.reserved,
+                peak_allocated_bytes=peak.allocated,
+                capacity_bytes=int(capacity),
+                usable_bytes=int(usable),
+                within_capacity=bool(fits),
+                breakdown=peak.breakdown.copy(),
+                peak_phase=peak.phase,
+                overhead=peak.overhead.copy(),
+                host_bytes=int(host),
+                host_capacity_bytes=int(host_cap),
+                step_time_s=step,
+                tokens_per_s=tokens / step if step > 0 else 0.0,
+                time_breakdown=times.copy(),
+                n_gpus=n,
+                sharding=peak.sharding,
+            )
+        )
+    return out
 
 
 def step_time(

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
 from autofit.arch import structure_of
 from autofit.config import Config
-from autofit.estimate import BREAKDOWN_KEYS, estimate
+from autofit.estimate import BREAKDOWN_KEYS, estimate, estimate_many
 from autofit.estimate import memory as mem
-from autofit.hardware import resolve_gpus
+from autofit.hardware import resolve_gpus, resolve_hardware
 from autofit.models import PRESETS
+from autofit.space import parse_space
 from tests.conftest import LLAMA_7B, GiB
 
 N_7B = 6_738_415_616
@@ -271,3 +273,33 @@ def test_more_gpus_never_raise_a_sharded_full_fine_tune_estimate():
         estimate(LLAMA_7B, resolve_gpus(f"{n}xa100-80gb"), cfg).peak_bytes for n in (1, 2, 4, 8)
     ]
     assert peaks == sorted(peaks, reverse=True)
+
+
+# ----- a batch ----------------------------------------------------------------------------------
+# Every knob at two values or more (LoRA at one rank, so the layer traces are few).
+BATCH_SPACE = {
+    "seq_len": 256,
+    "knobs": {
+        "quant": ["none", "nf4"], "lora_rank": [16], "micro_batch": [1, 2], "grad_accum": [1, 2],
+        "wrap": ["layer", "model", "none"], "reshard": [True, False],
+        "checkpointing": ["none", "full"], "offload": ["none", "optimizer", "params"],
+        "optimizer": ["adamw", "adamw8bit"], "precision": ["bf16-mixed", "bf16"],
+        "loss": ["standard", "chunked"], "compile": [False, True],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("gpus, device", [("1xrtx3090", "cuda"), ("2", "cpu")])
+def test_a_batch_estimates_each_config_as_it_would_alone(gpus, device):
+    """`estimate_many` computes each group of terms once per value of the knobs it reads (the
+    peak once per value of every knob but `compile`, the step time of every knob but `loss`): a
+    term that came to read a knob its group is not keyed by would hand one config another's
+    numbers."""
+    hw = resolve_hardware(gpus, device=device, gpu_memory="30MiB" if device == "cpu" else None)
+    configs, _ = parse_space(BATCH_SPACE, "test").candidates(hw.n_gpus, device=device)
+    # in the space's order (neighbours share entries, past a memo's size), then in any order
+    configs += random.Random(0).sample(configs, len(configs))
+    spec = PRESETS["llama-debug"]
+    batch = estimate_many(spec, hw, configs, device=device)
+    alone = [estimate(spec, hw, c, device=device) for c in configs]
+    assert [e.to_dict() for e in batch] == [e.to_dict() for e in alone]
