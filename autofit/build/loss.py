@@ -219,17 +219,27 @@ def apply_loss(model: nn.Module, kind: str) -> nn.Module:
             "'autofit[liger]' (liger-kernel, CUDA), or use loss=chunked (pure torch)."
         )
     lm = causal_lm(model)
-    if getattr(lm.config, "output_router_logits", False):
+    if getattr(lm.config, "output_router_logits", False) and _router_loss(lm) is None:
         raise ValueError(
-            f"loss={kind} computes the cross-entropy only, and this {type(lm).__name__} adds its "
-            "router's load-balancing loss (output_router_logits=True). Set "
-            "config.output_router_logits=False or use loss=standard."
+            f"loss={kind} cannot add this {type(lm).__name__}'s router load-balancing loss "
+            "(output_router_logits=True): its module has no load_balancing_loss_func as HF's MoE "
+            "families do. Set config.output_router_logits=False or use loss=standard."
         )
     head = lm.get_output_embeddings()
     scale, softcap = logit_transform(lm.config)
     head.forward = types.MethodType(_head_forward(_LOSSES[kind], scale, softcap), head)
     lm.forward = types.MethodType(_lm_forward(type(lm).forward), lm)
     return model
+
+
+def _router_loss(lm: nn.Module) -> Any:
+    """The family's MoE load-balancing loss (`load_balancing_loss_func` of its modeling module),
+    or None when the model lacks it or the attributes its forward passes to it."""
+    import sys
+
+    func = getattr(sys.modules.get(type(lm).__module__), "load_balancing_loss_func", None)
+    needed = ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")
+    return func if func is not None and all(hasattr(lm, a) for a in needed) else None
 
 
 def _head_forward(loss_fn: Any, scale: float, softcap: float | None) -> Any:
@@ -264,6 +274,10 @@ def _lm_forward(own_forward: Any) -> Any:
         if divisor is not None and not torch.is_tensor(divisor):
             divisor = torch.tensor(float(divisor))
         kwargs.pop("logits_to_keep", None)
+        routed = kwargs.get("output_router_logits")
+        routed = getattr(lm.config, "output_router_logits", False) if routed is None else routed
+        if routed:
+            kwargs["output_router_logits"] = True
         out = lm.get_decoder()(input_ids=input_ids, **kwargs)
         hidden = out.last_hidden_state
         # HF's causal-LM loss: position t predicts label t + 1; the last position predicts none
@@ -273,6 +287,12 @@ def _lm_forward(own_forward: Any) -> Any:
             divisor = divisor.to(hidden.device)
         loss = head(hidden.reshape(-1, hidden.shape[-1]), labels=shifted.reshape(-1).to(
             hidden.device), divisor=divisor)  # fmt: skip
+        if routed:  # as the family's own forward adds it (Mixtral: `load_balancing_loss_func`)
+            aux = _router_loss(lm)(
+                out.router_logits, lm.num_experts, lm.num_experts_per_tok,
+                kwargs.get("attention_mask"),
+            )  # fmt: skip
+            loss = loss + lm.router_aux_loss_coef * aux.to(loss.device)
         return CausalLMOutputWithPast(
             loss=loss,
             logits=None,

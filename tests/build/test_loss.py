@@ -144,10 +144,28 @@ def test_fused_without_liger_or_cuda_says_what_to_install() -> None:
         apply_loss(model, "fused")
 
 
-def test_moe_router_loss_is_refused_rather_than_dropped() -> None:
+def test_moe_router_loss_is_added_as_the_family_adds_it() -> None:
+    """Mixtral with `output_router_logits=True`: the model's own loss adds the router's
+    load-balancing loss x `router_aux_loss_coef`; so does the chunked one (same total, same
+    gradients, the router's included)."""
     spec = dataclasses.replace(PRESETS["mixtral-debug"], extra='{"num_experts_per_tok": 2, '
-                               '"num_local_experts": 4, "output_router_logits": true}')  # fmt: skip
-    model = build_meta_model(spec)
+                               '"num_local_experts": 4, "output_router_logits": true, '
+                               '"router_aux_loss_coef": 0.5}')  # fmt: skip
+    results = []
+    for kind in ("standard", "chunked"):
+        torch.manual_seed(0)
+        model = build_meta_model(spec)
+        materialize(model, torch.device("cpu"))
+        model = apply_loss(model.to(torch.bfloat16), kind)
+        ids = torch.randint(0, spec.vocab, (2, 32), generator=torch.Generator().manual_seed(6))
+        results.append(_run(model, ids, ids))
+    _assert_same(*results)
+    assert any("router" in name or "gate" in name for name in results[1][1])
+
+
+def test_a_router_loss_it_cannot_compute_is_refused_rather_than_dropped() -> None:
+    model = _model("llama-debug", torch.float32, "standard")
+    model.config.output_router_logits = True  # a family without a load-balancing loss
     with pytest.raises(ValueError, match="output_router_logits"):
         apply_loss(model, "chunked")
 
