@@ -123,3 +123,16 @@ def test_trial_is_the_public_function_and_trials_the_package():
     assert callable(autofit.trial) and autofit.trial.__module__ == "autofit"
     assert autofit.trials.run_trial.__module__ == "autofit.trials.launcher"
     assert type(sys.modules["autofit.trials"]).__name__ == "module"  # no class swap
+
+
+def test_every_test_folder_is_collected(pytestconfig) -> None:  # type: ignore[no-untyped-def]
+    """pytest's default `norecursedirs` skips any folder named `build`: tests/build went
+    uncollected until pyproject.toml set its own list. Every folder under tests/ with tests must
+    be one pytest walks into."""
+    import fnmatch
+
+    skipped = pytestconfig.getini("norecursedirs")
+    root = Path(__file__).resolve().parents[1]
+    for folder in (root / "tests").rglob("*"):
+        if folder.is_dir() and any(folder.glob("test_*.py")):
+            assert not any(fnmatch.fnmatch(folder.name, p) for p in skipped), folder
