@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
-from autofit.checks import check_steps, check_trial_timeout
+from autofit.checks import check_calibration, check_steps, check_trial_timeout
 from autofit.config import KNOBS, LORA_SETTINGS, Config, loss_unavailable
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from autofit.build import Applied
+    from autofit.calibration.sweep import CalibrationRun
     from autofit.trials import TrialResult
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "SpaceError",
     "__version__",
     "apply",
+    "calibrate",
     "estimate",
     "load_plan",
     "plan",
@@ -96,6 +98,7 @@ def plan(
     prune: bool = True,
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
+    calibration: str = "auto",
     console: Any = None,
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
@@ -103,7 +106,12 @@ def plan(
 
     `lora_targets` (module names, or "all-linear") and `lora_dropout` are the LoRA settings every
     candidate carries; given, they replace the space file's (None: the space's, whose default is
-    every linear projection of the decoder blocks and no dropout)."""
+    every linear projection of the decoder blocks and no dropout).
+
+    `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
+    estimates with every trial, and stores the result for the next plan; `study` corrects them
+    with this study's trials alone (nothing stored is read or written); `off` trusts the napkin
+    alone (`autofit.calibration`)."""
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
@@ -123,6 +131,7 @@ def plan(
             f"--global-batch must be a positive number of sequences; got {global_batch}."
         )
     check_steps(steps)
+    check_calibration(calibration)
     settings = _lora_settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)
@@ -133,7 +142,7 @@ def plan(
     if trials == 0:
         return plan_estimates(
             PlanRequest.of(spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin,
-                           device=device)
+                           device=device, calibration=calibration)
         )  # fmt: skip
     from autofit.report.run_folder import write_run_folder
     from autofit.search import search
@@ -144,7 +153,8 @@ def plan(
     folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
     request = PlanRequest.of(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device,
-        prune=prune, trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
+        prune=prune, calibration=calibration, trials=trials, timeout=timeout,
+        trial_timeout=trial_timeout, steps=steps,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), storage=storage, study=study,
         run_dir=folder,
     )  # fmt: skip
@@ -193,6 +203,33 @@ def _run_folder(
         hint = "Run autofit from a folder you can write in, or pass --run-dir a writable folder."
     check_dir_writable(folder, what, hint)
     return folder
+
+
+def calibrate(
+    gpus: str = "auto",
+    *,
+    device: str = "cuda",
+    gpu_memory: str | int | None = None,
+    steps: int = 3,
+    trial_timeout: float = 600.0,
+    on_start: Any = None,
+    on_trial: Any = None,
+) -> CalibrationRun:
+    """Calibrate this machine: a short sweep of real trials of small models (the knobs that tell
+    each correction factor apart), fitted with what this machine stored before, and stored for
+    every later plan here (`autofit.calibration`). `on_start(i, n, model, config)` and
+    `on_trial(i, n, trial)` report progress."""
+    from autofit.calibration.sweep import calibrate as run_sweep
+    from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
+
+    check_steps(steps)
+    check_trial_timeout(trial_timeout)
+    hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    check_trial_hardware(hw, device, gpus)
+    return run_sweep(
+        hw, device, gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
+        trial_timeout=trial_timeout, on_start=on_start, on_trial=on_trial,
+    )  # fmt: skip
 
 
 def trial(

@@ -373,6 +373,52 @@ def trial(
 
 
 @app.command()
+def calibrate(
+    gpus: str = GPUS,
+    device: str = DEVICE,
+    gpu_memory: str | None = GPU_MEMORY,
+    steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
+    trial_timeout: float = typer.Option(
+        600.0, "--trial-timeout", help="Seconds one trial may run before it is killed."
+    ),
+    json_out: bool = JSON,
+) -> None:
+    """Calibrate this machine: a short sweep of real trials of small models, fitted and stored
+    so that every later plan here starts from measured corrections to the estimate."""
+    console = err if json_out else out
+
+    def started(i: int, n: int, model: str, cfg: Any) -> None:
+        if not json_out:
+            err.print(f"[{i + 1}/{n}] {model} {cfg.short()} ...", markup=False, highlight=False)
+
+    def finished(i: int, n: int, t: Any) -> None:
+        if not json_out:
+            out.print(report.sweep_line(t), markup=False, highlight=False)
+
+    try:
+        if not json_out:
+            err.print(f"Calibrating {escape(gpus)} ({escape(device)}): a sweep of short trials ...")
+        with _warnings_to_stderr():
+            result = autofit.calibrate(
+                gpus, device=device, gpu_memory=gpu_memory, steps=steps,
+                trial_timeout=trial_timeout, on_start=started, on_trial=finished,
+            )  # fmt: skip
+    except AutofitError as exc:
+        _fail(exc, json_out, "calibrate")
+    except KeyboardInterrupt as exc:
+        _interrupted(
+            exc, json_out,
+            "The running trial was stopped and its processes killed; nothing was stored.",
+        )  # fmt: skip
+    if json_out:
+        _emit_json(result.to_dict())
+    else:
+        report.calibration_report(console, result)
+    if not result.path:
+        raise typer.Exit(1)
+
+
+@app.command()
 def plan(
     model: str = MODEL,
     gpus: str = GPUS,
@@ -430,6 +476,15 @@ def plan(
     no_prune: bool = typer.Option(
         False, "--no-prune", help="Let trials run candidates the estimate rules out."
     ),
+    calibration: str = typer.Option(
+        "auto",
+        "--calibration",
+        help="auto: start from this machine's stored calibration, correct the estimate with "
+        "every trial, store it; study: this study's trials alone; off: the napkin alone.",
+    ),
+    no_calibration: bool = typer.Option(
+        False, "--no-calibration", help="Ignore stored calibration and do not calibrate (= off)."
+    ),
     export_path: Path | None = typer.Option(
         None, "--export", help="Write the winner to this file."
     ),
@@ -455,6 +510,7 @@ def plan(
                 margin=margin, device=device, gpu_memory=gpu_memory, storage=storage,
                 study=study, run_dir=run_dir, prune=not no_prune, lora_targets=lora_targets,
                 lora_dropout=lora_dropout, console=None if json_out else console,
+                calibration="off" if no_calibration else calibration,
             )  # fmt: skip
         written: list[Path] = []
         if export_path is not None and result.best is not None:

@@ -25,6 +25,8 @@ from autofit.space import Space
 
 # The headroom a winner keeps below usable memory unless `margin` says otherwise.
 DEFAULT_MARGIN = 0.05
+# How a plan uses measurements to correct the napkin (`PlanRequest.calibration`).
+CALIBRATION_MODES = ("auto", "study", "off")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class PlanRequest:
     margin: float = DEFAULT_MARGIN
     device: str = "cuda"
     prune: bool = True  # False: trials may run candidates the estimate rules out
+    # auto: start from this machine's stored calibration, fit the study's trials, store the fit;
+    # study: fit the study's trials only (nothing read or written); off: the napkin alone
+    calibration: str = "auto"
     budget: SearchBudget = field(default_factory=SearchBudget)
     study: StudyPlace = field(default_factory=StudyPlace)
 
@@ -76,6 +81,7 @@ class PlanRequest:
         margin: float = DEFAULT_MARGIN,
         device: str = "cuda",
         prune: bool = True,
+        calibration: str = "auto",
         trials: int = 20,
         timeout: float | None = None,
         trial_timeout: float = 600.0,
@@ -96,6 +102,7 @@ class PlanRequest:
             margin=margin,
             device=device,
             prune=prune,
+            calibration=calibration,
             budget=SearchBudget(trials, timeout, trial_timeout, steps, gpu_memory),
             study=StudyPlace(storage, study, str(run_dir) if run_dir is not None else None),
         )
@@ -111,6 +118,7 @@ class PlanRequest:
             "margin": self.margin,
             "device": self.device,
             "prune": self.prune,
+            "calibration": self.calibration,
             "budget": _plain(self.budget),
             "study": _plain(self.study),
         }
@@ -128,6 +136,7 @@ class PlanRequest:
             margin=data.get("margin", DEFAULT_MARGIN),
             device=data.get("device", "cuda"),
             prune=data.get("prune", True),
+            calibration=data.get("calibration", "auto"),
             budget=_section(SearchBudget, data.get("budget")),
             study=_section(StudyPlace, data.get("study")),
         )

@@ -32,6 +32,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import platformdirs
+
 from autofit.errors import ConfigError
 from autofit.models import ModelSpec
 
@@ -277,12 +279,12 @@ def activations_of(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
 
 
 def cache_dir() -> Path:
-    """Where structures and traces are kept between runs: `$AUTOFIT_CACHE_DIR`, else
-    `$XDG_CACHE_HOME/autofit`, else `~/.cache/autofit`."""
+    """Where structures, traces and this machine's calibration are kept between runs:
+    `$AUTOFIT_CACHE_DIR`, else the user's cache directory (`platformdirs`: `$XDG_CACHE_HOME/autofit`
+    or `~/.cache/autofit` on Linux, `~/Library/Caches/autofit` on macOS)."""
     if os.environ.get("AUTOFIT_CACHE_DIR"):
         return Path(os.environ["AUTOFIT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "autofit"
+    return Path(platformdirs.user_cache_dir("autofit", appauthor=False))
 
 
 def _versions() -> str:

@@ -16,10 +16,11 @@ from autofit.config import Config, Sharding, sharding_for, wrap_units
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
+from autofit.estimate.speed import TIME_KEYS
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 
-__all__ = ["BREAKDOWN_KEYS", "Estimate", "estimate", "estimate_many"]
+__all__ = ["BREAKDOWN_KEYS", "TIME_KEYS", "Estimate", "estimate", "estimate_many"]
 
 
 @dataclass

@@ -50,6 +50,9 @@ ATTN_BACKWARD_RATIO = 2.5
 # same share for LoRA and quantized bases until a GPU measurement calibrates it.
 COMPILE_TIME_SAVED = 1.0 - 5762 / 6667
 
+TIME_KEYS = ("compute", "communication", "offload", "optimizer")
+"""The parts of a step time (`Estimate.time_breakdown`), in order."""
+
 
 def matmul_efficiency(tokens_per_micro_step: int) -> float:
     """MFU as a function of tokens per micro-step (saturating; see the constants above)."""

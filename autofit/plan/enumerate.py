@@ -9,6 +9,7 @@ import gc
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from autofit.estimate import estimate_many
 from autofit.plan.explain import infeasible_advice, loss_note, winner_reason
@@ -16,6 +17,9 @@ from autofit.plan.prune import prune_reason
 from autofit.plan.rank import rank_key
 from autofit.plan.types import Candidate, Plan
 from autofit.request import PlanRequest
+
+if TYPE_CHECKING:
+    from autofit.calibration import Calibration
 
 
 def estimate_all(request: PlanRequest) -> tuple[list[Candidate], Counter[str], int]:
@@ -49,11 +53,25 @@ def _acyclic() -> Iterator[None]:
             gc.enable()
 
 
+def stored_calibration(request: PlanRequest) -> Calibration | None:
+    """This machine's stored calibration when the request uses it (`calibration: auto`)."""
+    if request.calibration != "auto":
+        return None
+    from autofit.calibration import store
+
+    return store.load(request.hardware, request.device)
+
+
 def estimate_space(
     request: PlanRequest,
 ) -> tuple[list[Candidate], list[Candidate], Counter[str], int]:
-    """(fitting candidates ranked best first, pruned candidates, prune counts, considered)."""
+    """(fitting candidates ranked best first, pruned candidates, prune counts, considered).
+    Under `calibration: auto` with a stored calibration of this machine, the estimates are the
+    calibrated ones (`stored_calibration`)."""
     cands, pruned_counts, considered = estimate_all(request)
+    cal = stored_calibration(request)
+    if cal is not None:
+        cands = [Candidate(c.config, cal.apply(c.estimate)) for c in cands]
     fitting: list[Candidate] = []
     rejected: list[Candidate] = []
     for cand in cands:
@@ -71,12 +89,14 @@ def plan_estimates(request: PlanRequest) -> Plan:
     """An estimate-only plan: the candidate with the highest estimated tokens/s that fits."""
     r = request
     fitting, rejected, pruned, considered = estimate_space(r)
+    cal = stored_calibration(r)
     plan = Plan(
         request=r,
         best=fitting[0] if fitting else None,
         ranked=fitting,
         pruned=pruned,
         considered=considered,
+        calibration={"mode": r.calibration, **cal.to_dict()} if cal is not None else None,
     )
     if fitting:
         plan.reason = winner_reason(fitting[0], fitting[1:], r.hardware, measured=False)

@@ -31,6 +31,9 @@ class PruneReason(StrEnum):
         f"estimated peak more than {PRUNE_TOLERANCE:.0%} (the estimate's error) above the "
         "headroom line"
     )
+    BEYOND_CALIBRATED = (
+        "calibrated peak more than the calibration's error band above the headroom line"
+    )
 
 
 def headroom_line(usable: float, margin: float) -> float:
@@ -50,26 +53,40 @@ def host_ram_bound(est: Estimate) -> bool:
     return est.host_bytes > usable_host_bytes(est.host_capacity_bytes)
 
 
-def prune_reason(est: Estimate, margin: float, hardware: Hardware) -> PruneReason | None:
-    """Why an estimate rules its candidate out, or None if it may fit with `margin` headroom."""
+def prune_reason(
+    est: Estimate, margin: float, hardware: Hardware, peak: float | None = None
+) -> PruneReason | None:
+    """Why an estimate rules its candidate out, or None if it may fit with `margin` headroom.
+    `peak`: the peak to judge (a calibrated one), default the estimate's."""
+    peak = est.peak_bytes if peak is None else peak
     if not hardware.smallest_gpu.bf16:
         return PruneReason.NO_BF16
     if host_ram_bound(est):
         return PruneReason.HOST_RAM
-    if est.peak_bytes > est.usable_bytes:
+    if peak > est.usable_bytes:
         return PruneReason.OVER_CAPACITY
-    if est.peak_bytes > headroom_line(est.usable_bytes, margin):
+    if peak > headroom_line(est.usable_bytes, margin):
         return PruneReason.OVER_MARGIN
     return None
 
 
 def search_prune_reason(
-    est: Estimate, margin: float, hardware: Hardware, allowed_bytes: float
+    est: Estimate,
+    margin: float,
+    hardware: Hardware,
+    allowed_bytes: float,
+    *,
+    peak: float | None = None,
+    band: float | None = None,
 ) -> PruneReason | None:
-    """A search's rule: over the headroom line `allowed_bytes` by more than `PRUNE_TOLERANCE` is
-    ruled out; closer than that, the measurement decides (None)."""
-    reason = prune_reason(est, margin, hardware)
+    """A search's rule: over the headroom line `allowed_bytes` by more than the estimate's error
+    is ruled out; closer than that, the measurement decides (None). The error is the napkin's
+    `PRUNE_TOLERANCE`, or with a calibrated `peak` the calibration's measured `band`."""
+    reason = prune_reason(est, margin, hardware, peak)
     if reason in (PruneReason.OVER_CAPACITY, PruneReason.OVER_MARGIN):
-        beyond = est.peak_bytes > allowed_bytes * (1 + PRUNE_TOLERANCE)
-        return PruneReason.BEYOND_TOLERANCE if beyond else None
+        peak = est.peak_bytes if peak is None else peak
+        if band is None:
+            beyond = peak > allowed_bytes * (1 + PRUNE_TOLERANCE)
+            return PruneReason.BEYOND_TOLERANCE if beyond else None
+        return PruneReason.BEYOND_CALIBRATED if peak > allowed_bytes * (1 + band) else None
     return reason

@@ -31,6 +31,8 @@ class Candidate:
     trial: TrialResult | None = None  # the measured run, when a trial ran
     verified: bool = False  # re-run with more steps and still fit
     number: int | None = None  # the Optuna trial number of `trial` (progress lines show it too)
+    # the calibrated estimate (peak_bytes, tokens_per_s, step_time_s) made before the trial ran
+    calibrated: dict[str, float] | None = None
 
     @property
     def measured(self) -> bool:
@@ -70,6 +72,7 @@ class Candidate:
                 "step_time_s": self.estimate.step_time_s,
                 "breakdown": self.estimate.breakdown,
             },
+            "calibrated": dict(self.calibrated) if self.calibrated is not None else None,
             "trial": self.trial.to_dict() if self.trial is not None else None,
             "trial_number": self.number,
         }
@@ -90,6 +93,8 @@ class Plan:
     storage: str | None = None
     study_name: str | None = None
     run_dir: str | None = None
+    # how measurements corrected the napkin (`autofit.search.calibrated.summary`); None: not used
+    calibration: dict[str, Any] | None = None
 
     @property
     def model(self) -> ModelSpec:
@@ -165,4 +170,5 @@ class Plan:
             "storage": self.storage,
             "study": self.study_name,
             "run_dir": self.run_dir,
+            "calibration": self.calibration,
         }

@@ -4,6 +4,7 @@ the picture of its trials (`plot`) and the run folder (`run_folder`). Sizes are 
 """
 
 from autofit.report.tables import (
+    calibration_report,
     estimate_report,
     hardware_table,
     models_table,
@@ -12,11 +13,13 @@ from autofit.report.tables import (
     plan_table,
     presets_table,
     pruned_lines,
+    sweep_line,
     trial_report,
     trials_table,
 )
 
 __all__ = [
+    "calibration_report",
     "estimate_report",
     "hardware_table",
     "models_table",
@@ -25,6 +28,7 @@ __all__ = [
     "plan_table",
     "presets_table",
     "pruned_lines",
+    "sweep_line",
     "trial_report",
     "trials_table",
 ]

@@ -49,7 +49,12 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     w = 0.38
-    ax1.bar([x - w / 2 for x in xs], est_peak, w, label="estimated peak", color="#b0c4de")
+    ax1.bar([x - w / 2 for x in xs], est_peak, w, label="napkin peak", color="#b0c4de")
+    cal_x = [x for x, c in zip(xs, trials, strict=True) if c.calibrated]
+    if cal_x:
+        cal_peak = [c.calibrated["peak_bytes"] / scale for c in trials if c.calibrated]
+        ax1.plot(cal_x, cal_peak, "D", color="#2e8b57", markersize=5,
+                 label="calibrated peak (before the trial)")  # fmt: skip
     # measured peaks: one colour under the headroom line, one over it, each with its legend entry
     under_i = [i for i in range(len(trials)) if status[i] == Outcome.OK and not over[i]]
     over_i = [i for i in range(len(trials)) if over[i]]
@@ -82,7 +87,14 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     ]
     ax2.bar(xs, meas_tps, 0.6, color=bar_colors)
     ax2.bar([], [], color="#4682b4", label="measured tokens/s")
-    ax2.plot(xs, est_tps, "o", mfc="none", color="#333333", label="estimated tokens/s")
+    ax2.plot(xs, est_tps, "o", mfc="none", color="#333333", label="napkin tokens/s")
+    if cal_x:
+        cal_tps = [c.calibrated["tokens_per_s"] for c in trials if c.calibrated]
+        ax2.plot(cal_x, cal_tps, "D", color="#2e8b57", markersize=5,
+                 label="calibrated tokens/s (before the trial)")  # fmt: skip
+    errors = _error_text(plan)
+    if errors:
+        ax2.set_title(errors, fontsize=9)
     if best is not None:
         ax2.plot([], [], "s", color="#daa520", label="winner")
     ax2.set_ylabel("tokens/s (all GPUs)")
@@ -91,3 +103,18 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     ax2.set_xticklabels([f"#{n} {lab}" for n, lab in zip(numbers, labels, strict=True)],
                         rotation=60, ha="right", fontsize=7)  # fmt: skip
     return fig
+
+
+def _error_text(plan: Plan) -> str:
+    """The median |error| of the napkin and the calibrated estimate over the study."""
+    cal = plan.calibration or {}
+    parts = []
+    for what, key in (("memory", "memory_error"), ("tokens/s", "speed_error")):
+        napkin, calibrated = cal.get(f"napkin_{key}"), cal.get(f"calibrated_{key}")
+        if napkin is None:
+            continue
+        text = f"{what}: napkin {napkin:.1%}"
+        if calibrated is not None:
+            text += f", calibrated {calibrated:.1%}"
+        parts.append(text)
+    return "median |error| over the study's trials — " + "; ".join(parts) if parts else ""

@@ -250,31 +250,83 @@ def trial_report(console: Console, result: TrialResult) -> None:
 
 
 def trials_table(plan: Plan) -> Table:
-    """Every real trial of a search: estimate beside measurement, the winner marked. `#` is the
-    Optuna trial number, as in the progress lines; a run over the headroom line reads `over line`.
-    """
+    """Every real trial of a search: the napkin and the calibrated estimate (made before the trial
+    ran) beside the measurement, the winner marked, and the median |error| of each estimate over
+    the study in the last row. `#` is the Optuna trial number, as in the progress lines; a run
+    over the headroom line reads `over line`."""
 
     cap = plan.hardware.capacity_bytes
     line = plan.allowed_bytes
     title = f"Trials (capacity {fmt_size(cap)} per GPU, headroom line {fmt_size(line)})"
     table = Table(title=title, title_justify="left")
-    for col in ("#", "status", "config", "peak", "est. peak", "tokens/s", "est. tokens/s"):
+    calibrated = any(c.calibrated for c in plan.trials)
+    cols = ["#", "status", "config", "peak", "napkin", "calibrated", "tokens/s", "napkin",
+            "calibrated"]  # fmt: skip
+    if not calibrated:
+        cols = [c for c in cols if c != "calibrated"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("status", "config") else "right")
     best = plan.best.config if plan.best is not None else None
     for i, c in enumerate(plan.trials):
         t = c.trial
         status = trial_status(t, line)
         mark = " [bold]<- winner[/]" if c.config == best else ""
+        cal = c.calibrated or {}
+        peak = [fmt_size(c.estimate.peak_bytes)]
+        speed = [f"{c.estimate.tokens_per_s:,.0f}"]
+        if calibrated:
+            peak.append(fmt_size(cal["peak_bytes"]) if cal else "-")
+            speed.append(f"{cal['tokens_per_s']:,.0f}" if cal else "-")
         table.add_row(
             str(c.number if c.number is not None else i),
             styled(status),
             c.config.short() + mark,
             fmt_size(t.peak_bytes) if t.peak_bytes else "-",
-            fmt_size(c.estimate.peak_bytes),
+            *peak,
             f"{t.tokens_per_s:,.0f}" if t.status == Outcome.OK and t.tokens_per_s else "-",
-            f"{c.estimate.tokens_per_s:,.0f}",
+            *speed,
         )
+    summary = plan.calibration or {}
+    if summary:
+        mem = [_pct(summary.get("napkin_memory_error"))]
+        spd = [_pct(summary.get("napkin_speed_error"))]
+        if calibrated:
+            mem.append(_pct(summary.get("calibrated_memory_error")))
+            spd.append(_pct(summary.get("calibrated_speed_error")))
+        table.add_section()
+        table.add_row("", "", "[dim]median |error|[/]", "", *mem, "", *spd)
     return table
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def calibration_lines(plan: Plan) -> list[str]:
+    """How measurements corrected the napkin: the source and the factors that moved."""
+    cal = plan.calibration
+    if not cal or cal.get("mode") == "off":
+        return []
+    source = {
+        "none": "none (the napkin alone)",
+        "stored": "this machine's stored calibration",
+        "study": f"fitted on {cal.get('n_trials', 0)} measured trial(s)",
+    }.get(cal.get("source", "none"), cal.get("source"))
+    out = [f"Calibration: {source}"]
+    if cal.get("source") != "none":
+        moved = [
+            f"{k} x{v:.2f}"
+            for side in ("memory", "speed")
+            for k, v in cal.get(side, {}).items()
+            if abs(v - 1) >= 0.02
+        ]
+        if moved:
+            out[0] += "; factors " + ", ".join(moved)
+        out[0] += (
+            f"; error band memory {cal.get('memory_band', 0):.1%}, speed "
+            f"{cal.get('speed_band', 0):.1%}"
+        )
+    return out
 
 
 def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) -> None:
@@ -289,6 +341,8 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         console.print(trials_table(plan))
     elif plan.ranked:
         console.print(plan_table(plan))
+    for line in calibration_lines(plan):
+        console.print(line, markup=False, highlight=False)
     for line in pruned_lines(plan):
         console.print(line, markup=False)  # reasons are plain text (`autofit[liger]`)
     if plan.best is None:
@@ -312,3 +366,44 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         console.print(f"Run folder: {plan.run_dir} (study, plan.json, plan.yaml, trials.png)")
     for path in written or []:
         console.print(f"wrote {path}")
+
+
+def sweep_line(t: Any) -> str:
+    """One trial of `autofit calibrate`: measured beside the napkin."""
+    r, est = t.result, t.estimate
+    if r.status != Outcome.OK:
+        why = r.message.splitlines()[0][:80] if r.message else ""
+        return f"  {r.status:<7} {t.model} {t.config.short()}  {why}"
+    return (
+        f"  ok      {t.model} {t.config.short()}  peak {fmt_size(r.peak_bytes)} (napkin "
+        f"{fmt_size(est.peak_bytes)})  {r.tokens_per_s or 0:,.0f} tokens/s (napkin "
+        f"{est.tokens_per_s:,.0f})"
+    )
+
+
+def calibration_report(console: Console, run: Any) -> None:
+    """What `autofit calibrate` fitted and where it is kept."""
+    from autofit.calibration.store import describe
+
+    cal = run.calibration
+    console.print(f"machine: {describe(run.machine)}", markup=False, highlight=False)
+    if not run.path or cal is None:
+        console.print(
+            "[red]No trial measured anything[/]: nothing was stored. See the trials above.",
+        )
+        return
+    lines = [
+        f"memory factors: {_factors(cal.memory)}; constant {fmt_size(cal.memory_constant)}",
+        f"speed factors: {_factors(cal.speed)}; {cal.speed_constant * 1e3:.2f} ms per micro-step",
+        f"measured error (leave-one-out, 90th percentile): memory {cal.memory_band:.1%}, "
+        f"speed {cal.speed_band:.1%}; median memory {_pct(cal.memory_error)}, "
+        f"speed {_pct(cal.speed_error)}",
+        f"stored ({cal.n_trials} measured trials of this machine): {run.path}",
+        "Every later `autofit plan` on this machine starts from it; --no-calibration ignores it.",
+    ]
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
+
+
+def _factors(factors: dict[str, float]) -> str:
+    return ", ".join(f"{k} x{v:.2f}" for k, v in factors.items())

@@ -5,6 +5,11 @@ A candidate is ruled out when its estimated peak is above the headroom line (usa
 (1 - margin)) by more than `autofit.plan.PRUNE_TOLERANCE`: it could not be the winner even if the
 estimate were off by that much. Candidates between the line and line x (1 + tolerance) may run:
 the measurement decides (`autofit.plan.search_prune_reason`).
+
+With a calibration (`autofit.calibration`: a stored one of this machine, or one fitted on the
+study's trials) the candidates are judged by their calibrated estimates instead, with the
+calibration's measured error as the band: `Candidates.recalibrate` re-prunes and re-ranks every
+candidate after each trial, so one ruled out early can come back.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
 from optuna.distributions import CategoricalDistribution
 
+from autofit.calibration import NAPKIN, Calibration, memory_terms, time_terms
 from autofit.config import KNOBS, Config, derive_grad_accum
 from autofit.errors import ConfigError
-from autofit.plan import Candidate, PruneReason, estimate_all, rank_key, search_prune_reason
+from autofit.plan import Candidate, PruneReason, estimate_all, search_prune_reason
 from autofit.plan.prune import allowed_bytes
+from autofit.plan.rank import complexity, speed_bucket
 from autofit.request import PlanRequest
 
 # Two candidates whose estimated speed and peak are both within this of each other are the same
@@ -42,8 +50,8 @@ class Setting(PlanRequest):
 @dataclass
 class Candidates:
     setting: Setting
-    all: dict[Config, Candidate]
-    trialable: list[Candidate]  # may cost a trial, ranked best first by estimate
+    all: dict[Config, Candidate]  # every valid candidate with its napkin estimate
+    trialable: list[Candidate]  # may cost a trial, ranked best first by (calibrated) estimate
     predicted_fit: list[Candidate]  # trialable and estimated under the headroom line, ranked
     pruned: dict[Config, PruneReason]  # ruled out by the estimate, with the reason
     counts: Counter[str]  # skipped without a trial, by reason (rules of the space included)
@@ -51,6 +59,12 @@ class Candidates:
     names: list[str] = field(default_factory=list)  # knobs that vary: the Optuna params
     fixed: dict[str, Any] = field(default_factory=dict)
     distributions: dict[str, CategoricalDistribution] = field(default_factory=dict)
+    rules: Counter[str] = field(default_factory=Counter)  # skipped by the space's rules
+    calibration: Calibration = NAPKIN  # what the estimates are corrected by
+    _peaks: Any = None  # calibrated peak of each of `all` (in its order)
+    _speeds: Any = None  # calibrated tokens/s
+    _steps: Any = None  # calibrated step time
+    _index: dict[Config, int] = field(default_factory=dict)
 
     def params(self, cfg: Config) -> dict[str, Any]:
         return {name: getattr(cfg, name) for name in self.names}
@@ -72,39 +86,89 @@ class Candidates:
         return cfg if cfg in self.all else None
 
     def overshoot(self, cand: Candidate) -> float:
-        """Estimated peak over the headroom line, as a fraction (> 0 means above it)."""
-        return cand.estimate.peak_bytes / self.setting.allowed_bytes - 1
+        """(Calibrated) estimated peak over the headroom line, as a fraction (> 0: above it)."""
+        return self.peak(cand.config) / self.setting.allowed_bytes - 1
+
+    def peak(self, cfg: Config) -> float:
+        """The calibrated estimate of `cfg`'s peak (the napkin's without a calibration)."""
+        return float(self._peaks[self._index[cfg]])
+
+    def tokens_per_s(self, cfg: Config) -> float:
+        return float(self._speeds[self._index[cfg]])
+
+    def calibrated(self, cfg: Config) -> dict[str, float]:
+        """The calibrated estimate of `cfg` as a trial records it (`calibrated`)."""
+        i = self._index[cfg]
+        return {
+            "peak_bytes": float(self._peaks[i]),
+            "tokens_per_s": float(self._speeds[i]),
+            "step_time_s": float(self._steps[i]),
+        }
+
+    def recalibrate(self, calibration: Calibration) -> None:
+        """Judge every candidate by `calibration`: its calibrated peak against the headroom line
+        with the calibration's measured error as the band (the napkin's `PRUNE_TOLERANCE`
+        without one), ranked by calibrated tokens/s."""
+        s = self.setting
+        self.calibration = cal = calibration
+        order = list(self.all.values())
+        if not self._index:
+            self._index = {c.config: i for i, c in enumerate(order)}
+        if cal.is_napkin:
+            peaks = np.array([c.estimate.peak_bytes for c in order], dtype=float)
+            steps = np.array([c.estimate.step_time_s for c in order], dtype=float)
+            speeds = np.array([c.estimate.tokens_per_s for c in order], dtype=float)
+            band = None
+        else:
+            mem = np.array([memory_terms(c.estimate) for c in order], dtype=float)
+            tim = np.array([time_terms(c.estimate) for c in order], dtype=float)
+            ga = np.array([c.config.grad_accum for c in order], dtype=float)
+            tokens = np.array([c.estimate.tokens_per_s * c.estimate.step_time_s for c in order])
+            peaks = cal.peaks(mem.reshape(len(order), -1))
+            steps = cal.step_times(tim.reshape(len(order), -1), ga)
+            speeds = tokens / steps
+            band = cal.memory_band
+        self._peaks, self._steps, self._speeds = peaks, steps, speeds
+        self.pruned, self.trialable, self.predicted_fit = {}, [], []
+        self.counts = Counter(self.rules)
+        allowed = s.allowed_bytes
+        for i, cand in enumerate(order):
+            peak = float(peaks[i])
+            reason = search_prune_reason(
+                cand.estimate, s.margin, s.hardware, allowed, peak=peak, band=band
+            )
+            if reason and s.prune:
+                self.pruned[cand.config] = reason
+                self.counts[reason] += 1
+                continue
+            self.trialable.append(cand)
+            if peak <= allowed and not reason:
+                self.predicted_fit.append(cand)
+        self.trialable.sort(key=self.rank_key)
+        self.predicted_fit.sort(key=self.rank_key)
+
+    def rank_key(self, cand: Candidate) -> tuple[int, int, float]:
+        """`autofit.plan.rank_key` on the calibrated estimate: fastest first (ties within 0.5%),
+        then the plainest, then the lower peak."""
+        i = self._index[cand.config]
+        return (-speed_bucket(self._speeds[i]), complexity(cand.config), self._peaks[i])
 
 
-def enumerate_candidates(setting: Setting) -> Candidates:
-    s = setting
-    all_cands, counts, considered = estimate_all(s)
-    every: dict[Config, Candidate] = {}
-    trialable: list[Candidate] = []
-    predicted: list[Candidate] = []
-    pruned: dict[Config, PruneReason] = {}
-    for cand in all_cands:
-        cfg = cand.config
-        every[cfg] = cand
-        reason = search_prune_reason(cand.estimate, s.margin, s.hardware, s.allowed_bytes)
-        if reason and s.prune:
-            pruned[cfg] = reason
-            counts[reason] += 1
-            continue
-        trialable.append(cand)
-        if cand.estimate.peak_bytes <= s.allowed_bytes and not reason:
-            predicted.append(cand)
-    trialable.sort(key=rank_key)
-    predicted.sort(key=rank_key)
+def enumerate_candidates(setting: Setting, calibration: Calibration = NAPKIN) -> Candidates:
+    """Every candidate of the setting's space with its napkin estimate, judged by `calibration`
+    (default: the napkin itself)."""
+    all_cands, rules, considered = estimate_all(setting)
     cands = Candidates(
-        setting=s,
-        all=every,
-        trialable=trialable,
-        predicted_fit=predicted,
-        pruned=pruned,
-        counts=counts,
+        setting=setting,
+        all={c.config: c for c in all_cands},
+        trialable=[],
+        predicted_fit=[],
+        pruned={},
+        counts=Counter(),
         considered=considered,
+        rules=rules,
     )
+    cands.recalibrate(calibration)
     _make_params(cands)
     return cands
 

@@ -41,6 +41,7 @@ from autofit.plan import (
 from autofit.report.live import SearchDisplay
 from autofit.request import PlanRequest
 from autofit.search import study as st
+from autofit.search.calibrated import CALIBRATED, Calibrator, stored_prior, summary
 from autofit.search.candidates import (
     Candidates,
     Setting,
@@ -89,6 +90,9 @@ def search(
     if run_trial is None:
         run_trial = trials_run_trial
     cands = enumerate_candidates(setting)
+    calibrator = Calibrator(cands, stored_prior(cands))
+    if not calibrator.prior.is_napkin:
+        cands.recalibrate(calibrator.prior)
     name = setting.study.name or st.default_study_name(
         model, hardware, setting.space, setting.seq_len, setting.global_batch, device
     )
@@ -106,6 +110,7 @@ def search(
             load_if_exists=True,
         )  # fmt: skip
     st.check_metadata(opt_study, setting)
+    calibrator.refresh(opt_study)  # a resumed study: its finished trials calibrate at once
 
     finished = [t for t in st.real_trials(opt_study) if st.finished(t)]
     display = SearchDisplay(console, trials, min(len(finished), trials), setting.allowed_bytes)
@@ -125,7 +130,7 @@ def search(
             objective = Objective(
                 cands, budget, run_trial,
                 on_result=lambda t, c, r: display.finished(t.number, c, r),
-                on_start=display.started, trial_kwargs=hooks,
+                on_start=display.started, trial_kwargs=hooks, calibrator=calibrator,
             )  # fmt: skip
             again = objective.requeue(opt_study)
             if again:
@@ -133,7 +138,10 @@ def search(
                     f"re-running {len(again)} interrupted trial(s) first: "
                     + ", ".join(f"#{t.number}" for t in again)
                 )
-            _enqueue_seeds(opt_study, cands, n_seeds(trials))
+            if calibrator.on:
+                _enqueue_calibrated(opt_study, cands, calibrator, display)
+            else:
+                _enqueue_seeds(opt_study, cands, n_seeds(trials))
             start = time.monotonic()
             with _quiet_optuna():
                 _run_reruns(opt_study, objective)
@@ -146,7 +154,10 @@ def search(
                             objective,
                             timeout=left,
                             catch=(TrialError,),
-                            callbacks=[_Stopper(cands, objective, trials, start, timeout)],
+                            callbacks=[
+                                _Stopper(cands, objective, trials, start, timeout),
+                                _Recalibrate(cands, calibrator, display),
+                            ],
                             gc_after_trial=False,
                         )
                         break
@@ -168,6 +179,16 @@ def search(
         )  # fmt: skip
     plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
                     limits=(trials, timeout, budget.trial_timeout))  # fmt: skip
+    stored = calibrator.store(opt_study)
+    if stored is not None and plan.calibration is not None:
+        path, kept = stored
+        plan.calibration["stored"] = {"path": str(path), "n_trials": kept.n_trials}
+        if console is not None:
+            display.say(
+                f"this machine's calibration now holds {kept.n_trials} measured trial(s): "
+                f"{escape(str(path))} (the next plan here starts from it; --no-calibration "
+                "ignores it)"
+            )
     return plan
 
 
@@ -175,6 +196,42 @@ def search(
 # the slower one's `tell` then fails although the other finished the trial. That is a lost race,
 # not an error: the worker goes on with the next trial. PostgreSQL/MySQL storages lock the row.
 MAX_LOST_RACES = 5
+
+
+class _Recalibrate:
+    """After each trial: refit the calibration when a real trial finished, and queue the
+    calibrated best untried candidate when nothing is queued; stop when no untried candidate may
+    beat the best measured one (`Calibrator.next_candidate`)."""
+
+    def __init__(self, cands: Candidates, calibrator: Calibrator, display: SearchDisplay) -> None:
+        self.cands, self.calibrator, self.display = cands, calibrator, display
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if not self.calibrator.on:
+            return
+        self.calibrator.refresh(study)
+        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return
+        if not _enqueue_calibrated(study, self.cands, self.calibrator, self.display):
+            study.stop()
+
+
+def _enqueue_calibrated(
+    study: optuna.Study, cands: Candidates, calibrator: Calibrator, display: SearchDisplay
+) -> bool:
+    """Queue the calibrated best untried candidate; False when there is none worth a trial."""
+    measured = rebuild_trials(study, cands)
+    nxt = calibrator.next_candidate(study, _taken_configs(study), measured)
+    if nxt is None:
+        if any(c.measured for c in measured):
+            cal = cands.calibration
+            display.say(
+                "no untried candidate is predicted to beat the best measured one by more than "
+                f"the calibrated speed error ({cal.speed_band:.1%}): the search stops here"
+            )
+        return False
+    enqueue(study, cands, nxt.config, "calibrated")
+    return True
 
 
 def _run_reruns(study: optuna.Study, objective: Objective) -> None:
@@ -279,7 +336,10 @@ def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
 
             cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device))
         result = TrialResult.from_dict(t.user_attrs["result"])
-        out.append(Candidate(cfg, cand.estimate, result, number=t.number))
+        out.append(
+            Candidate(cfg, cand.estimate, result, number=t.number,
+                      calibrated=t.user_attrs.get(CALIBRATED))
+        )  # fmt: skip
     return out
 
 
@@ -304,6 +364,7 @@ def assemble(
         ranked=ranked, trials=trial_cands, pruned=cands.counts, considered=cands.considered,
         storage=storage, study_name=study.study_name,
         run_dir=str(folder) if folder is not None else None,
+        calibration=summary(cands, trial_cands),
     )  # fmt: skip
     if best is not None:
         plan.reason = winner_reason(best, ranked[1:], s.hardware, measured=True)
@@ -461,10 +522,33 @@ def _intro(
         f"{len(cands.trialable):,} may fit, {skipped:,} ruled out without a trial; headroom line "
         f"{fmt_size(s.allowed_bytes)} per GPU."
     )
+    display.say(calibration_line(cands, s.calibration))
     resumed = f", resuming with {done} trial(s) done" if done else ""
     display.say(
         f"study [bold]{escape(name)}[/] in {escape(url)}{resumed}; run folder {escape(str(folder))}"
     )
+
+
+def calibration_line(cands: Candidates, mode: str) -> str:
+    """What the search starts from: the napkin, this machine's stored calibration, or a resumed
+    study's own."""
+    cal = cands.calibration
+    if mode == "off":
+        return "calibration off: the napkin alone judges and orders candidates"
+    if cal.source == "none":
+        where = " (none stored for this machine yet)" if mode == "auto" else ""
+        return f"starting from the napkin{where}; every trial calibrates the estimate"
+    err = (
+        f"; its measured error: memory {cal.memory_band:.1%}, speed {cal.speed_band:.1%}"
+        if cal.n_trials >= 2
+        else ""
+    )
+    if cal.source == "stored":
+        return (
+            f"starting from this machine's stored calibration ({cal.n_trials} measured trial(s)"
+            f"{err}); --no-calibration ignores it"
+        )
+    return f"calibrated on {cal.n_trials} measured trial(s) so far{err}"
 
 
 class _quiet_optuna:

@@ -25,6 +25,7 @@ from autofit.config import Config
 from autofit.plan import Candidate, Outcome
 from autofit.request import SearchBudget
 from autofit.search import study as st
+from autofit.search.calibrated import Calibrator
 from autofit.search.candidates import Candidates
 from autofit.trials.result import TrialResult
 
@@ -75,6 +76,7 @@ class Objective:
         on_result: Callable[[optuna.Trial, Candidate, TrialResult], None] | None = None,
         on_start: Callable[[Candidate], None] | None = None,
         trial_kwargs: dict[str, Any] | None = None,
+        calibrator: Calibrator | None = None,
     ) -> None:
         self.cands = cands
         self.budget = budget
@@ -84,6 +86,7 @@ class Objective:
         self.trial_kwargs = trial_kwargs or {}  # e.g. on_progress, on_wait for run_trial
         self.cheap_streak = 0  # proposals in a row that cost no trial
         self.owner = st.owner()
+        self.calibrator = calibrator
 
     def requeue(self, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         """Fail the running trials whose owner on this host is gone, and queue every interrupted
@@ -137,6 +140,8 @@ class Objective:
     def _measure(self, trial: optuna.Trial, cand: Candidate) -> float:
         self.cheap_streak = 0
         s = self.cands.setting
+        if self.calibrator is not None:
+            self.calibrator.record(trial, cand.config)
         if self.on_start:
             self.on_start(cand)
         result = self.run_trial(

@@ -46,7 +46,7 @@ class FakeTrials:
             return result
         result.peak_bytes = result.peak_allocated_bytes = peak
         result.tokens_per_s = est.tokens_per_s * self.speed_factor(config)
-        result.step_time_s = 1.0
+        result.step_time_s = est.step_time_s / self.speed_factor(config)
         result.losses = [2.0] * (steps + 1)
         return result
 

@@ -1,0 +1,452 @@
+"""Calibration: the napkin as the prior, measured trials as the correction.
+
+The napkin (`autofit.estimate`) predicts a peak as a sum of named memory terms and a step time as a
+sum of named time terms. A calibration multiplies each term by a factor and adds a constant:
+
+    peak = sum_k f_k x memory_term_k + c_mem            (bytes)
+    step = sum_k g_k x time_term_k   + c_time x micro-steps (seconds)
+
+`fit_calibration` finds the factors that explain the measured trials of a study (OOMs as lower
+bounds on memory), as a maximum a-posteriori fit: log-factors with a Gaussian prior at the prior
+calibration (the napkin's 1.0, or a stored calibration of this machine), measurement residuals
+on a log scale with a Huber loss (a trial that went strange is down-weighted, not believed), solved
+by damped Gauss-Newton. Two trials move the factors sensibly (the prior holds what they cannot
+tell apart); twenty pin them down.
+
+A calibration also carries its own measured error: the leave-one-out relative error of its
+predictions over the trials it was fitted on (`memory_band`, `speed_band`). The search prunes with
+that band instead of the napkin's fixed `PRUNE_TOLERANCE`.
+
+Pure arithmetic on numpy; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from autofit.estimate import BREAKDOWN_KEYS, TIME_KEYS, Estimate
+from autofit.plan.prune import PRUNE_TOLERANCE, host_ram_bound
+from autofit.trials.result import TrialResult
+
+__all__ = [
+    "MEMORY_TERMS",
+    "NAPKIN",
+    "SPEED_TERMS",
+    "Calibration",
+    "Observation",
+    "fit_calibration",
+    "memory_terms",
+    "time_terms",
+]
+
+MEMORY_TERMS: tuple[str, ...] = (*BREAKDOWN_KEYS, "allocator")
+"""What a peak is made of: the napkin's breakdown at its peak moment, and the caching allocator's
+slack (`Estimate.overhead["allocator"]`; 0 on CPU)."""
+SPEED_TERMS: tuple[str, ...] = TIME_KEYS
+"""What a step time is made of: the napkin's `time_breakdown`."""
+
+# Prior widths of the log-factors: how far from the prior one believes a factor may be (1 sigma).
+# The napkin's memory terms are held to 10% by bench/accuracy.py with outliers to 30-40%; its
+# speed constants are assumptions (MFU, link and PCIe efficiency) that may be off by 2x.
+NAPKIN_MEMORY_SIGMA = 0.3
+NAPKIN_SPEED_SIGMA = 0.7
+# A stored calibration of this machine was fitted on measurements: a tighter prior.
+STORED_MEMORY_SIGMA = 0.15
+STORED_SPEED_SIGMA = 0.3
+# Measurement noise, relative: a peak repeats within ~1% between runs of one config (trials of the
+# suite; allocator and tracker noise), tokens/s of a few steps within ~5% (CPU and GPU alike).
+MEMORY_NOISE = 0.02
+SPEED_NOISE = 0.05
+# Prior width of the constants, as a share of the median measured peak / step time per
+# micro-step: a fixed cost the terms do not carry (NCCL buffers, kernel launch, Python).
+CONSTANT_SIGMA = 0.05
+# Residuals beyond this many noise widths count linearly (Huber), not squared.
+HUBER = 2.0
+# The smallest band a calibration prunes with, however well it explains its trials: two runs of
+# one config differ by about this much.
+MIN_BAND = 0.01
+# Before any measurement the napkin's speed error is not known; this is its stated spread.
+NAPKIN_SPEED_BAND = 0.25
+SOURCES = ("none", "stored", "study")
+
+
+def memory_terms(est: Estimate) -> tuple[float, ...]:
+    """The napkin's memory terms of an estimate, in `MEMORY_TERMS` order."""
+    b = est.breakdown
+    return (*(float(b.get(k, 0)) for k in BREAKDOWN_KEYS), float(est.overhead.get("allocator", 0)))
+
+
+def time_terms(est: Estimate) -> tuple[float, ...]:
+    """The napkin's time terms of an estimate, in `SPEED_TERMS` order."""
+    t = est.time_breakdown
+    return tuple(float(t.get(k, 0.0)) for k in SPEED_TERMS)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured trial as the fit sees it: the napkin's terms for its config and what the
+    trial measured. An OOM gives a lower bound on the peak (it ran past `peak_bytes`) and no
+    step time; a timeout or an error gives nothing."""
+
+    memory: tuple[float, ...]  # napkin memory terms (`MEMORY_TERMS`)
+    time: tuple[float, ...]  # napkin time terms (`SPEED_TERMS`)
+    micro_steps: int  # grad_accum: micro-steps per optimizer step
+    peak_bytes: float | None = None  # measured peak, or the bound an OOM ran past
+    oom: bool = False
+    step_time_s: float | None = None
+    label: str = ""
+
+    @classmethod
+    def of(cls, est: Estimate, result: TrialResult) -> Observation:
+        """`est`: the napkin's estimate of the trial's config (on the hardware and cap it ran
+        under); `result`: what the trial measured."""
+        peak: float | None = None
+        step: float | None = None
+        oom = False
+        if result.status == "ok":
+            peak = float(result.peak_bytes) if result.peak_bytes else None
+            # the step time of the tokens the search ranks by (what tokens/s was measured of)
+            step = _tokens(est) / result.tokens_per_s if result.tokens_per_s else None
+        elif result.status == "oom" and result.oom_of != "host":
+            oom, peak = True, float(est.usable_bytes)  # it needed more than the GPU could give
+        return cls(
+            memory=memory_terms(est),
+            time=time_terms(est),
+            micro_steps=int(est.config.grad_accum),
+            peak_bytes=peak,
+            oom=oom,
+            step_time_s=step,
+            label=est.config.short(),
+        )
+
+    @property
+    def informative(self) -> bool:
+        return self.peak_bytes is not None or self.step_time_s is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "memory": list(self.memory),
+            "time": list(self.time),
+            "micro_steps": self.micro_steps,
+            "peak_bytes": self.peak_bytes,
+            "oom": self.oom,
+            "step_time_s": self.step_time_s,
+            "label": self.label,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Observation:
+        return cls(
+            memory=tuple(float(x) for x in d["memory"]),
+            time=tuple(float(x) for x in d["time"]),
+            micro_steps=int(d.get("micro_steps", 1)),
+            peak_bytes=d.get("peak_bytes"),
+            oom=bool(d.get("oom", False)),
+            step_time_s=d.get("step_time_s"),
+            label=str(d.get("label", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Factors per napkin term and a constant, for memory and for speed, with the relative error
+    the calibration was measured to have (`memory_band`, `speed_band`)."""
+
+    memory: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MEMORY_TERMS, 1.0))
+    memory_constant: float = 0.0  # bytes
+    speed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SPEED_TERMS, 1.0))
+    speed_constant: float = 0.0  # seconds per micro-step
+    memory_band: float = PRUNE_TOLERANCE
+    speed_band: float = NAPKIN_SPEED_BAND
+    source: str = "none"  # none (the napkin), stored (this machine's), study (fitted on trials)
+    n_trials: int = 0  # measured trials it was fitted on (stored ones included)
+    memory_error: float | None = None  # median leave-one-out |error| over its trials
+    speed_error: float | None = None
+
+    @property
+    def is_napkin(self) -> bool:
+        return self.source == "none"
+
+    # One estimate at a time (plan output) ...
+    def peak_bytes(self, est: Estimate) -> float:
+        f = self._memory_vector()
+        return max(float(np.dot(f, memory_terms(est))) + self.memory_constant, 1.0)
+
+    def step_time_s(self, est: Estimate) -> float:
+        g = self._speed_vector()
+        step = float(np.dot(g, time_terms(est))) + self.speed_constant * est.config.grad_accum
+        return max(step, 1e-9)
+
+    def tokens_per_s(self, est: Estimate) -> float:
+        return _tokens(est) / self.step_time_s(est)
+
+    def apply(self, est: Estimate) -> Estimate:
+        """The estimate as this calibration corrects it: peak (its breakdown scaled term by term,
+        the constant beside it) and step time (time breakdown scaled likewise)."""
+        if self.is_napkin:
+            return est
+        f, g = self.memory, self.speed
+        breakdown = {k: int(round(v * f.get(k, 1.0))) for k, v in est.breakdown.items()}
+        overhead = dict(est.overhead)
+        if "allocator" in overhead:
+            overhead["allocator"] = int(round(overhead["allocator"] * f["allocator"]))
+        peak = int(round(self.peak_bytes(est)))
+        times = {k: v * g.get(k, 1.0) for k, v in est.time_breakdown.items()}
+        step = self.step_time_s(est)
+        if self.speed_constant:
+            times["fixed"] = self.speed_constant * est.config.grad_accum
+        return replace(
+            est,
+            peak_bytes=peak,
+            peak_allocated_bytes=peak - overhead.get("allocator", 0),
+            breakdown=breakdown,
+            overhead=overhead,
+            within_capacity=peak <= est.usable_bytes and not host_ram_bound(est),
+            step_time_s=step,
+            tokens_per_s=_tokens(est) / step,
+            time_breakdown=times,
+        )
+
+    # ... and a whole space at once (the search re-ranks every candidate after each trial).
+    def peaks(self, memory: np.ndarray) -> np.ndarray:
+        """Calibrated peaks of the rows of `memory` (n x len(MEMORY_TERMS) napkin terms)."""
+        return np.maximum(memory @ self._memory_vector() + self.memory_constant, 1.0)
+
+    def step_times(self, time: np.ndarray, micro_steps: np.ndarray) -> np.ndarray:
+        """Calibrated step times of the rows of `time` (n x len(SPEED_TERMS))."""
+        steps = time @ self._speed_vector() + self.speed_constant * micro_steps
+        return np.maximum(steps, 1e-9)
+
+    def _memory_vector(self) -> np.ndarray:
+        return np.array([self.memory.get(k, 1.0) for k in MEMORY_TERMS])
+
+    def _speed_vector(self) -> np.ndarray:
+        return np.array([self.speed.get(k, 1.0) for k in SPEED_TERMS])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "n_trials": self.n_trials,
+            "memory": {k: round(v, 4) for k, v in self.memory.items()},
+            "memory_constant_bytes": int(round(self.memory_constant)),
+            "speed": {k: round(v, 4) for k, v in self.speed.items()},
+            "speed_constant_s": self.speed_constant,
+            "memory_band": self.memory_band,
+            "speed_band": self.speed_band,
+            "memory_error": self.memory_error,
+            "speed_error": self.speed_error,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        return cls(
+            memory={k: float(d.get("memory", {}).get(k, 1.0)) for k in MEMORY_TERMS},
+            memory_constant=float(d.get("memory_constant_bytes", 0.0)),
+            speed={k: float(d.get("speed", {}).get(k, 1.0)) for k in SPEED_TERMS},
+            speed_constant=float(d.get("speed_constant_s", 0.0)),
+            memory_band=float(d.get("memory_band", PRUNE_TOLERANCE)),
+            speed_band=float(d.get("speed_band", NAPKIN_SPEED_BAND)),
+            source=str(d.get("source", "stored")),
+            n_trials=int(d.get("n_trials", 0)),
+            memory_error=d.get("memory_error"),
+            speed_error=d.get("speed_error"),
+        )
+
+
+NAPKIN = Calibration()
+"""The uncalibrated napkin: every factor 1, no constant, the napkin's stated error as its band."""
+
+
+def _tokens(est: Estimate) -> float:
+    c = est.config
+    return float(c.micro_batch * c.grad_accum * max(est.n_gpus, 1) * c.seq_len)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fit
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """One side (memory or speed) as a least-squares problem over log-factors and a constant."""
+
+    x: np.ndarray  # n x k napkin terms
+    extra: np.ndarray  # n: what the constant multiplies (1 for memory, micro-steps for speed)
+    y: np.ndarray  # n: measured (or the bound)
+    lower: np.ndarray  # n: bool, y is a lower bound (OOM)
+    mu: np.ndarray  # k+1: prior means (log-factors, then the constant)
+    sigma: np.ndarray  # k+1: prior widths
+    noise: float
+
+    def predict(self, theta: np.ndarray) -> np.ndarray:
+        return self.x @ np.exp(theta[:-1]) + self.extra * theta[-1]
+
+    def residuals(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Log residuals (0 for a bound that holds) and their Jacobian."""
+        p = self.predict(theta)
+        safe = np.maximum(p, self.y * 1e-3)
+        r = np.log(safe / self.y)
+        jac = np.empty((len(self.y), len(theta)))
+        jac[:, :-1] = self.x * np.exp(theta[:-1]) / safe[:, None]
+        jac[:, -1] = self.extra / safe
+        jac[p <= self.y * 1e-3] = 0.0
+        held = self.lower & (r >= 0)
+        r[held] = 0.0
+        jac[held] = 0.0
+        return r, jac
+
+    def objective(self, theta: np.ndarray) -> float:
+        r, _ = self.residuals(theta)
+        z = r / self.noise
+        data = np.where(np.abs(z) <= HUBER, z * z, 2 * HUBER * np.abs(z) - HUBER * HUBER)
+        prior = ((theta - self.mu) / self.sigma) ** 2
+        return float(np.sum(data) + np.sum(prior))
+
+    def solve(self, start: np.ndarray | None = None, iters: int = 40) -> np.ndarray:
+        """MAP estimate by damped Gauss-Newton with Huber weights (IRLS)."""
+        theta = self.mu.copy() if start is None else start.copy()
+        p_inv = 1.0 / self.sigma**2
+        lam = 1e-3
+        best = self.objective(theta)
+        for _ in range(iters):
+            r, jac = self.residuals(theta)
+            z = np.abs(r) / self.noise
+            w = np.where(z <= HUBER, 1.0, HUBER / np.maximum(z, 1e-12)) / self.noise**2
+            h = jac.T @ (jac * w[:, None]) + np.diag(p_inv)
+            g = jac.T @ (w * r) + p_inv * (theta - self.mu)
+            improved = False
+            for _ in range(8):
+                step = np.linalg.solve(h + lam * np.diag(np.diag(h)), -g)
+                trial = theta + step
+                value = self.objective(trial)
+                if value < best:
+                    theta, best, improved = trial, value, True
+                    lam = max(lam / 3, 1e-9)
+                    break
+                lam *= 10
+            if not improved or np.max(np.abs(step)) < 1e-7:
+                break
+        return theta
+
+
+def _problem(
+    obs: Sequence[Observation],
+    side: str,
+    prior: Calibration,
+    stored: bool,
+) -> _Problem | None:
+    if side == "memory":
+        rows = [o for o in obs if o.peak_bytes]
+        if not rows:
+            return None
+        x = np.array([o.memory for o in rows], dtype=float)
+        extra = np.ones(len(rows))
+        y = np.array([o.peak_bytes for o in rows], dtype=float)
+        lower = np.array([o.oom for o in rows])
+        factors = [prior.memory.get(k, 1.0) for k in MEMORY_TERMS]
+        constant = prior.memory_constant
+        width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
+        measured = y[~lower] if (~lower).any() else y
+        scale = float(np.median(measured))
+        noise = MEMORY_NOISE
+    else:
+        rows = [o for o in obs if o.step_time_s]
+        if not rows:
+            return None
+        x = np.array([o.time for o in rows], dtype=float)
+        extra = np.array([o.micro_steps for o in rows], dtype=float)
+        y = np.array([o.step_time_s for o in rows], dtype=float)
+        lower = np.zeros(len(rows), dtype=bool)
+        factors = [prior.speed.get(k, 1.0) for k in SPEED_TERMS]
+        constant = prior.speed_constant
+        width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
+        scale = float(np.median(y / extra))
+        noise = SPEED_NOISE
+    k = x.shape[1]
+    mu = np.array([*np.log(np.maximum(factors, 1e-6)), constant])
+    sigma = np.array([width] * k + [CONSTANT_SIGMA * scale])
+    return _Problem(x, extra, y, lower, mu, sigma, noise)
+
+
+def _loo_errors(problem: _Problem, theta: np.ndarray) -> np.ndarray:
+    """Relative error of each measured row predicted by a fit that did not see it (for a bound:
+    how far below the bound it was predicted, else 0)."""
+    n = len(problem.y)
+    if n < 2:
+        return np.array([])
+    errors = []
+    for i in range(n):
+        keep = np.arange(n) != i
+        sub = replace(
+            problem, x=problem.x[keep], extra=problem.extra[keep], y=problem.y[keep],
+            lower=problem.lower[keep],
+        )  # fmt: skip
+        t = sub.solve(theta, iters=15)
+        p = float(problem.x[i] @ np.exp(t[:-1]) + problem.extra[i] * t[-1])
+        err = p / problem.y[i] - 1
+        if problem.lower[i]:
+            err = min(err, 0.0)
+        errors.append(err)
+    return np.array(errors)
+
+
+def _band(errors: np.ndarray, fallback: float) -> float:
+    """The calibration's measured error: the 90th percentile of its |leave-one-out| errors."""
+    if len(errors) == 0:
+        return fallback
+    return max(float(np.quantile(np.abs(errors), 0.9, method="higher")), MIN_BAND)
+
+
+def fit_calibration(
+    observations: Iterable[Observation], prior: Calibration | None = None
+) -> Calibration:
+    """Fit factors to the measured `observations` with `prior` (default: the napkin) as the
+    prior; see the module docstring. No informative observation: the prior itself."""
+    prior = prior or NAPKIN
+    obs = [o for o in observations if o.informative]
+    if not obs:
+        return prior
+    stored = prior.source != "none"
+    mem_p = _problem(obs, "memory", prior, stored)
+    spd_p = _problem(obs, "speed", prior, stored)
+    memory, memory_constant = dict(prior.memory), prior.memory_constant
+    memory_band, memory_error = prior.memory_band, prior.memory_error
+    if mem_p is not None:
+        theta = mem_p.solve()
+        memory = dict(zip(MEMORY_TERMS, (float(v) for v in np.exp(theta[:-1])), strict=True))
+        memory_constant = float(theta[-1])
+        loo = _loo_errors(mem_p, theta)
+        memory_band = _band(loo, prior.memory_band)
+        memory_error = float(np.median(np.abs(loo))) if len(loo) else memory_error
+    speed, speed_constant = dict(prior.speed), prior.speed_constant
+    speed_band, speed_error = prior.speed_band, prior.speed_error
+    if spd_p is not None:
+        theta = spd_p.solve()
+        speed = dict(zip(SPEED_TERMS, (float(v) for v in np.exp(theta[:-1])), strict=True))
+        speed_constant = float(theta[-1])
+        loo = _loo_errors(spd_p, theta)
+        speed_band = _band(loo, prior.speed_band)
+        speed_error = float(np.median(np.abs(loo))) if len(loo) else speed_error
+    return Calibration(
+        memory=memory,
+        memory_constant=memory_constant,
+        speed=speed,
+        speed_constant=speed_constant,
+        memory_band=memory_band,
+        speed_band=speed_band,
+        source="study",
+        n_trials=prior.n_trials + len(obs),
+        memory_error=memory_error,
+        speed_error=speed_error,
+    )
+
+
+def median_abs(values: Iterable[float]) -> float | None:
+    """Median |value| of `values`, or None when there are none."""
+    v = [abs(x) for x in values if x is not None and math.isfinite(x)]
+    return float(np.median(v)) if v else None

@@ -1,0 +1,149 @@
+"""This machine's calibration, kept between plans in the user's cache directory.
+
+One JSON file per machine (`<cache>/calibration/<key digest>.json`, the cache of
+`autofit.arch.cache_dir`): the machine it is for, the napkin version its terms came from, the
+measured observations (latest `MAX_OBSERVATIONS`) and the calibration fitted on all of them. A
+machine is its device kind, its GPUs' model and count, how they are linked, the host CPU for CPU
+trials, and the torch and torchao versions (a new kernel or allocator changes what is measured).
+A record whose napkin version differs from this install's is not used: its terms were computed by
+other formulas.
+
+Writes are atomic (a temporary file renamed over the old one); two planners that finish at once
+each write a whole file, and the later one's observations are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from autofit.arch import TRACE_VERSION, cache_dir
+from autofit.calibration import Calibration, Observation, fit_calibration
+from autofit.hardware import Hardware
+
+MAX_OBSERVATIONS = 500
+_NAPKIN_FILES = ("__init__.py", "memory.py", "peak.py", "speed.py")
+
+
+def napkin_version() -> str:
+    """A digest of the napkin's formulas (the estimator's source and the trace version): stored
+    observations carry the terms these formulas computed."""
+    h = hashlib.sha256(f"trace={TRACE_VERSION}".encode())
+    here = Path(__file__).resolve().parents[1] / "estimate"
+    for name in _NAPKIN_FILES:
+        with contextlib.suppress(OSError):
+            h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_key(hardware: Hardware, device: str) -> dict[str, Any]:
+    """What makes two machines calibrate alike (not the memory cap: factors are per byte)."""
+    names = sorted({g.name for g in hardware.gpus})
+    key: dict[str, Any] = {
+        "device": device,
+        "gpus": f"{hardware.n_gpus}x {' + '.join(names)}",
+        "link": f"{hardware.link} {hardware.link_bw_gbs:g} GB/s",
+        "torch": _version("torch"),
+        "torchao": _version("torchao"),
+    }
+    if device == "cpu":
+        key["cpu"] = f"{_cpu_model()} ({hardware.cpu_cores} cores)"
+    return key
+
+
+def describe(key: dict[str, Any]) -> str:
+    """The machine in a few words, for the output."""
+    parts = [key["gpus"], key["link"], f"torch {key['torch']}", f"torchao {key['torchao']}"]
+    if "cpu" in key:
+        parts.insert(1, key["cpu"])
+    return ", ".join(parts)
+
+
+def store_path(hardware: Hardware, device: str) -> Path:
+    key = machine_key(hardware, device)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "calibration" / f"{digest}.json"
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load(hardware: Hardware, device: str) -> Calibration | None:
+    """The stored calibration of this machine (`source` "stored"), or None when there is none
+    for this napkin version."""
+    data = _read(store_path(hardware, device))
+    if not data or data.get("napkin") != napkin_version() or "calibration" not in data:
+        return None
+    stored = Calibration.from_dict({**data["calibration"], "source": "stored"})
+    return stored
+
+
+def save(
+    hardware: Hardware,
+    device: str,
+    observations: Iterable[tuple[str, Observation]],
+) -> tuple[Path, Calibration]:
+    """Add `observations` (each with an id that names its trial, e.g. `study#number`: the same
+    trial saved twice is kept once) to this machine's record, refit it on all of them, and write
+    it. Returns the file and the calibration stored."""
+    path = store_path(hardware, device)
+    data = _read(path) or {}
+    kept: dict[str, dict[str, Any]] = {}
+    if data.get("napkin") == napkin_version():
+        kept = {o["id"]: o for o in data.get("observations", []) if "id" in o}
+    for ident, obs in observations:
+        if obs.informative:
+            kept[ident] = {"id": ident, **obs.to_dict()}
+    rows = list(kept.values())[-MAX_OBSERVATIONS:]
+    fitted = fit_calibration(Observation.from_dict(o) for o in rows)
+    record = {
+        "machine": machine_key(hardware, device),
+        "napkin": napkin_version(),
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "calibration": {**fitted.to_dict(), "source": "stored"},
+        "observations": rows,
+    }
+    _write_atomic(path, json.dumps(record, indent=1))
+    return path, Calibration.from_dict(record["calibration"])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,157 @@
+"""`autofit calibrate`: a short sweep of real trials that identifies each correction factor, stored
+as this machine's calibration for every later plan.
+
+Each trial of the sweep moves one knob away from a plain base config, so that the terms it adds
+(activations and compute with a larger micro-batch, recomputation with checkpointing, LoRA's
+frozen base, dequantisation with NF4, communication with DDP or FSDP2, host copies and the CPU
+optimizer with offload, the per-micro-step constant with gradient accumulation) show in the
+measurements apart from the others. A second model family keeps the fit from learning one
+architecture's quirks. Small models: a few minutes in all (on CPU about a minute).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.calibration import Calibration, Observation, fit_calibration
+from autofit.calibration import store as cal_store
+from autofit.config import Config
+from autofit.errors import ConfigError
+from autofit.estimate import estimate
+from autofit.hardware import Hardware
+from autofit.models import ModelSpec, resolve_model
+from autofit.space import parse_space
+from autofit.trials.result import TrialResult
+
+# (model, seq_len) per device: the sweep's models, small enough for a few minutes of trials.
+MODELS = {
+    "cpu": (("llama-debug", 128), ("qwen3-debug", 128)),
+    "cuda": (("tinyllama-1.1b", 1024), ("llama-mini", 1024)),
+}
+# Knobs moved away from the base, one variant each (first model); the second model runs the
+# first `SECOND_MODEL_VARIANTS` of them.
+VARIANTS: tuple[dict[str, Any], ...] = (
+    {},
+    {"micro_batch": 8},
+    {"micro_batch": 8, "checkpointing": "full"},
+    {"lora_rank": 8},
+    {"lora_rank": 8, "quant": "nf4"},
+    {"wrap": "none"},
+    {"offload": "optimizer"},
+    {"offload": "params", "wrap": "layer"},
+    {"grad_accum": 2},
+    {"precision": "bf16"},
+)
+SECOND_MODEL_VARIANTS = 3
+BASE: dict[str, Any] = {"micro_batch": 2, "wrap": "layer"}
+
+
+@dataclass
+class SweepTrial:
+    model: str
+    config: Config
+    estimate: Any  # autofit.estimate.Estimate (napkin)
+    result: TrialResult
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "model": self.model,
+            "config": self.config.to_dict(),
+            "label": self.config.short(),
+            "status": r.status,
+            "peak_bytes": r.peak_bytes,
+            "tokens_per_s": r.tokens_per_s,
+            "estimate": {
+                "peak_bytes": self.estimate.peak_bytes,
+                "tokens_per_s": self.estimate.tokens_per_s,
+            },
+            "message": r.message.splitlines()[0] if r.message else "",
+        }
+
+
+@dataclass
+class CalibrationRun:
+    """What `calibrate` did: its trials, the calibration stored, where, for which machine."""
+
+    machine: dict[str, Any]
+    trials: list[SweepTrial] = field(default_factory=list)
+    calibration: Calibration | None = None
+    path: str = ""
+    skipped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine,
+            "trials": [t.to_dict() for t in self.trials],
+            "calibration": self.calibration.to_dict() if self.calibration else None,
+            "path": self.path,
+            "skipped": self.skipped,
+        }
+
+
+def sweep(hardware: Hardware, device: str) -> list[tuple[ModelSpec, Config]]:
+    """The sweep's configs that can run on `hardware` (`Space.candidates` applies the rules)."""
+    out: list[tuple[ModelSpec, Config]] = []
+    for m, (name, seq_len) in enumerate(MODELS[device]):
+        spec = resolve_model(name)
+        for variant in VARIANTS if m == 0 else VARIANTS[:SECOND_MODEL_VARIANTS]:
+            knobs = {**BASE, **variant}
+            if hardware.n_gpus == 1 and knobs.get("offload") != "params":
+                knobs["wrap"] = "none"  # one GPU trains the plain module
+            space = parse_space(
+                {"seq_len": seq_len, "knobs": {k: [v] for k, v in knobs.items()}},
+                "calibration sweep",
+                name="calibrate",
+            )
+            try:
+                configs, _ = space.candidates(hardware.n_gpus, device=device)
+            except ConfigError:
+                continue
+            for cfg in configs:
+                if (spec, cfg) not in out:
+                    out.append((spec, cfg))
+    return out
+
+
+def calibrate(
+    hardware: Hardware,
+    device: str,
+    *,
+    gpu_memory: int | None = None,
+    steps: int = 3,
+    trial_timeout: float = 600.0,
+    run_trial: Callable[..., TrialResult] | None = None,
+    on_trial: Callable[[int, int, SweepTrial], None] | None = None,
+    on_start: Callable[[int, int, str, Config], None] | None = None,
+) -> CalibrationRun:
+    """Run the sweep on `hardware`, fit the corrections on its trials together with those this
+    machine already stored, and store the result (`autofit.calibration.store`)."""
+    if run_trial is None:
+        from autofit.trials import run_trial
+    run = CalibrationRun(machine=cal_store.machine_key(hardware, device))
+    plan = sweep(hardware, device)
+    stamp = f"calibrate@{time.time():.0f}"
+    observations: list[tuple[str, Observation]] = []
+    for i, (spec, cfg) in enumerate(plan):
+        if on_start:
+            on_start(i, len(plan), spec.name, cfg)
+        est = estimate(spec, hardware, cfg, device=device)
+        result = run_trial(spec, cfg, nprocs=hardware.n_gpus, device=device,
+                           gpu_memory=gpu_memory, steps=steps, timeout_s=trial_timeout)  # fmt: skip
+        trial = SweepTrial(spec.name, cfg, est, result)
+        run.trials.append(trial)
+        if on_trial:
+            on_trial(i, len(plan), trial)
+        obs = Observation.of(est, result)
+        if obs.informative:
+            observations.append((f"{stamp}#{i}", obs))
+    if not observations:
+        run.calibration = fit_calibration([])
+        return run
+    path, stored = cal_store.save(hardware, device, observations)
+    run.calibration, run.path = stored, str(path)
+    return run

@@ -1,0 +1,138 @@
+"""Every trial teaches the estimate: the search's side of `autofit.calibration`.
+
+`Calibrator` keeps the study's calibration current. After each finished real trial it refits the
+corrections on every measured trial of the study (all workers' alike; the prior is this machine's
+stored calibration, or the napkin), re-prunes and re-ranks every candidate with it
+(`Candidates.recalibrate`), and names the next candidate: the calibrated fastest that has not been
+tried, while it may still beat the best measured one by more than the calibrated speed error.
+When none may, the search has learnt what it can and stops.
+
+Each trial records the calibrated estimate made before it ran (user attr `calibrated`), so the
+plan can judge the calibration only on trials it had not seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autofit.calibration import NAPKIN, Calibration, Observation, fit_calibration, median_abs
+from autofit.calibration import store as cal_store
+from autofit.config import Config
+from autofit.plan import Candidate
+from autofit.search import study as st
+from autofit.search.candidates import Candidates
+from autofit.search.verify import under_line
+from autofit.trials.result import TrialResult
+
+CALIBRATED = "calibrated"  # the trial's user attr: the calibrated estimate made before it ran
+# The search stops early (no untried candidate may beat the best measured one) only after this many
+# trials measured: fewer cannot tell the calibration's own error (its leave-one-out band).
+MIN_TRIALS_TO_STOP = 3
+
+
+def stored_prior(cands: Candidates) -> Calibration:
+    """What a search starts from: this machine's stored calibration under `calibration: auto`,
+    else the napkin."""
+    s = cands.setting
+    if s.calibration != "auto":
+        return NAPKIN
+    return cal_store.load(s.hardware, s.device) or NAPKIN
+
+
+class Calibrator:
+    """The calibration of one study, refitted as its trials finish."""
+
+    def __init__(self, cands: Candidates, prior: Calibration) -> None:
+        self.cands = cands
+        self.prior = prior
+        self.on = cands.setting.calibration != "off"
+        self.fitted_on = -1  # how many finished trials the current calibration saw
+
+    def observations(self, study: optuna.Study) -> list[tuple[str, Observation]]:
+        """Each finished real trial of the study that measured something, with its id."""
+        out = []
+        for t in st.real_trials(study):
+            if not st.finished(t) or "result" not in t.user_attrs:
+                continue
+            cand = self.cands.all.get(Config.from_dict(t.user_attrs["config"]))
+            if cand is None:
+                continue
+            obs = Observation.of(cand.estimate, TrialResult.from_dict(t.user_attrs["result"]))
+            if obs.informative:
+                out.append((f"{study.study_name}#{t.number}", obs))
+        return out
+
+    def refresh(self, study: optuna.Study) -> bool:
+        """Refit when trials finished since the last fit; True when the calibration changed."""
+        if not self.on:
+            return False
+        obs = self.observations(study)
+        if len(obs) == self.fitted_on:
+            return False
+        self.fitted_on = len(obs)
+        self.cands.recalibrate(fit_calibration((o for _, o in obs), self.prior))
+        return True
+
+    def record(self, trial: optuna.Trial, cfg: Config) -> None:
+        """Store the calibrated estimate of the trial's config, made before it runs."""
+        if self.on:
+            trial.set_user_attr(CALIBRATED, self.cands.calibrated(cfg))
+
+    def next_candidate(
+        self, study: optuna.Study, taken: set[str], measured: list[Candidate]
+    ) -> Candidate | None:
+        """The calibrated fastest untried candidate that may still beat the best measured one
+        under the headroom line (by more than the calibrated speed error), or None."""
+        s = self.cands.setting
+        best = max(
+            (c.trial.tokens_per_s or 0.0 for c in measured if under_line(s, c.trial)), default=0.0
+        )
+        band = self.cands.calibration.speed_band
+        sure = sum(1 for c in measured if c.measured) >= MIN_TRIALS_TO_STOP
+        for cand in self.cands.trialable:
+            if st.config_key(cand.config) in taken:
+                continue
+            if sure and self.cands.tokens_per_s(cand.config) * (1 + band) <= best:
+                return None  # ranked fastest first: no later one may beat it either
+            return cand
+        return None
+
+    def store(self, study: optuna.Study) -> tuple[Any, Calibration] | None:
+        """Add the study's measured trials to this machine's stored calibration (`auto` only)."""
+        if self.cands.setting.calibration != "auto":
+            return None
+        obs = self.observations(study)
+        if not obs:
+            return None
+        s = self.cands.setting
+        return cal_store.save(s.hardware, s.device, obs)
+
+
+def summary(cands: Candidates, trials: list[Candidate]) -> dict[str, Any]:
+    """The plan's `calibration`: its source, the fitted factors, and the median |error| of the
+    napkin and of the calibrated estimate over the measured trials (each calibrated estimate made
+    before its trial ran)."""
+    cal = cands.calibration
+    napkin_mem, cal_mem, napkin_speed, cal_speed = [], [], [], []
+    for c in trials:
+        r = c.trial
+        if r is None or r.status != "ok":
+            continue
+        if r.peak_bytes:
+            napkin_mem.append(c.estimate.peak_bytes / r.peak_bytes - 1)
+            if c.calibrated:
+                cal_mem.append(c.calibrated["peak_bytes"] / r.peak_bytes - 1)
+        if r.tokens_per_s:
+            napkin_speed.append(c.estimate.tokens_per_s / r.tokens_per_s - 1)
+            if c.calibrated:
+                cal_speed.append(c.calibrated["tokens_per_s"] / r.tokens_per_s - 1)
+    return {
+        "mode": cands.setting.calibration,
+        **cal.to_dict(),
+        "napkin_memory_error": median_abs(napkin_mem),
+        "calibrated_memory_error": median_abs(cal_mem),
+        "napkin_speed_error": median_abs(napkin_speed),
+        "calibrated_speed_error": median_abs(cal_speed),
+    }
