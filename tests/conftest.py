@@ -28,6 +28,16 @@ _CACHE = tempfile.mkdtemp(prefix="autofit-test-cache-")
 os.environ["AUTOFIT_CACHE_DIR"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
+
+@pytest.fixture(autouse=True)
+def _own_calibration_store(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test (and the processes it starts) has its own per-machine calibration store: a plan
+    of one test must not start from the calibration another test's trials stored."""
+    monkeypatch.setenv("AUTOFIT_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calibration")))
+
+
 MiB = 1024**2
 GiB = 1024**3
 LLAMA_7B = PRESETS["llama-7b"]

@@ -1,12 +1,12 @@
 """This machine's calibration, kept between plans in the user's cache directory.
 
 One JSON file per machine (`<cache>/calibration/<key digest>.json`, the cache of
-`autofit.arch.cache_dir`): the machine it is for, the napkin version its terms came from, the
-measured observations (latest `MAX_OBSERVATIONS`) and the calibration fitted on all of them. A
-machine is its device kind, its GPUs' model and count, how they are linked, the host CPU for CPU
-trials, and the torch and torchao versions (a new kernel or allocator changes what is measured).
-A record whose napkin version differs from this install's is not used: its terms were computed by
-other formulas.
+`autofit.arch.cache_dir`, or `$AUTOFIT_CALIBRATION_DIR`): the machine it is for, the napkin
+version its terms came from, the measured observations (latest `MAX_OBSERVATIONS`) and the
+calibration fitted on all of them. A machine is its device kind, its GPUs' model and count, how
+they are linked, the host CPU for CPU trials, and the torch and torchao versions (a new kernel or
+allocator changes what is measured). A record whose napkin version differs from this install's is
+not used: its terms were computed by other formulas.
 
 Writes are atomic (a temporary file renamed over the old one); two planners that finish at once
 each write a whole file, and the later one's observations are kept.
@@ -83,10 +83,17 @@ def describe(key: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def calibration_dir() -> Path:
+    """`$AUTOFIT_CALIBRATION_DIR`, else `calibration/` in autofit's cache directory."""
+    if os.environ.get("AUTOFIT_CALIBRATION_DIR"):
+        return Path(os.environ["AUTOFIT_CALIBRATION_DIR"])
+    return cache_dir() / "calibration"
+
+
 def store_path(hardware: Hardware, device: str) -> Path:
     key = machine_key(hardware, device)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "calibration" / f"{digest}.json"
+    return calibration_dir() / f"{digest}.json"
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from autofit.search.verify import under_line
 from autofit.trials.result import TrialResult
 
 CALIBRATED = "calibrated"  # the trial's user attr: the calibrated estimate made before it ran
+CALIBRATION_ATTR = "calibration"  # the study's user attr: the calibration it ended with
 # The search stops early (no untried candidate may beat the best measured one) only after this many
 # trials measured: fewer cannot tell the calibration's own error (its leave-one-out band).
 MIN_TRIALS_TO_STOP = 3
@@ -113,21 +114,23 @@ class Calibrator:
 def summary(cands: Candidates, trials: list[Candidate]) -> dict[str, Any]:
     """The plan's `calibration`: its source, the fitted factors, and the median |error| of the
     napkin and of the calibrated estimate over the measured trials (each calibrated estimate made
-    before its trial ran)."""
+    before its trial ran, from at least one measurement: a trial it had not seen)."""
     cal = cands.calibration
     napkin_mem, cal_mem, napkin_speed, cal_speed = [], [], [], []
     for c in trials:
         r = c.trial
         if r is None or r.status != "ok":
             continue
+        # a calibrated estimate made before anything was measured is the napkin's: not counted
+        calibrated = c.calibrated if c.calibrated and c.calibrated.get("source") != "none" else {}
         if r.peak_bytes:
             napkin_mem.append(c.estimate.peak_bytes / r.peak_bytes - 1)
-            if c.calibrated:
-                cal_mem.append(c.calibrated["peak_bytes"] / r.peak_bytes - 1)
+            if calibrated:
+                cal_mem.append(calibrated["peak_bytes"] / r.peak_bytes - 1)
         if r.tokens_per_s:
             napkin_speed.append(c.estimate.tokens_per_s / r.tokens_per_s - 1)
-            if c.calibrated:
-                cal_speed.append(c.calibrated["tokens_per_s"] / r.tokens_per_s - 1)
+            if calibrated:
+                cal_speed.append(calibrated["tokens_per_s"] / r.tokens_per_s - 1)
     return {
         "mode": cands.setting.calibration,
         **cal.to_dict(),

@@ -96,13 +96,15 @@ class Candidates:
     def tokens_per_s(self, cfg: Config) -> float:
         return float(self._speeds[self._index[cfg]])
 
-    def calibrated(self, cfg: Config) -> dict[str, float]:
+    def calibrated(self, cfg: Config) -> dict[str, Any]:
         """The calibrated estimate of `cfg` as a trial records it (`calibrated`)."""
         i = self._index[cfg]
         return {
             "peak_bytes": float(self._peaks[i]),
             "tokens_per_s": float(self._speeds[i]),
             "step_time_s": float(self._steps[i]),
+            "source": self.calibration.source,  # none: nothing measured yet, the napkin's
+            "n_trials": self.calibration.n_trials,
         }
 
     def recalibrate(self, calibration: Calibration) -> None:

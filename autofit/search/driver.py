@@ -26,6 +26,7 @@ from typing import Any
 import optuna
 from rich.markup import escape
 
+from autofit.calibration import Calibration
 from autofit.checks import check_steps, check_trial_timeout, default_run_dir
 from autofit.config import Config
 from autofit.errors import AutofitError
@@ -41,7 +42,13 @@ from autofit.plan import (
 from autofit.report.live import SearchDisplay
 from autofit.request import PlanRequest
 from autofit.search import study as st
-from autofit.search.calibrated import CALIBRATED, Calibrator, stored_prior, summary
+from autofit.search.calibrated import (
+    CALIBRATED,
+    CALIBRATION_ATTR,
+    Calibrator,
+    stored_prior,
+    summary,
+)
 from autofit.search.candidates import (
     Candidates,
     Setting,
@@ -165,6 +172,9 @@ def search(
                         if not _lost_race(exc):
                             raise
 
+        calibrator.refresh(opt_study)
+        if calibrator.on:
+            opt_study.set_user_attr(CALIBRATION_ATTR, cands.calibration.to_dict())
         trial_cands = rebuild_trials(opt_study, cands)
         ranked = ranked_under_line(setting, trial_cands)
         n_verify = verify_steps(budget.steps)
@@ -487,6 +497,9 @@ def load_study_plan(storage: str, study: str) -> Plan:
         )
     setting = Setting.from_request(request)
     cands = enumerate_candidates(setting)
+    kept = opt_study.user_attrs.get(CALIBRATION_ATTR)
+    if kept:  # judged as the search that made it last judged them
+        cands.recalibrate(Calibration.from_dict(kept))
     trial_cands = rebuild_trials(opt_study, cands)
     ranked = ranked_under_line(setting, trial_cands)
     best = None

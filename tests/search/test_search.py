@@ -67,7 +67,9 @@ def test_candidates_the_estimate_rules_out_never_cost_a_trial(fake, search_kwarg
 
 
 def test_first_trials_are_the_napkins_best_distinct_candidates(fake, search_kwargs):
-    kw = {**search_kwargs, "space": wide_space(), "trials": 6}
+    # without calibration the napkin's best distinct candidates seed the study (with it, the
+    # calibrated best comes next after each trial: tests/search/test_calibrated.py)
+    kw = {**search_kwargs, "space": wide_space(), "trials": 6, "calibration": "off"}
     run(fake, **kw)
     cands = enumerate_candidates(setting_of(kw))
     seeds = [c.config for c in distinct_seeds(cands.predicted_fit, n_seeds(6))]
@@ -288,8 +290,9 @@ class Turns:
 def test_two_workers_on_one_storage_share_the_work(search_kwargs, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOFIT_LOCK_DIR", str(tmp_path / "locks"))  # the host's device lock
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    # the sampler's turns (calibration off: a calibrated search may stop before its budget)
     kw = {**search_kwargs, "space": wide_space(), "trials": 6, "storage": storage,
-          "study": "shared"}  # fmt: skip
+          "study": "shared", "calibration": "off"}  # fmt: skip
     fakes = [FakeTrials(), FakeTrials()]
     plans: list[Any] = [None, None]
     errors: list[BaseException] = []
@@ -323,7 +326,7 @@ def test_two_workers_on_one_storage_share_the_work(search_kwargs, tmp_path, monk
 # ----- the LoRA settings: carried by every candidate, stored with the study ----------------------
 def test_lora_settings_reach_every_trial_and_read_back_from_the_study(fake, search_kwargs):
     space = wide_space().with_settings(lora_targets=["q_proj", "v_proj"], lora_dropout=0.05)
-    plan = run(fake, **{**search_kwargs, "space": space, "trials": 6})
+    plan = run(fake, **{**search_kwargs, "space": space, "trials": 6, "calibration": "off"})
     measured = [cfg for cfg, _ in fake.calls]
     assert len(fake.search_configs) == 6  # the sampler's picks are candidates, none "invalid"
     assert any(cfg.is_lora for cfg in measured)
