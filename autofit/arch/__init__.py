@@ -147,6 +147,38 @@ class Structure:
             experts = self.layer_expert_params * self.experts_per_token / self.experts
         return self.layer_linear_params + self.layer_router_params + experts
 
+    @cached_property
+    def kv_dim(self) -> int:
+        """Key (= value) width: the output of the k projection (a fused qkv projection counts its
+        q share as q_dim and splits the rest evenly); RoPE rotates q and k."""
+        for p in self.projections:
+            if p.leaf in ("k_proj", "wk", "key"):
+                return p.out_features
+        for p in self.projections:
+            if "qkv" in p.leaf:
+                return (p.out_features - self.q_dim) // 2
+        return self.q_dim
+
+    @cached_property
+    def expert_ffn(self) -> int:
+        """Intermediate width of one MoE expert, assuming SwiGLU experts of three hidden x ffn
+        matrices (gate, up, down: Mixtral's and Qwen-MoE's `experts`); 0 for a dense model."""
+        if not self.experts:
+            return 0
+        return self.layer_expert_params // (self.experts * 3 * self.hidden)
+
+    @cached_property
+    def mlp_width(self) -> int:
+        """Width of the activation one token computes per layer (SwiGLU's gate x up product, a
+        GeLU MLP's hidden): the input of the MLP's last projection (`down_proj`, `fc2`), or
+        `experts_per_token` experts' widths in a MoE layer."""
+        if self.experts:
+            return self.expert_ffn * self.experts_per_token
+        downs = [
+            p for p in self.projections if p.leaf in ("down_proj", "fc2", "w2", "dense_4h_to_h")
+        ]
+        return downs[-1].in_features if downs else 4 * self.hidden
+
     # ----- LoRA targets ---------------------------------------------------------------------------
     def targets(self, names: tuple[str, ...] | None) -> tuple[Projection, ...]:
         """The projections `lora_targets` names (None: every one), matched by leaf name

@@ -101,6 +101,7 @@ def estimate_many(
     s = structure_of(model)
     peaks = Peaks(model, n, device)
     step_times: dict[Any, tuple[dict[str, float], float]] = {}  # and their sum
+    parts_memo: dict[Any, Any] = {}  # `step_time`'s parts, per value of the knobs each reads
     capacity = hardware.smallest_gpu.memory_bytes
     usable = mem.usable_bytes(capacity, device)
     host_cap = hardware.host_ram_bytes
@@ -115,7 +116,7 @@ def estimate_many(
         if timed is None:
             if len(step_times) >= MEMO_SIZE:
                 step_times.clear()
-            times = step_time(s, hardware, config, peak.trainable, peak.shard)
+            times = step_time(s, hardware, config, peak.trainable, peak.shard, parts_memo)
             timed = step_times[key] = times, sum(times.values())
         times, step = timed
         tokens = config.micro_batch * config.grad_accum * n * config.seq_len
@@ -143,60 +144,136 @@ def estimate_many(
 
 
 def step_time(
+    s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int,
+    memo: dict[Any, Any] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step.
+
+    Per micro-step the GPU runs the matmuls (`compute`), the memory-bound kernels and module-call
+    overhead (`memory_bound`) and the dequantisation (`dequant`): `_gpu_work`. FSDP2 prefetches
+    the next unit's all-gather and, with `offload: params`, its H2D copy behind that work
+    (`speed.prefetched_exposed`), and the last micro-step's reduce-scatter (and gradient D2H copy)
+    runs behind its backward: `_transfers` sizes them. Only the exposed parts count as
+    `communication` and `offload`. `memo` (one per hardware) keeps both parts per value of the
+    knobs they read: `estimate_many` scores a space with it.
+    """
+    memo = {} if memo is None else memo
+    wkey = ("work", config.micro_batch, config.seq_len, config.lora_rank, config.lora_targets,
+            config.checkpointing, config.compile, config.quant)  # fmt: skip
+    work = memo.get(wkey)
+    if work is None:
+        work = memo[wkey] = _gpu_work(s, hardware, config)
+    tkey = ("transfers", config.wrap, config.reshard, config.quant, config.lora_rank,
+            config.lora_targets, config.offload, config.precision, config.optimizer)  # fmt: skip
+    tr = memo.get(tkey)
+    if tr is None:
+        tr = memo[tkey] = _transfers(s, hardware, config, trainable, shard)
+    compute, memory_bound, dequant, backward = work
+    gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim = tr
+    busy = compute + memory_bound + dequant
+    on_cpu = hardware.source == "cpu"
+
+    comm = offload = 0.0
+    if gather + h2d > 0:  # prefetched behind each micro-step's work
+        exposed = spd.prefetched_exposed(gather + h2d, busy, units)
+        comm = config.grad_accum * exposed * gather / (gather + h2d)
+        offload = config.grad_accum * exposed * h2d / (gather + h2d)
+    if not fsdp:  # DDP's bucketed all-reduce; torchao's gradient copies in backward hooks
+        hide = 0.0 if on_cpu else backward
+        if ddp:
+            comm += spd.ddp_exposed_reduce_time(reduce, hide, ddp)
+        offload += max(d2h - hide, 0.0)
+    elif reduce + d2h > 0:
+        # each unit's reduce-scatter, then its gradient's D2H copy (`foreach_reduce`, non-blocking
+        # into pinned memory), run behind the rest of the last micro-step's backward
+        hidden = spd.prefetched_exposed(reduce + d2h, backward, 1 if on_cpu else max(units - 2, 1))
+        comm += hidden * reduce / (reduce + d2h)
+        offload += hidden * d2h / (reduce + d2h)
+    return {
+        "compute": config.grad_accum * compute,
+        "memory_bound": config.grad_accum * (memory_bound + overhead_micro) + overhead_step,
+        "dequant": config.grad_accum * dequant,
+        "communication": comm,
+        "offload": offload + h2d_step,
+        "optimizer": optim,
+    }
+
+
+def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, ...]:
+    """One micro-step's (compute, memory_bound, dequant, backward) seconds on one GPU, with
+    `compile` applied (`speed.compiled_layer_time`); `backward` is the part of the three that runs
+    in backward, what a reduce-scatter or a gradient copy can hide behind."""
+    gpu = hardware.smallest_gpu
+    flops_per_s = gpu.bf16_tflops * 1e12 * spd.GEMM_EFFICIENCY
+    bytes_per_s = gpu.mem_bw_gbs * 1e9 * spd.MEM_BW_EFFICIENCY
+    micro = spd.micro_step_times(
+        s, config.micro_batch * config.seq_len, config.seq_len, config.lora_rank,
+        config.lora_targets, config.checkpointing, flops_per_s, bytes_per_s,
+    )  # fmt: skip
+    compute, memory_bound = micro["compute"], micro["memory_bound"]
+    if config.compile:
+        layers_mm, layers_mb = spd.compiled_layer_time(
+            micro["layers_compute"], micro["layers_memory_bound"]
+        )
+        compute += layers_mm - micro["layers_compute"]
+        memory_bound += layers_mb - micro["layers_memory_bound"]
+    dequant = spd.dequant_time(s, config.quant, config.checkpointing, gpu.mem_bw_gbs)
+    eager = micro["compute"] + micro["memory_bound"] + dequant
+    busy = compute + memory_bound + dequant
+    return compute, memory_bound, dequant, micro["backward"] * busy / eager
+
+
+def _transfers(
     s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int
-) -> dict[str, float]:
-    """Seconds per optimizer step by part: compute, exposed communication, offload, optimizer."""
+) -> tuple[Any, ...]:
+    """What moves between GPUs and host in one step, in seconds before any overlap: per
+    micro-step all-gathers (`gather`, per-call latency included) and param H2D copies (`h2d`),
+    the number of units prefetching hides them behind, FSDP2's per-parameter CPU work per
+    micro-step and per step, the gradient reduction (`reduce`) and D2H copy (`d2h`) of the last
+    micro-step, DDP's gradient bytes (0: not DDP), whether it is FSDP2, the H2D copy after a
+    CPU optimizer step, and the optimizer step."""
     gpu = hardware.smallest_gpu
     n = max(hardware.n_gpus, 1)
-    tokens = config.micro_batch * config.seq_len
-    flops = tokens * spd.micro_step_flops(
-        s, config.seq_len, config.lora_rank, config.checkpointing, config.lora_targets
-    )
-    compute = flops / (gpu.bf16_tflops * 1e12 * spd.matmul_efficiency(tokens))
-    compute += spd.dequant_time(s, config.quant, config.checkpointing, gpu.mem_bw_gbs)
-    if config.checkpointing == "selective":
-        compute *= 1.03  # pointwise recompute: no matmuls, a few % of layer time (assumed)
-    if config.compile:
-        compute = spd.compiled_compute_time(compute)
-
+    sharding = sharding_for(config.wrap, n)
+    fsdp = sharding is Sharding.FSDP2
+    # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
+    # behind, so nothing overlaps there.
+    on_cpu = hardware.source == "cpu"
+    latency = spd.collective_latency(on_cpu)
+    units = len(wrap_units(config.wrap, s.layers))
+    gathers, reduces = spd.fsdp_collectives(units, s.tied_embeddings, config.reshard)
+    prefetch_units = 1 if on_cpu or not units else gathers - units * config.reshard
+    pb = mem.master_bytes(config.precision, config.optimizer)
+    per_gpu = trainable / shard
     gathered = spd.comm_bytes_per_micro_step(
         s, config.quant, config.lora_rank, config.wrap, config.reshard, config.lora_targets
     )
-    gather = spd.ring_time(
-        gathered,
-        shard,
-        hardware.link_bw_gbs,
+    gather = spd.ring_time(gathered, shard, hardware.link_bw_gbs)
+    if fsdp and shard > 1:
+        gather += gathers * latency
+    h2d = 0.0
+    if config.offload == "params":  # the sharded params in their stored dtype (fp32 masters)
+        stored = gathered / shard * (pb / mem.BF16 if not config.lora_rank else 1.0)
+        h2d = spd.pcie_time(stored, gpu.pcie_bw_gbs)
+    overhead_micro = overhead_step = 0.0
+    if fsdp:  # FSDP2's per-parameter work in each all-gather, and in the one reduce-scatter
+        tensors = s.layers * spd.layer_param_tensors(s, config.lora_rank, config.lora_targets)
+        overhead_micro = (2 if config.reshard else 1) * tensors * spd.FSDP2_PER_PARAM_S
+        overhead_step = tensors * spd.FSDP2_PER_PARAM_S
+    ddp = sharding is Sharding.DDP
+    reduced = spd.reduce_bytes_per_step(trainable, config.precision, config.optimizer, ddp)
+    reduce = spd.ring_time(reduced, n, hardware.link_bw_gbs)
+    if reduce and fsdp:
+        reduce += reduces * latency
+    elif reduce:  # DDP: one all-reduce per gradient bucket
+        reduce += -(-reduced / 2 // spd.DDP_BUCKET_BYTES) * latency
+    d2h = spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if config.offload != "none" else 0.0
+    # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
+    h2d_step = (
+        spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if config.offload == "optimizer" else 0.0
     )
-    units = len(wrap_units(config.wrap, s.layers))
-    if units >= 2:  # prefetching overlaps all but the first unit's gather with compute
-        micro = max(compute, gather) + gather / units
-    else:
-        micro = compute + gather
-    reduce = spd.ring_time(
-        spd.reduce_bytes_per_step(trainable, config.wrap), n, hardware.link_bw_gbs
-    )
-    if sharding_for(config.wrap, n) is Sharding.DDP:
-        grad_bytes = spd.reduce_bytes_per_step(trainable, config.wrap) / 2
-        reduce_exposed = spd.ddp_exposed_reduce_time(reduce, compute * 2 / 3, grad_bytes)
-    else:
-        # the last micro-step's reduce-scatter overlaps backward for all but the last unit
-        reduce_exposed = reduce / max(units, 1)
-
-    offload = 0.0
-    on_cpu = config.offload in ("params", "optimizer")
-    per_gpu = trainable / shard
-    pb = mem.master_bytes(config.precision, config.optimizer)
-    if config.offload == "params":
-        h2d = gathered / shard * (pb / mem.BF16 if not config.lora_rank else 1.0)
-        offload = spd.offload_traffic_time(h2d, per_gpu * pb, config.grad_accum, gpu.pcie_bw_gbs)
-    elif config.offload == "optimizer":
-        offload = spd.offload_traffic_time(0.0, per_gpu * (pb + pb), 1, gpu.pcie_bw_gbs)
     optim = spd.optimizer_step_time(
-        per_gpu, config.optimizer, config.precision, gpu.mem_bw_gbs, on_cpu
+        per_gpu, config.optimizer, config.precision, gpu.mem_bw_gbs, config.offload != "none"
     )
-    return {
-        "compute": config.grad_accum * compute,
-        "communication": config.grad_accum * (micro - compute) + reduce_exposed,
-        "offload": offload,
-        "optimizer": optim,
-    }
+    return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
+            reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim)  # fmt: skip

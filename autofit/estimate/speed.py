@@ -1,65 +1,154 @@
-"""Napkin step time: FLOPs over achievable throughput, FSDP communication, offload traffic.
+"""Napkin step time: a roofline per matmul, memory-bound kernels, dequantisation, FSDP2/DDP
+communication overlapped with compute, offload copies, the optimizer step.
 
-Pure arithmetic. The constants are assumptions until a GPU measurement calibrates them; each one
-says so and docs/accuracy.md tracks them.
+Pure arithmetic. Each term is one function with its source; the constants are assumptions until a
+GPU measurement calibrates them, and docs/accuracy.md tracks them. The terms (`TIME_KEYS`):
+
+- `compute`: every matmul (projections, MoE experts, LM head, LoRA A/B, attention), forward and
+  backward and recomputation, each max(FLOPs / tensor throughput, bytes / HBM bandwidth);
+- `memory_bound`: norms, the activation, RoPE, residual adds, LoRA's scale-and-add, the
+  cross-entropy over the vocabulary, and the CPU-side cost of module calls and FSDP2's
+  per-parameter work;
+- `dequant`: NF4/int8 base weights dequantized to bf16 before each matmul;
+- `communication`: the exposed (not overlapped) part of all-gathers and gradient reductions;
+- `offload`: the exposed part of host<->device copies (FSDP2 `CPUOffloadPolicy`, torchao's
+  `CPUOffloadOptimizer`); the optimizer step those run on the CPU is in `optimizer`;
+- `optimizer`: the AdamW step, on the GPU or the CPU.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from autofit.arch import Structure
 from autofit.config import wrap_units
 from autofit.estimate.memory import (
     BF16,
     FP32,
-    base_bytes_per_param,
     embed_unit_bytes,
     gathered_layer_bytes,
     head_unit_bytes,
     master_bytes,
 )
-from autofit.recipe import state_value_bytes
+from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
 
-# Fraction of peak bf16 tensor throughput a well-fed dense transformer step reaches: 40-55% MFU
-# is what torchtitan and Megatron report for Llama 7B-70B on A100/H100 at a few thousand tokens
-# per micro-step (torchtitan README; Narayanan et al. 2021). Assumed, GPU calibration pending.
-PEAK_MFU = 0.55
-# Tokens per micro-step at which efficiency reaches half of PEAK_MFU: small matmuls underfeed the
-# tensor cores and fixed per-kernel costs dominate. Assumed.
-HALF_EFFICIENCY_TOKENS = 1024
+TIME_KEYS = ("compute", "memory_bound", "dequant", "communication", "offload", "optimizer")
+"""The step-time terms, in `Estimate.time_breakdown` order; they sum to the step time."""
+
+# ----- matmuls ------------------------------------------------------------------------------------
+# Fraction of the datasheet dense bf16 tensor throughput a large cuBLAS GEMM sustains: ~70% (H100
+# SXM bf16 GEMMs of 8k x 8k x 8k run at 650-750 of 989 TFLOPS in NVIDIA's and others' published
+# cuBLAS sweeps; A100 ~ 250-270 of 312). Assumed; checked against torchtitan's published Llama 3.1
+# 8B throughput in tests/estimate/test_speed_model.py.
+GEMM_EFFICIENCY = 0.7
+# FlashAttention-2 reaches 50-73% of A100 peak in forward and less in backward (Dao 2023,
+# arXiv 2307.08691, Fig. 4-6): 0.5 for the whole fused attention, forward and backward.
+ATTENTION_EFFICIENCY = 0.5
+# FlashAttention-2 backward does 2.5x the forward FLOPs (Dao 2023: 5 matmuls vs 2).
+ATTN_BACKWARD_RATIO = 2.5
+
+# ----- memory-bound kernels -----------------------------------------------------------------------
+# Achievable fraction of HBM bandwidth for elementwise and reduction kernels (STREAM-like copies
+# reach 70-90% of nominal on A100/H100; assumed 0.7).
+MEM_BW_EFFICIENCY = 0.7
+# Bytes moved per element by the eager kernels of one op, (forward, backward), counted from the
+# code that runs them (bf16 activations, fp32 where the code upcasts):
+# - transformers' LlamaRMSNorm forward: to(fp32) 2+4, pow(2) 4+4, mean 4, x * rsqrt 4+4, to(bf16)
+#   4+2, weight * x 2+2 = 36; backward: autograd of the same six ops, each reading its saved
+#   input and the output gradient and writing the input gradient, about twice (assumed).
+RMSNORM_BYTES = (36, 72)
+# - SwiGLU `act_fn(gate) * up` per element of the MLP width (transformers' LlamaMLP): silu 2+2,
+#   mul 2+2+2; backward: the mul's two gradients (2+2+2 each), silu's (2+2+2).
+ACTIVATION_BYTES = (10, 18)
+# - RoPE, transformers' `apply_rotary_pos_emb` per q/k element: rotate_half (neg 1+1 on half, cat
+#   2+2), x * cos 2+2, rotate_half(x) * sin 2+2, add 2+2+2; backward: the same ops on the gradient.
+ROPE_BYTES = (20, 20)
+# - A residual add per hidden element: read two bf16 operands, write one; backward: the gradients
+#   of the two branches summed where they meet.
+RESIDUAL_BYTES = (6, 6)
+# - peft's LoRA output `result + lora_B(lora_A(x)) * scaling` per output element (peft
+#   `tuners/lora/layer.py` `Linear.forward`): mul 2+2, add 2+2+2; backward: the add passes the
+#   gradient through, the mul scales it (2+2).
+LORA_MERGE_BYTES = (10, 4)
+# - Cross-entropy per logit (tokens x vocab), as transformers' `ForCausalLMLoss` runs it: the
+#   upcast `logits.float()` 2+4, log_softmax 4+4; backward: log_softmax's 4+4+4, the cast of the
+#   logits' gradient back to bf16 4+2. `loss: chunked|fused` bound the memory, not these bytes
+#   (Liger's fused kernel still reads and writes each logit chunk), so `loss` is not timed.
+CE_BYTES = (14, 18)
+# CPU-side cost of one nn.Module call in eager PyTorch (Python `__call__`, hooks, and the dispatch
+# of its few ops at a few microseconds each), and as much again for its autograd nodes in
+# backward. Assumed: 10 us, the order PyTorch's own profiler shows per module in eager HF layers.
+MODULE_CALL_S = 10e-6
+# Extra module calls per LoRA-adapted projection: peft's `LoraLayer.forward` wraps the base layer
+# and calls `lora_dropout`, `lora_A` and `lora_B` (peft `tuners/lora/layer.py` `Linear.forward`).
+LORA_MODULE_CALLS = 3
+# Module calls of a decoder layer besides its projections: the layer, two norms, attention, MLP,
+# activation (transformers' LlamaDecoderLayer).
+LAYER_MODULE_CALLS = 6
+# FSDP2 per-parameter CPU work for each all-gather (copy-in, `init_unsharded_param`, DTensor
+# wrapping) and each reduce-scatter (`foreach_reduce`'s per-parameter views):
+# torch `_fsdp_param.py`, `_fsdp_collectives.py`. Assumed: 5 us per parameter per collective.
+FSDP2_PER_PARAM_S = 5e-6
+# Kernel launch latency, CUDA: ~5 us per launch (NVIDIA's CUDA Graphs blog, "Getting started with
+# CUDA Graphs", 2019). Bounds the dequantisation of small weights.
+KERNEL_LAUNCH_S = 5e-6
+
+# ----- dequantisation -----------------------------------------------------------------------------
+# torchao 0.18 `NF4Tensor.get_original_weight` (quantization/quantize_/workflows/nf4/nf4_tensor.py)
+# runs, per weight element: `>> 4` 0.5+0.5, `.to(long)` 0.5+4, `& 0b1111` 0.5+0.5, `.to(long)`
+# 0.5+4, two `nf4[idx]` lookups 8+2, two `repeated.flatten()` copies of the scales 2, two scale
+# multiplies 4+2, `torch.stack` 2+2 (and a `.to(dtype)` that is a no-op for bf16): 33 B, in
+# 11 kernels, plus 3 small ones that dequantize the scales. `linear_nf4` dequantizes in forward and
+# again in backward (`LinearNF4.backward`).
+NF4_DEQUANT_BYTES = 33
+NF4_DEQUANT_KERNELS = 14
+# torchao int8 weight-only at training batch sizes: dequantize (int8 -> bf16 1+2, x scale 2+2) then
+# mm: 7 B per weight in 2 kernels.
+INT8_DEQUANT_BYTES = 7
+INT8_DEQUANT_KERNELS = 2
+
+# ----- communication and offload ------------------------------------------------------------------
 # Achievable fraction of link bandwidth for NCCL ring collectives (nccl-tests busbw on NVLink and
 # PCIe is typically 70-85% of the nominal figure).
 LINK_EFFICIENCY = 0.75
 # Achievable fraction of nominal PCIe bandwidth for pinned host<->device copies.
 PCIE_EFFICIENCY = 0.8
-# Achievable fraction of HBM bandwidth for elementwise kernels (optimizer step, dequantisation).
-MEM_BW_EFFICIENCY = 0.7
+# Latency of one collective call whatever its size (the alpha of Hockney's alpha-beta model).
+# NCCL within one node: tens of microseconds for small messages (nccl-tests' small-size rows);
+# assumed 20 us.
+NCCL_LATENCY_S = 20e-6
+# gloo between the two CPU processes of a CPU trial on this project's 2-core machine, measured
+# (`python bench/gloo_latency.py`): 0.6-0.8 ms per `all_gather_into_tensor`, 1.0-1.5 ms per
+# `reduce_scatter_tensor` of 256 to 65,536 values. 1 ms.
+GLOO_LATENCY_S = 1e-3
 # torch's CPU AdamW (foreach) updates about this many parameters per second per process; the
 # ZeRO-Offload paper (Ren et al. 2021) reports stock PyTorch CPU Adam at ~0.3-1 G params/s.
 CPU_ADAM_PARAMS_PER_S = 0.4e9
 # DDP's default gradient bucket (`bucket_cap_mb=25`, torch.nn.parallel.DistributedDataParallel).
 DDP_BUCKET_BYTES = 25 * 1024**2
-# FlashAttention-2 backward does 2.5x the forward FLOPs (Dao 2023: 5 matmuls vs 2).
-ATTN_BACKWARD_RATIO = 2.5
-# Share of the layers' compute time that `torch.compile` of each decoder layer removes. The
-# torchtitan team's Llama 3.1 8B runs on H100s, the 1D (FSDP) experiments of the TorchTitan paper
-# (Liang et al. 2024, arXiv 2410.06511; figures as in pytorch/torchtitan
+
+# ----- torch.compile ------------------------------------------------------------------------------
+# Share of the decoder layers' time that `torch.compile` of each layer removes. The torchtitan
+# team's Llama 3.1 8B runs on H100s, the 1D (FSDP) experiments of the TorchTitan paper (Liang et
+# al. 2024, arXiv 2410.06511; figures as in pytorch/torchtitan
 # benchmarks/llama3_h100_202412_torchtitan.md, Table 1): 8 GPUs, local batch 2, selective
 # activation checkpointing, FSDP 5,762 -> FSDP + torch.compile 6,667 tokens/s per GPU (+15.7%;
-# 128 GPUs: 5,605 -> 6,514, +16.2%). Time per token falls by 1 - 5762/6667 = 13.6%. Fused
-# element-wise kernels (norms, rotary embedding, activations), not faster matmuls: assumed the
-# same share for LoRA and quantized bases until a GPU measurement calibrates it.
+# 128 GPUs: 5,605 -> 6,514, +16.2%). Time per token falls by 1 - 5762/6667 = 13.6%. Inductor
+# fuses element-wise kernels (norms, rotary embedding, activations) and drops Python overhead;
+# matmuls stay cuBLAS calls. So the saving is taken from the layers' memory-bound time first and
+# only what exceeds it from their matmuls (`compiled_layer_time`).
 COMPILE_TIME_SAVED = 1.0 - 5762 / 6667
 
 TIME_KEYS = ("compute", "communication", "offload", "optimizer")
 """The parts of a step time (`Estimate.time_breakdown`), in order."""
 
 
-def matmul_efficiency(tokens_per_micro_step: int) -> float:
-    """MFU as a function of tokens per micro-step (saturating; see the constants above)."""
-    t = float(tokens_per_micro_step)
-    return PEAK_MFU * t / (t + HALF_EFFICIENCY_TOKENS)
+def _recompute_share(checkpointing: str) -> float:
+    """Share of the layers whose forward is re-run in backward: all (`full`), half (`every-2`)."""
+    return {"full": 1.0, "every-2": 0.5}.get(checkpointing, 0.0)
 
 
+# ----- FLOP counts (for MFU and the 6N check) -----------------------------------------------------
 def forward_flops_per_token(
     s: Structure, seq_len: int, lora_rank: int, targets: tuple[str, ...] | None = None
 ) -> dict[str, float]:
@@ -95,34 +184,223 @@ def micro_step_flops(
         + ATTN_BACKWARD_RATIO * f["attention"]
         + 2.0 * f["lora"]
     )
-    recompute = {"full": 1.0, "every-2": 0.5}.get(checkpointing, 0.0) * layer_fwd
-    return sum(f.values()) + backward + recompute
+    return sum(f.values()) + backward + _recompute_share(checkpointing) * layer_fwd
+
+
+# ----- a roofline per matmul ----------------------------------------------------------------------
+def gemm_time(m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float) -> float:
+    """One bf16 GEMM (m x k) @ (k x n): the larger of its FLOPs over achievable tensor throughput
+    and its bytes (both operands read, the output written, 2 B each) over achievable bandwidth
+    (the roofline model, Williams et al. 2009). LoRA's rank-r matmuls land on the bandwidth side."""
+    return max(2.0 * m * k * n / flops_per_s, BF16 * (m * k + k * n + m * n) / bytes_per_s)
+
+
+def linear_times(
+    m: float, k: float, n: float, flops_per_s: float, bytes_per_s: float
+) -> tuple[float, float, float]:
+    """A linear layer x (m x k) @ W (k x n): forward, input gradient (m x n) @ (n x k), weight
+    gradient (k x m) @ (m x n)."""
+    return (
+        gemm_time(m, k, n, flops_per_s, bytes_per_s),
+        gemm_time(m, n, k, flops_per_s, bytes_per_s),
+        gemm_time(k, m, n, flops_per_s, bytes_per_s),
+    )
+
+
+def layer_gemms(s: Structure, tokens: int) -> list[tuple[float, float, float]]:
+    """(m, k, n) of every base matmul of one decoder layer for `tokens` tokens: the projections,
+    a MoE router, and each expert's gate/up and down on the tokens routed to it (tokens x top-k /
+    experts each, HF's per-expert loop)."""
+    out = [(float(tokens), float(p.in_features), float(p.out_features)) for p in s.projections]
+    if s.experts:
+        routed = tokens * s.experts_per_token / s.experts
+        out.append((float(tokens), float(s.hidden), float(s.experts)))
+        for _ in range(s.experts):
+            out.append((routed, float(s.hidden), 2.0 * s.expert_ffn))
+            out.append((routed, float(s.expert_ffn), float(s.hidden)))
+    return out
+
+
+def lora_gemms(
+    s: Structure, tokens: int, rank: int, targets: tuple[str, ...] | None
+) -> list[tuple[float, float, float]]:
+    """(m, k, n) of LoRA's A (in -> r) and B (r -> out) on each adapted projection of a layer."""
+    if rank <= 0:
+        return []
+    out: list[tuple[float, float, float]] = []
+    for p in s.targets(targets):
+        out.append((float(tokens), float(p.in_features), float(rank)))
+        out.append((float(tokens), float(rank), float(p.out_features)))
+    return out
+
+
+def attention_time(s: Structure, tokens: int, seq_len: int, flops_per_s: float) -> float:
+    """Causal attention of one layer, forward: 2 x tokens x seq_len x q_dim FLOPs
+    (`forward_flops_per_token`) at `ATTENTION_EFFICIENCY` of peak (fused, compute-bound)."""
+    return 2.0 * tokens * seq_len * s.q_dim / (flops_per_s / GEMM_EFFICIENCY * ATTENTION_EFFICIENCY)
+
+
+# ----- memory-bound kernels -----------------------------------------------------------------------
+def layer_elementwise_bytes(
+    s: Structure, tokens: int, rank: int, targets: tuple[str, ...] | None
+) -> tuple[float, float]:
+    """Bytes the memory-bound kernels of one layer move, (forward, backward): two RMSNorms and two
+    residual adds over the hidden width, the activation over the MLP width, RoPE over q and k, and
+    LoRA's scale-and-add on each adapted projection's output."""
+    widths = (
+        (RMSNORM_BYTES, 2 * s.hidden),
+        (RESIDUAL_BYTES, 2 * s.hidden),
+        (ACTIVATION_BYTES, s.mlp_width),
+        (ROPE_BYTES, s.q_dim + s.kv_dim),
+    )
+    if rank > 0:
+        widths += ((LORA_MERGE_BYTES, sum(p.out_features for p in s.targets(targets))),)
+    fwd = sum(b[0] * w for b, w in widths)
+    bwd = sum(b[1] * w for b, w in widths)
+    return float(tokens) * fwd, float(tokens) * bwd
+
+
+def cross_entropy_bytes(s: Structure, tokens: int) -> tuple[float, float]:
+    """Bytes of the loss over tokens x vocab fp32 logits and of the final norm, (forward,
+    backward) (`CE_BYTES`, `RMSNORM_BYTES`)."""
+    logits = float(tokens) * s.vocab
+    norm = float(tokens) * s.hidden
+    return (
+        logits * CE_BYTES[0] + norm * RMSNORM_BYTES[0],
+        logits * CE_BYTES[1] + norm * RMSNORM_BYTES[1],
+    )
+
+
+def layer_module_calls(s: Structure, rank: int, targets: tuple[str, ...] | None) -> int:
+    """nn.Module calls of one decoder layer's forward: the layer's own (`LAYER_MODULE_CALLS`), one
+    per projection, and peft's three more per adapted projection."""
+    lora = LORA_MODULE_CALLS * len(s.targets(targets)) if rank > 0 else 0
+    return LAYER_MODULE_CALLS + len(s.projections) + lora
+
+
+def layer_param_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None) -> int:
+    """Parameter tensors of one decoder layer: projection weights and biases, norm scales (one per
+    `hidden` values), a router and the experts' three stacked tensors, two per LoRA adapter."""
+    memo: dict[Any, int] = s.__dict__.setdefault("_tensor_memo", {})
+    if (rank > 0, targets) in memo:
+        return memo[(rank > 0, targets)]
+    norms = max(1, round(s.layer_norm_params / max(s.hidden, 1)))
+    n = len(s.projections) + sum(p.bias for p in s.projections) + norms
+    if s.experts:
+        n += 4
+    if rank > 0:
+        n += 2 * len(s.targets(targets))
+    memo[(rank > 0, targets)] = n
+    return n
+
+
+# ----- one micro-step, memoised -------------------------------------------------------------------
+def micro_step_times(
+    s: Structure, tokens: int, seq_len: int, rank: int, targets: tuple[str, ...] | None,
+    checkpointing: str, flops_per_s: float, bytes_per_s: float,
+) -> dict[str, float]:  # fmt: skip
+    """Seconds of one eager micro-step on one GPU, memoised on the structure: `compute` (matmuls)
+    and `memory_bound` (elementwise kernels and module-call overhead), each split as `layers_*`
+    (inside the decoder layers, what compile touches) and the whole; `backward` is the part of
+    both that runs in backward (what a reduce-scatter or gradient copy can hide behind).
+
+    `flops_per_s` and `bytes_per_s` are the achievable throughputs (peak x efficiency)."""
+    memo: dict[Any, dict[str, float]] = s.__dict__.setdefault("_time_memo", {})
+    key = (tokens, seq_len, rank, targets, checkpointing, flops_per_s, bytes_per_s)
+    found = memo.get(key)
+    if found is not None:
+        return found
+    frozen = rank > 0
+    fwd = dgrad = wgrad = 0.0
+    for m, k, n in layer_gemms(s, tokens):
+        f, d, w = linear_times(m, k, n, flops_per_s, bytes_per_s)
+        fwd, dgrad, wgrad = fwd + f, dgrad + d, wgrad + w
+    lora_fwd = lora_bwd = 0.0
+    for m, k, n in lora_gemms(s, tokens, rank, targets):
+        f, d, w = linear_times(m, k, n, flops_per_s, bytes_per_s)
+        lora_fwd, lora_bwd = lora_fwd + f, lora_bwd + d + w
+    attn = attention_time(s, tokens, seq_len, flops_per_s)
+    layer_fwd_mm = fwd + lora_fwd + attn
+    layer_bwd_mm = dgrad + (0.0 if frozen else wgrad) + lora_bwd + ATTN_BACKWARD_RATIO * attn
+    hf, hd, hw = linear_times(tokens, s.hidden, s.vocab, flops_per_s, bytes_per_s)
+    head_bwd = hd + (0.0 if frozen else hw)
+
+    mem_bw = bytes_per_s  # achievable HBM bandwidth, as for the GEMMs' bytes
+    ew_fwd, ew_bwd = layer_elementwise_bytes(s, tokens, rank, targets)
+    calls = layer_module_calls(s, rank, targets) * MODULE_CALL_S
+    layer_fwd_mb = ew_fwd / mem_bw + calls
+    layer_bwd_mb = ew_bwd / mem_bw + calls
+    ce_f, ce_b = cross_entropy_bytes(s, tokens)
+    root_mb_fwd = ce_f / mem_bw + 4 * MODULE_CALL_S  # embedding, final norm, head, loss
+    root_mb_bwd = ce_b / mem_bw + 4 * MODULE_CALL_S
+    if not frozen:  # the embedding's gradient: a scatter-add of tokens x hidden (read + write)
+        root_mb_bwd += 2.0 * FP32 * tokens * s.hidden / mem_bw
+
+    recompute = _recompute_share(checkpointing)
+    # `selective` re-runs the layers' pointwise ops (no matmuls) in backward
+    recompute_mb = 1.0 if checkpointing == "selective" else recompute
+    layers_mm = s.layers * (layer_fwd_mm * (1.0 + recompute) + layer_bwd_mm)
+    layers_mb = s.layers * (layer_fwd_mb * (1.0 + recompute_mb) + layer_bwd_mb)
+    backward = s.layers * (
+        layer_fwd_mm * recompute + layer_bwd_mm + layer_fwd_mb * recompute_mb + layer_bwd_mb
+    ) + head_bwd + root_mb_bwd  # fmt: skip
+    found = memo[key] = {
+        "layers_compute": layers_mm,
+        "compute": layers_mm + hf + head_bwd,
+        "layers_memory_bound": layers_mb,
+        "memory_bound": layers_mb + root_mb_fwd + root_mb_bwd,
+        "backward": backward,
+    }
+    return found
+
+
+def compiled_layer_time(layers_compute: float, layers_memory_bound: float) -> tuple[float, float]:
+    """(compute, memory_bound) of the decoder layers when each is compiled (`compile: true`):
+    `COMPILE_TIME_SAVED` of their eager time is removed, from the memory-bound kernels first
+    (Inductor fuses them and drops the Python overhead), then from the matmuls. Communication,
+    offload and the optimizer step are not compiled; compile time is paid once and is not step
+    time."""
+    saved = COMPILE_TIME_SAVED * (layers_compute + layers_memory_bound)
+    from_mb = min(saved, layers_memory_bound)
+    return layers_compute - (saved - from_mb), layers_memory_bound - from_mb
 
 
 def compiled_compute_time(compute_s: float) -> float:
-    """Compute time of the decoder layers' forward and backward when each layer is compiled
-    (`compile: true`): `COMPILE_TIME_SAVED` of it removed. Communication, offload and the
-    optimizer step are not compiled and keep their time; compile time itself is paid once, in
-    the first step, and is not step time."""
-    return compute_s * (1.0 - COMPILE_TIME_SAVED)
+    """Time of work of which `COMPILE_TIME_SAVED` is removed when it is all compiled (no
+    memory-bound part to take it from first): the published share, applied whole."""
+    return compiled_layer_time(compute_s, 0.0)[0]
 
 
+# ----- dequantisation -----------------------------------------------------------------------------
 def dequant_passes(checkpointing: str) -> float:
     """How often each quantized base weight is dequantized per micro-step: forward, backward
     (input grad), and again in recomputation."""
-    return 2.0 + {"full": 1.0, "every-2": 0.5}.get(checkpointing, 0.0)
+    return 2.0 + _recompute_share(checkpointing)
 
 
 def dequant_time(s: Structure, quant: str, checkpointing: str, mem_bw_gbs: float) -> float:
-    """Dequantizing int8/NF4 weights to bf16 before each matmul is memory-bound: read the packed
-    weight, write bf16, read it back in the matmul (torchao NF4 `linear_nf4`; int8 weight-only
-    falls back to dequantize+mm at training batch sizes)."""
+    """Dequantizing int8/NF4 weights to bf16 before each matmul, one micro-step: the kernels
+    torchao runs (`NF4_DEQUANT_BYTES`, `INT8_DEQUANT_BYTES`) over HBM bandwidth, at least their
+    launches per weight tensor (`KERNEL_LAUNCH_S`)."""
     if quant == "none":
         return 0.0
-    bytes_per_pass = s.linear_params * (base_bytes_per_param(quant) + 2 * BF16)
-    return dequant_passes(checkpointing) * bytes_per_pass / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)
+    memo: dict[Any, float] = s.__dict__.setdefault("_dequant_memo", {})
+    key = (quant, checkpointing, mem_bw_gbs)
+    if key in memo:
+        return memo[key]
+    nbytes, kernels = {
+        "nf4": (NF4_DEQUANT_BYTES, NF4_DEQUANT_KERNELS),
+        "int8": (INT8_DEQUANT_BYTES, INT8_DEQUANT_KERNELS),
+    }[quant]
+    per_pass = 0.0
+    for p in s.projections:
+        moved = p.weight_params * nbytes / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)
+        per_pass += max(moved, kernels * KERNEL_LAUNCH_S)
+    memo[key] = dequant_passes(checkpointing) * s.layers * per_pass
+    return memo[key]
 
 
+# ----- communication ------------------------------------------------------------------------------
 def ring_time(nbytes: float, n: int, link_bw_gbs: float) -> float:
     """A ring all-gather or reduce-scatter moves (n-1)/n of the full buffer over each link
     (NCCL performance notes: busbw = algbw x (n-1)/n)."""
@@ -149,10 +427,45 @@ def comm_bytes_per_micro_step(
     return edges + layers + regather
 
 
-def reduce_bytes_per_step(trainable: int, wrap: str) -> float:
-    """Gradient reduction per optimizer step, in fp32 (`reduce_dtype=fp32`): one reduce-scatter
-    under FSDP2, or an all-reduce (= reduce-scatter + all-gather, 2x) for DDP replicas."""
-    return trainable * FP32 * (2.0 if wrap == "none" else 1.0)
+def reduce_bytes_per_step(trainable: int, precision: str, optimizer: str, ddp: bool) -> float:
+    """Gradient bytes reduced per optimizer step, in the dtype the builder reduces in. FSDP2:
+    one reduce-scatter in `autofit.recipe.reduce_dtype` (`MixedPrecisionPolicy(reduce_dtype=fp32)`
+    under bf16-mixed, bf16 under pure bf16, autofit/build/fsdp.py). DDP: an all-reduce
+    (= reduce-scatter + all-gather, 2x) of the gradients in their own dtype, the trainable
+    params' (`autofit.recipe.trainable_dtype`: DDP has no mixed-precision policy in
+    autofit/build/ddp.py, so bf16 params reduce bf16 gradients and fp32 masters fp32 ones)."""
+    if ddp:
+        return 2.0 * trainable * DTYPE_BYTES[trainable_dtype(precision, optimizer)]
+    return trainable * DTYPE_BYTES[reduce_dtype(precision)]
+
+
+def collective_latency(on_cpu: bool) -> float:
+    """Seconds one collective call costs besides its bytes: gloo on CPU trials, else NCCL."""
+    return GLOO_LATENCY_S if on_cpu else NCCL_LATENCY_S
+
+
+def fsdp_collectives(units: int, tied: bool, reshard: bool) -> tuple[int, int]:
+    """(all-gathers per micro-step, reduce-scatters per optimizer step) of FSDP2 laid out as
+    torchtitan (autofit/build/fsdp.py): one per unit (the layer units, the embedding and
+    `[norm, head]` unless tied, the root) forward, the resharded ones (layer units, embedding)
+    again in backward, and one reduce-scatter per unit on the last micro-step."""
+    edges = 0 if tied else 2
+    per_unit = units + edges + 1
+    regather = (units + (0 if tied else 1)) if reshard else 0
+    return per_unit + regather, per_unit
+
+
+def prefetched_exposed(load_s: float, compute_s: float, units: int) -> float:
+    """Exposed time of per-unit transfers FSDP2 prefetches (the next unit's all-gather, and under
+    `CPUOffloadPolicy` its sharded params' H2D copy: torch `_fsdp_param.py` `all_gather_inputs`,
+    `.to(device, non_blocking=True)` in the all-gather stream) while the current unit computes:
+    the first unit's share cannot hide, and whatever exceeds the compute is exposed. One unit
+    (`wrap: model`, the root alone) hides nothing."""
+    if load_s <= 0:
+        return 0.0
+    if units <= 1:
+        return load_s
+    return max(load_s - compute_s, 0.0) + load_s / units
 
 
 def ddp_exposed_reduce_time(reduce_s: float, backward_s: float, grad_bytes: float) -> float:
@@ -177,10 +490,6 @@ def optimizer_step_time(
     return touched / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)
 
 
-def offload_traffic_time(
-    bytes_h2d_per_micro: float, bytes_per_step: float, grad_accum: int, pcie_bw_gbs: float
-) -> float:
-    """Host<->device copies over PCIe: parameter shards copied up every micro-step (FSDP2
-    CPUOffloadPolicy) and gradients/params moved once per optimizer step."""
-    bw = pcie_bw_gbs * 1e9 * PCIE_EFFICIENCY
-    return (grad_accum * bytes_h2d_per_micro + bytes_per_step) / bw
+def pcie_time(nbytes: float, pcie_bw_gbs: float) -> float:
+    """Pinned host<->device copies over PCIe."""
+    return nbytes / (pcie_bw_gbs * 1e9 * PCIE_EFFICIENCY)
