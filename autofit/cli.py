@@ -388,16 +388,17 @@ def calibrate(
     console = err if json_out else out
 
     def started(i: int, n: int, model: str, cfg: Any) -> None:
-        if not json_out:
-            err.print(f"[{i + 1}/{n}] {model} {cfg.short()} ...", markup=False, highlight=False)
+        if json_out:
+            return
+        if i == 0:  # the input was good: the sweep begins
+            err.print(f"Calibrating {gpus} ({device}): {n} short trials ...", markup=False)
+        err.print(f"[{i + 1}/{n}] {model} {cfg.short()} ...", markup=False, highlight=False)
 
     def finished(i: int, n: int, t: Any) -> None:
         if not json_out:
             out.print(report.sweep_line(t), markup=False, highlight=False)
 
     try:
-        if not json_out:
-            err.print(f"Calibrating {escape(gpus)} ({escape(device)}): a sweep of short trials ...")
         with _warnings_to_stderr():
             result = autofit.calibrate(
                 gpus, device=device, gpu_memory=gpu_memory, steps=steps,

@@ -228,6 +228,23 @@ def test_zero_steps_is_refused(command):
     assert_clean_failure(run(*args, "--steps", "0"), "--steps must be at least 1", "got 0")
 
 
+def test_an_unknown_calibration_mode_is_refused():
+    assert_clean_failure(
+        run(*CPU_PLAN, "--calibration", "sometimes"),
+        "--calibration must be one of auto, study, off", "got 'sometimes'",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [(["--gpus", "2", "--steps", "0"], "--steps must be at least 1"),
+     (["--gpus", "two"], "--gpus"),
+     (["--gpus", "2", "--device", "tpu"], "--device must be 'cuda' or 'cpu'")],
+)  # fmt: skip
+def test_calibrate_refuses_bad_input_before_any_trial(args, fragment):
+    assert_clean_failure(run("calibrate", "--device", "cpu", *args), fragment)
+
+
 def test_trial_timeout_must_be_positive():
     with pytest.raises(AutofitError, match="must be a positive number of seconds; got 0"):
         autofit.trial("llama-debug", "2", device="cpu", seq_len=64, timeout=0)

@@ -139,9 +139,6 @@ DDP_BUCKET_BYTES = 25 * 1024**2
 # only what exceeds it from their matmuls (`compiled_layer_time`).
 COMPILE_TIME_SAVED = 1.0 - 5762 / 6667
 
-TIME_KEYS = ("compute", "communication", "offload", "optimizer")
-"""The parts of a step time (`Estimate.time_breakdown`), in order."""
-
 
 def _recompute_share(checkpointing: str) -> float:
     """Share of the layers whose forward is re-run in backward: all (`full`), half (`every-2`)."""
