@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
-from autofit.checks import check_calibration, check_steps, check_trial_timeout
+from autofit.checks import check_steps, check_trial_timeout
 from autofit.config import KNOBS, LORA_SETTINGS, Config, loss_unavailable
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
-from autofit.request import DEFAULT_MARGIN
+from autofit.request import DEFAULT_MARGIN, check_calibration
 
 if TYPE_CHECKING:
     import torch

@@ -84,17 +84,6 @@ def check_steps(steps: int) -> None:
         )
 
 
-def check_calibration(mode: str) -> None:
-    from autofit.request import CALIBRATION_MODES
-
-    if mode not in CALIBRATION_MODES:
-        raise AutofitError(
-            f"--calibration must be one of {', '.join(CALIBRATION_MODES)} (auto: start from this "
-            "machine's stored calibration and update it; study: calibrate on this study's trials "
-            f"alone; off: the napkin alone); got {mode!r}."
-        )
-
-
 def check_trial_timeout(seconds: float) -> None:
     if not seconds > 0:
         raise AutofitError(

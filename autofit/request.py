@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.space import Space
@@ -139,6 +140,15 @@ class PlanRequest:
             calibration=data.get("calibration", "auto"),
             budget=_section(SearchBudget, data.get("budget")),
             study=_section(StudyPlace, data.get("study")),
+        )
+
+
+def check_calibration(mode: str) -> None:
+    if mode not in CALIBRATION_MODES:
+        raise AutofitError(
+            f"--calibration must be one of {', '.join(CALIBRATION_MODES)} (auto: start from this "
+            "machine's stored calibration and update it; study: calibrate on this study's trials "
+            f"alone; off: the napkin alone); got {mode!r}."
         )
 
 

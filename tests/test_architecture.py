@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"build", "arch"},  # the torch builder; the model's structure and layer traces read with it
     {"estimate"},  # napkin memory and time: arithmetic over `arch`'s structure and traces
     {"trials", "export"},  # trial processes; export reads a plan's fields
+    {"calibration"},  # the napkin corrected by measured trials; this machine's stored calibration
     {"plan"},  # candidates, pruning, ranking, the plan and its sentences
     {"report"},  # what people read (tables, live progress, picture, run folder)
     {"search"},  # the Optuna study: estimate -> trials -> plan
@@ -31,7 +32,7 @@ LAYERS: list[set[str]] = [
 TORCH_FREE = (
     "autofit", "autofit.search", "autofit.plan", "autofit.report", "autofit.trials",
     "autofit.trials.worker", "autofit.trials.launcher", "autofit.cli", "autofit.export",
-    "autofit.arch", "autofit.estimate",
+    "autofit.arch", "autofit.estimate", "autofit.calibration", "autofit.calibration.store",
 )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ tell apart); twenty pin them down.
 
 A calibration also carries its own measured error: the leave-one-out relative error of its
 predictions over the trials it was fitted on (`memory_band`, `speed_band`). The search prunes with
-that band instead of the napkin's fixed `PRUNE_TOLERANCE`.
+that band instead of the napkin's stated error (`autofit.estimate.MEMORY_ERROR`).
 
 Pure arithmetic on numpy; no torch.
 """
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from autofit.estimate import BREAKDOWN_KEYS, TIME_KEYS, Estimate
-from autofit.plan.prune import PRUNE_TOLERANCE, host_ram_bound
+from autofit.estimate import BREAKDOWN_KEYS, MEMORY_ERROR, TIME_KEYS, Estimate
+from autofit.estimate.memory import usable_host_bytes
 from autofit.trials.result import TrialResult
 
 __all__ = [
@@ -161,7 +161,7 @@ class Calibration:
     memory_constant: float = 0.0  # bytes
     speed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SPEED_TERMS, 1.0))
     speed_constant: float = 0.0  # seconds per micro-step
-    memory_band: float = PRUNE_TOLERANCE
+    memory_band: float = MEMORY_ERROR
     speed_band: float = NAPKIN_SPEED_BAND
     source: str = "none"  # none (the napkin), stored (this machine's), study (fitted on trials)
     n_trials: int = 0  # measured trials it was fitted on (stored ones included)
@@ -206,7 +206,8 @@ class Calibration:
             peak_allocated_bytes=peak - overhead.get("allocator", 0),
             breakdown=breakdown,
             overhead=overhead,
-            within_capacity=peak <= est.usable_bytes and not host_ram_bound(est),
+            within_capacity=peak <= est.usable_bytes
+            and est.host_bytes <= usable_host_bytes(est.host_capacity_bytes),
             step_time_s=step,
             tokens_per_s=_tokens(est) / step,
             time_breakdown=times,
@@ -249,7 +250,7 @@ class Calibration:
             memory_constant=float(d.get("memory_constant_bytes", 0.0)),
             speed={k: float(d.get("speed", {}).get(k, 1.0)) for k in SPEED_TERMS},
             speed_constant=float(d.get("speed_constant_s", 0.0)),
-            memory_band=float(d.get("memory_band", PRUNE_TOLERANCE)),
+            memory_band=float(d.get("memory_band", MEMORY_ERROR)),
             speed_band=float(d.get("speed_band", NAPKIN_SPEED_BAND)),
             source=str(d.get("source", "stored")),
             n_trials=int(d.get("n_trials", 0)),

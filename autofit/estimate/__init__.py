@@ -20,7 +20,13 @@ from autofit.estimate.speed import TIME_KEYS
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 
-__all__ = ["BREAKDOWN_KEYS", "TIME_KEYS", "Estimate", "estimate", "estimate_many"]
+__all__ = ["BREAKDOWN_KEYS", "MEMORY_ERROR", "TIME_KEYS", "Estimate", "estimate", "estimate_many"]
+
+MEMORY_ERROR = 0.10
+"""The napkin peak's stated error, |estimated / measured - 1|: the bound `bench/accuracy.py` holds
+it to (docs/accuracy.md). A search measures candidates estimated up to this far above the headroom
+line (`autofit.plan.PRUNE_TOLERANCE`); a calibration without measurements of its own has it as
+its band."""
 
 
 @dataclass

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from autofit.estimate import Estimate
+from autofit.estimate import MEMORY_ERROR, Estimate
 from autofit.estimate.memory import usable_bytes, usable_host_bytes
 from autofit.hardware import Hardware
 from autofit.request import PlanRequest
 
-PRUNE_TOLERANCE = 0.10
+PRUNE_TOLERANCE = MEMORY_ERROR
 """How far above the headroom line (as a fraction) an estimated peak may be and a search still
-measure its candidate rather than trust the estimate: the bound `bench/accuracy.py` holds the
-napkin peak to, |estimated / measured - 1| (docs/accuracy.md)."""
+measure its candidate rather than trust the estimate: the napkin's stated error
+(`autofit.estimate.MEMORY_ERROR`, the bound `bench/accuracy.py` holds it to). A calibrated search
+uses the calibration's measured error instead."""
 
 
 class PruneReason(StrEnum):

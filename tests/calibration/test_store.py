@@ -8,7 +8,9 @@ import pytest
 
 from autofit.calibration import MEMORY_TERMS, SPEED_TERMS, Observation
 from autofit.calibration import store as cal_store
+from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
+from autofit.models import resolve_model
 
 MiB = 1024**2
 ACT = MEMORY_TERMS.index("activations")
@@ -60,3 +62,38 @@ def test_a_record_of_another_napkin_is_not_used(tmp_path, monkeypatch):
     assert stored.n_trials == 1
     path.write_text("{not json")  # a damaged file is no calibration, not an error
     assert cal_store.load(hw, "cpu") is None
+
+
+def test_a_calibration_sweep_is_stored_and_the_next_plan_here_starts_from_it():
+    from autofit.calibration.sweep import calibrate, sweep
+    from autofit.plan import plan_estimates
+    from autofit.request import PlanRequest
+    from autofit.space import load_space
+    from tests.search.conftest import TINY_SPACE, FakeTrials
+
+    # The machine's truth, as the fake measures it: peaks 0.9x the napkin's, half its speed.
+    fake = FakeTrials(peak_factor=lambda cfg: 0.9, speed_factor=lambda cfg: 0.5)
+    hw = resolve_hardware("2", device="cpu", gpu_memory=256 * MiB)
+    run = calibrate(hw, "cpu", gpu_memory=256 * MiB, steps=2, run_trial=fake)
+    assert len(run.trials) == len(sweep(hw, "cpu")) >= 10
+    knobs = {(c.wrap, c.checkpointing, c.offload, c.quant) for _, c in sweep(hw, "cpu")}
+    assert ("none", "none", "none", "none") in knobs  # DDP: communication
+    assert ("layer", "none", "params", "none") in knobs  # host copies
+    assert ("layer", "none", "none", "nf4") in knobs  # dequantisation
+    assert run.path and cal_store.load(hw, "cpu") is not None
+
+    request = PlanRequest.of(resolve_model("llama-debug"), hw, load_space(TINY_SPACE), seq_len=64,
+                             device="cpu")  # fmt: skip
+    plan = plan_estimates(request)
+    assert plan.calibration["source"] == "stored"
+    best = plan.best
+    napkin = estimate(resolve_model("llama-debug"), hw, best.config, device="cpu")
+    assert best.estimate.peak_bytes == pytest.approx(0.9 * napkin.peak_bytes, rel=0.03)
+    assert best.estimate.tokens_per_s == pytest.approx(0.5 * napkin.tokens_per_s, rel=0.05)
+    off = plan_estimates(PlanRequest.of(resolve_model("llama-debug"), hw, load_space(TINY_SPACE),
+                                        seq_len=64, device="cpu", calibration="off"))  # fmt: skip
+    assert off.calibration is None
+    assert (
+        off.best.estimate.peak_bytes
+        == estimate(resolve_model("llama-debug"), hw, off.best.config, device="cpu").peak_bytes
+    )
