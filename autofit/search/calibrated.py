@@ -13,11 +13,19 @@ plan can judge the calibration only on trials it had not seen.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import optuna
 
-from autofit.calibration import NAPKIN, Calibration, Observation, fit_calibration, median_abs
+from autofit.calibration import (
+    MIN_BAND,
+    NAPKIN,
+    Calibration,
+    Observation,
+    fit_calibration,
+    median_abs,
+)
 from autofit.calibration import store as cal_store
 from autofit.config import Config
 from autofit.plan import Candidate
@@ -31,6 +39,8 @@ CALIBRATION_ATTR = "calibration"  # the study's user attr: the calibration it en
 # The search stops early (no untried candidate may beat the best measured one) only after this many
 # trials measured: fewer cannot tell the calibration's own error (its leave-one-out band).
 MIN_TRIALS_TO_STOP = 3
+Z90 = 1.6449  # |x| of a standard normal is below this 90% of the time: a band is that percentile
+SQRT2 = math.sqrt(2.0)
 
 
 def stored_prior(cands: Candidates) -> Calibration:
@@ -84,21 +94,30 @@ class Calibrator:
     def next_candidate(
         self, study: optuna.Study, taken: set[str], measured: list[Candidate]
     ) -> Candidate | None:
-        """The calibrated fastest untried candidate that may still beat the best measured one
-        under the headroom line (by more than the calibrated speed error), or None."""
+        """The untried candidate with the highest expected tokens/s under the headroom line
+        (calibrated tokens/s x the chance its peak stays under the line, the calibrated peak's
+        error taken as normal with the memory band as its 90th percentile), among those that may
+        still beat the best measured one by more than the calibrated speed error; or None."""
         s = self.cands.setting
+        cal = self.cands.calibration
         best = max(
             (c.trial.tokens_per_s or 0.0 for c in measured if under_line(s, c.trial)), default=0.0
         )
-        band = self.cands.calibration.speed_band
         sure = sum(1 for c in measured if c.measured) >= MIN_TRIALS_TO_STOP
-        for cand in self.cands.trialable:
-            if st.config_key(cand.config) in taken:
+        sigma = max(cal.memory_band, MIN_BAND) / Z90
+        allowed = s.allowed_bytes
+        pick, top = None, 0.0
+        for cand in self.cands.trialable:  # fastest first
+            cfg = cand.config
+            speed = self.cands.tokens_per_s(cfg)
+            if sure and speed * (1 + cal.speed_band) <= best:
+                break  # no later one may beat it either
+            if speed <= top or st.config_key(cfg) in taken:
                 continue
-            if sure and self.cands.tokens_per_s(cand.config) * (1 + band) <= best:
-                return None  # ranked fastest first: no later one may beat it either
-            return cand
-        return None
+            fits = 0.5 * (1 + math.erf((allowed / self.cands.peak(cfg) - 1) / (sigma * SQRT2)))
+            if speed * fits > top:
+                pick, top = cand, speed * fits
+        return pick
 
     def store(self, study: optuna.Study) -> tuple[Any, Calibration] | None:
         """Add the study's measured trials to this machine's stored calibration (`auto` only)."""
