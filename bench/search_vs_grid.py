@@ -369,6 +369,7 @@ def run_search(b: Bench, variant: str, seed: int, trials: int, live: bool) -> di
         "variant": variant, "seed": seed, "available": True, "trials": len(plan.trials),
         "verifications": len(calls) - len(plan.trials), "wall_s": wall,
     }  # fmt: skip
+    out["tried"] = [f"{c.config.short()}: {c.trial.status}" for c in plan.trials]
     win = plan.best.config if plan.best is not None else None
     out["winner"] = win.short() if win else None
     win_tps = b.replay(win).tokens_per_s if win is not None and b.fits(win) else 0.0
