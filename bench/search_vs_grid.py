@@ -481,7 +481,7 @@ def main() -> None:
                         help="comma-separated names of: " + ", ".join(SETTINGS))  # fmt: skip
     parser.add_argument("--remeasure", action="store_true", help="measure the grids again")
     parser.add_argument("--grid-only", action="store_true", help="phase 1 only")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--fraction", type=float, default=0.25,
                         help="the search's budget, as a fraction of the grid's trials")  # fmt: skip
     parser.add_argument("--trials", type=int, default=None, help="a fixed budget instead")

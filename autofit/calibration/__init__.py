@@ -36,6 +36,8 @@ from autofit.trials.result import TrialResult
 __all__ = [
     "MEMORY_TERMS",
     "NAPKIN",
+    "OFFLOADED_TERMS",
+    "PEAK_TERMS",
     "SPEED_TERMS",
     "Calibration",
     "Observation",
@@ -46,7 +48,12 @@ __all__ = [
 
 MEMORY_TERMS: tuple[str, ...] = (*BREAKDOWN_KEYS, "allocator")
 """What a peak is made of: the napkin's breakdown at its peak moment, and the caching allocator's
-slack (`Estimate.overhead["allocator"]`; 0 on CPU)."""
+slack (`Estimate.overhead["allocator"]`; 0 on CPU). Each has a factor, 1.0 in the napkin."""
+OFFLOADED_TERMS: tuple[str, ...] = ("offloaded_params", "offloaded_optimizer")
+"""What the napkin holds on the host per GPU, under `offload: params` and `offload: optimizer`:
+none of it should show on the device, so each has a share (0.0 in the napkin) that measurements
+may find does (staging copies, a device that is the host: CPU trials)."""
+PEAK_TERMS: tuple[str, ...] = (*MEMORY_TERMS, *OFFLOADED_TERMS)
 SPEED_TERMS: tuple[str, ...] = TIME_KEYS
 """What a step time is made of: the napkin's `time_breakdown`."""
 
@@ -65,8 +72,13 @@ SPEED_NOISE = 0.05
 # Prior width of the constants, as a share of the median measured peak / step time per
 # micro-step: a fixed cost the terms do not carry (NCCL buffers, kernel launch, Python).
 CONSTANT_SIGMA = 0.05
+# Prior width of the share of offloaded bytes that shows on the device (prior mean 0).
+OFFLOADED_SIGMA = 0.15
 # Residuals beyond this many noise widths count linearly (Huber), not squared.
 HUBER = 2.0
+# The Laplace prior's quadratic stand-in is taken no sharper than at this distance from its mean.
+LAPLACE_EPS = 1e-4
+SQRT2 = math.sqrt(2.0)
 # The smallest band a calibration prunes with, however well it explains its trials: two runs of
 # one config differ by about this much.
 MIN_BAND = 0.01
@@ -76,9 +88,16 @@ SOURCES = ("none", "stored", "study")
 
 
 def memory_terms(est: Estimate) -> tuple[float, ...]:
-    """The napkin's memory terms of an estimate, in `MEMORY_TERMS` order."""
+    """The napkin's memory terms of an estimate, in `PEAK_TERMS` order."""
     b = est.breakdown
-    return (*(float(b.get(k, 0)) for k in BREAKDOWN_KEYS), float(est.overhead.get("allocator", 0)))
+    offload = est.config.offload
+    host = float(est.host_bytes) / max(est.n_gpus, 1)
+    return (
+        *(float(b.get(k, 0)) for k in BREAKDOWN_KEYS),
+        float(est.overhead.get("allocator", 0)),
+        host if offload == "params" else 0.0,
+        host if offload == "optimizer" else 0.0,
+    )
 
 
 def time_terms(est: Estimate) -> tuple[float, ...]:
@@ -93,7 +112,7 @@ class Observation:
     trial measured. An OOM gives a lower bound on the peak (it ran past `peak_bytes`) and no
     step time; a timeout or an error gives nothing."""
 
-    memory: tuple[float, ...]  # napkin memory terms (`MEMORY_TERMS`)
+    memory: tuple[float, ...]  # napkin memory terms (`PEAK_TERMS`)
     time: tuple[float, ...]  # napkin time terms (`SPEED_TERMS`)
     micro_steps: int  # grad_accum: micro-steps per optimizer step
     peak_bytes: float | None = None  # measured peak, or the bound an OOM ran past
@@ -152,12 +171,15 @@ class Observation:
         )
 
 
+NAPKIN_MEMORY = {**dict.fromkeys(MEMORY_TERMS, 1.0), **dict.fromkeys(OFFLOADED_TERMS, 0.0)}
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Factors per napkin term and a constant, for memory and for speed, with the relative error
     the calibration was measured to have (`memory_band`, `speed_band`)."""
 
-    memory: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MEMORY_TERMS, 1.0))
+    memory: dict[str, float] = field(default_factory=lambda: dict(NAPKIN_MEMORY))
     memory_constant: float = 0.0  # bytes
     speed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SPEED_TERMS, 1.0))
     speed_constant: float = 0.0  # seconds per micro-step
@@ -215,7 +237,7 @@ class Calibration:
 
     # ... and a whole space at once (the search re-ranks every candidate after each trial).
     def peaks(self, memory: np.ndarray) -> np.ndarray:
-        """Calibrated peaks of the rows of `memory` (n x len(MEMORY_TERMS) napkin terms)."""
+        """Calibrated peaks of the rows of `memory` (n x len(PEAK_TERMS) napkin terms)."""
         return np.maximum(memory @ self._memory_vector() + self.memory_constant, 1.0)
 
     def step_times(self, time: np.ndarray, micro_steps: np.ndarray) -> np.ndarray:
@@ -224,7 +246,7 @@ class Calibration:
         return np.maximum(steps, 1e-9)
 
     def _memory_vector(self) -> np.ndarray:
-        return np.array([self.memory.get(k, 1.0) for k in MEMORY_TERMS])
+        return np.array([self.memory.get(k, NAPKIN_MEMORY[k]) for k in PEAK_TERMS])
 
     def _speed_vector(self) -> np.ndarray:
         return np.array([self.speed.get(k, 1.0) for k in SPEED_TERMS])
@@ -246,7 +268,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
         return cls(
-            memory={k: float(d.get("memory", {}).get(k, 1.0)) for k in MEMORY_TERMS},
+            memory={k: float(d.get("memory", {}).get(k, v)) for k, v in NAPKIN_MEMORY.items()},
             memory_constant=float(d.get("memory_constant_bytes", 0.0)),
             speed={k: float(d.get("speed", {}).get(k, 1.0)) for k in SPEED_TERMS},
             speed_constant=float(d.get("speed_constant_s", 0.0)),
@@ -274,18 +296,23 @@ def _tokens(est: Estimate) -> float:
 
 @dataclass(frozen=True)
 class _Problem:
-    """One side (memory or speed) as a least-squares problem over log-factors and a constant."""
+    """One side (memory or speed) as a least-squares problem: log-factors of the terms in `x`,
+    linear coefficients of the columns in `lin` (the shares of offloaded bytes, the constant)."""
 
-    x: np.ndarray  # n x k napkin terms
-    extra: np.ndarray  # n: what the constant multiplies (1 for memory, micro-steps for speed)
+    x: np.ndarray  # n x k napkin terms, each times a factor exp(theta)
+    lin: np.ndarray  # n x a columns, each times a coefficient theta (the last: the constant's)
     y: np.ndarray  # n: measured (or the bound)
     lower: np.ndarray  # n: bool, y is a lower bound (OOM)
-    mu: np.ndarray  # k+1: prior means (log-factors, then the constant)
-    sigma: np.ndarray  # k+1: prior widths
+    mu: np.ndarray  # k + a: prior means (log-factors, then coefficients)
+    sigma: np.ndarray  # k + a: prior widths
     noise: float
 
+    @property
+    def k(self) -> int:
+        return self.x.shape[1]
+
     def predict(self, theta: np.ndarray) -> np.ndarray:
-        return self.x @ np.exp(theta[:-1]) + self.extra * theta[-1]
+        return self.x @ np.exp(theta[: self.k]) + self.lin @ theta[self.k :]
 
     def residuals(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Log residuals (0 for a bound that holds) and their Jacobian."""
@@ -293,8 +320,8 @@ class _Problem:
         safe = np.maximum(p, self.y * 1e-3)
         r = np.log(safe / self.y)
         jac = np.empty((len(self.y), len(theta)))
-        jac[:, :-1] = self.x * np.exp(theta[:-1]) / safe[:, None]
-        jac[:, -1] = self.extra / safe
+        jac[:, : self.k] = self.x * np.exp(theta[: self.k]) / safe[:, None]
+        jac[:, self.k :] = self.lin / safe[:, None]
         jac[p <= self.y * 1e-3] = 0.0
         held = self.lower & (r >= 0)
         r[held] = 0.0
@@ -302,28 +329,48 @@ class _Problem:
         return r, jac
 
     def objective(self, theta: np.ndarray) -> float:
+        """Twice the negative log posterior: Huber on the residuals; a Laplace prior (scale
+        sigma / sqrt 2, the same spread) on the terms' factors and shares, which moves only the
+        terms the measurements need moved and leaves the rest at the prior; a Gaussian one on
+        the constant."""
         r, _ = self.residuals(theta)
         z = r / self.noise
         data = np.where(np.abs(z) <= HUBER, z * z, 2 * HUBER * np.abs(z) - HUBER * HUBER)
-        prior = ((theta - self.mu) / self.sigma) ** 2
+        d = (theta - self.mu) / self.sigma
+        prior = np.where(self.laplace, 2 * SQRT2 * np.abs(d), d * d)
         return float(np.sum(data) + np.sum(prior))
 
+    @property
+    def laplace(self) -> np.ndarray:
+        """Which parameters have a Laplace prior: all but the constant (the last)."""
+        out = np.ones(len(self.mu), dtype=bool)
+        out[-1] = False
+        return out
+
     def solve(self, start: np.ndarray | None = None, iters: int = 40) -> np.ndarray:
-        """MAP estimate by damped Gauss-Newton with Huber weights (IRLS)."""
+        """MAP estimate by damped Gauss-Newton, Huber and Laplace terms as reweighted squares
+        (IRLS: each majorized by a quadratic at the current point)."""
         theta = self.mu.copy() if start is None else start.copy()
-        p_inv = 1.0 / self.sigma**2
         lam = 1e-3
         best = self.objective(theta)
+        laplace = self.laplace
         for _ in range(iters):
             r, jac = self.residuals(theta)
             z = np.abs(r) / self.noise
             w = np.where(z <= HUBER, 1.0, HUBER / np.maximum(z, 1e-12)) / self.noise**2
+            d = np.abs(theta - self.mu)
+            p_inv = np.where(
+                laplace, SQRT2 / (self.sigma * np.maximum(d, LAPLACE_EPS)), 1.0 / self.sigma**2
+            )
             h = jac.T @ (jac * w[:, None]) + np.diag(p_inv)
             g = jac.T @ (w * r) + p_inv * (theta - self.mu)
             improved = False
             for _ in range(8):
                 step = np.linalg.solve(h + lam * np.diag(np.diag(h)), -g)
                 trial = theta + step
+                # a share of offloaded bytes on the device is at least none (projected)
+                trial[self.k : -1] = np.maximum(trial[self.k : -1], 0.0)
+                step = trial - theta
                 value = self.objective(trial)
                 if value < best:
                     theta, best, improved = trial, value, True
@@ -333,6 +380,10 @@ class _Problem:
             if not improved or np.max(np.abs(step)) < 1e-7:
                 break
         return theta
+
+    def rows(self, keep: np.ndarray) -> _Problem:
+        return replace(self, x=self.x[keep], lin=self.lin[keep], y=self.y[keep],
+                       lower=self.lower[keep])  # fmt: skip
 
 
 def _problem(
@@ -345,33 +396,32 @@ def _problem(
         rows = [o for o in obs if o.peak_bytes]
         if not rows:
             return None
-        x = np.array([o.memory for o in rows], dtype=float)
-        extra = np.ones(len(rows))
+        terms = np.array([o.memory for o in rows], dtype=float)
+        k = len(MEMORY_TERMS)
         y = np.array([o.peak_bytes for o in rows], dtype=float)
         lower = np.array([o.oom for o in rows])
-        factors = [prior.memory.get(k, 1.0) for k in MEMORY_TERMS]
-        constant = prior.memory_constant
+        lin = np.column_stack([terms[:, k:], np.ones(len(rows))])
+        factors = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in MEMORY_TERMS]
+        shares = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in OFFLOADED_TERMS]
         width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
         measured = y[~lower] if (~lower).any() else y
         scale = float(np.median(measured))
-        noise = MEMORY_NOISE
-    else:
-        rows = [o for o in obs if o.step_time_s]
-        if not rows:
-            return None
-        x = np.array([o.time for o in rows], dtype=float)
-        extra = np.array([o.micro_steps for o in rows], dtype=float)
-        y = np.array([o.step_time_s for o in rows], dtype=float)
-        lower = np.zeros(len(rows), dtype=bool)
-        factors = [prior.speed.get(k, 1.0) for k in SPEED_TERMS]
-        constant = prior.speed_constant
-        width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
-        scale = float(np.median(y / extra))
-        noise = SPEED_NOISE
-    k = x.shape[1]
-    mu = np.array([*np.log(np.maximum(factors, 1e-6)), constant])
-    sigma = np.array([width] * k + [CONSTANT_SIGMA * scale])
-    return _Problem(x, extra, y, lower, mu, sigma, noise)
+        mu = [*np.log(np.maximum(factors, 1e-6)), *shares, prior.memory_constant]
+        sigma = [width] * k + [OFFLOADED_SIGMA] * len(shares) + [CONSTANT_SIGMA * scale]
+        return _Problem(terms[:, :k], lin, y, lower, np.array(mu), np.array(sigma), MEMORY_NOISE)
+    rows = [o for o in obs if o.step_time_s]
+    if not rows:
+        return None
+    x = np.array([o.time for o in rows], dtype=float)
+    micro = np.array([[o.micro_steps] for o in rows], dtype=float)
+    y = np.array([o.step_time_s for o in rows], dtype=float)
+    factors = [prior.speed.get(t, 1.0) for t in SPEED_TERMS]
+    width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
+    scale = float(np.median(y / micro[:, 0]))
+    mu = [*np.log(np.maximum(factors, 1e-6)), prior.speed_constant]
+    sigma = [width] * x.shape[1] + [CONSTANT_SIGMA * scale]
+    lower = np.zeros(len(rows), dtype=bool)
+    return _Problem(x, micro, y, lower, np.array(mu), np.array(sigma), SPEED_NOISE)
 
 
 def _loo_errors(problem: _Problem, theta: np.ndarray) -> np.ndarray:
@@ -382,13 +432,8 @@ def _loo_errors(problem: _Problem, theta: np.ndarray) -> np.ndarray:
         return np.array([])
     errors = []
     for i in range(n):
-        keep = np.arange(n) != i
-        sub = replace(
-            problem, x=problem.x[keep], extra=problem.extra[keep], y=problem.y[keep],
-            lower=problem.lower[keep],
-        )  # fmt: skip
-        t = sub.solve(theta, iters=15)
-        p = float(problem.x[i] @ np.exp(t[:-1]) + problem.extra[i] * t[-1])
+        t = problem.rows(np.arange(n) != i).solve(theta, iters=15)
+        p = float(problem.rows(np.arange(n) == i).predict(t)[0])
         err = p / problem.y[i] - 1
         if problem.lower[i]:
             err = min(err, 0.0)
@@ -419,7 +464,9 @@ def fit_calibration(
     memory_band, memory_error = prior.memory_band, prior.memory_error
     if mem_p is not None:
         theta = mem_p.solve()
-        memory = dict(zip(MEMORY_TERMS, (float(v) for v in np.exp(theta[:-1])), strict=True))
+        k = mem_p.k
+        memory = dict(zip(MEMORY_TERMS, (float(v) for v in np.exp(theta[:k])), strict=True))
+        memory.update(zip(OFFLOADED_TERMS, (float(v) for v in theta[k:-1]), strict=True))
         memory_constant = float(theta[-1])
         loo = _loo_errors(mem_p, theta)
         memory_band = _band(loo, prior.memory_band)

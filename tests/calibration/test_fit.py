@@ -11,6 +11,7 @@ from autofit.calibration import (
     MEMORY_TERMS,
     MIN_BAND,
     NAPKIN,
+    PEAK_TERMS,
     SPEED_TERMS,
     Calibration,
     Observation,
@@ -28,7 +29,7 @@ COMPUTE = SPEED_TERMS.index("compute")
 
 
 def mem_obs(activations_mib: float, base_mib: float, measured_mib: float, oom: bool = False):
-    terms = [0.0] * len(MEMORY_TERMS)
+    terms = [0.0] * len(PEAK_TERMS)
     terms[ACT], terms[BASE] = activations_mib * MiB, base_mib * MiB
     return Observation(tuple(terms), (0.0,) * len(SPEED_TERMS), 1, measured_mib * MiB, oom, None)
 
@@ -36,7 +37,7 @@ def mem_obs(activations_mib: float, base_mib: float, measured_mib: float, oom: b
 def speed_obs(compute_s: float, other_s: float, measured_s: float, micro_steps: int = 1):
     times = [0.0] * len(SPEED_TERMS)
     times[COMPUTE], times[-1] = compute_s, other_s
-    return Observation((0.0,) * len(MEMORY_TERMS), tuple(times), micro_steps, None, False,
+    return Observation((0.0,) * len(PEAK_TERMS), tuple(times), micro_steps, None, False,
                        measured_s)  # fmt: skip
 
 
@@ -104,7 +105,7 @@ def test_no_measurement_keeps_the_prior():
     stored = Calibration(memory={**NAPKIN.memory, "activations": 0.5}, source="stored")
     assert fit_calibration([], stored) is stored
     # a timeout measured nothing: not an observation
-    empty = Observation((1.0,) * len(MEMORY_TERMS), (1.0,) * len(SPEED_TERMS), 1)
+    empty = Observation((1.0,) * len(PEAK_TERMS), (1.0,) * len(SPEED_TERMS), 1)
     assert fit_calibration([empty]) is NAPKIN
 
 

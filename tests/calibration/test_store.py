@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autofit.calibration import MEMORY_TERMS, SPEED_TERMS, Observation
+from autofit.calibration import MEMORY_TERMS, PEAK_TERMS, SPEED_TERMS, Observation
 from autofit.calibration import store as cal_store
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
@@ -17,7 +17,7 @@ ACT = MEMORY_TERMS.index("activations")
 
 
 def obs(activations_mib: float, measured_mib: float) -> Observation:
-    terms = [0.0] * len(MEMORY_TERMS)
+    terms = [0.0] * len(PEAK_TERMS)
     terms[ACT] = activations_mib * MiB
     return Observation(tuple(terms), (0.0,) * len(SPEED_TERMS), 1, measured_mib * MiB)
 
