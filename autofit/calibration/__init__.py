@@ -70,8 +70,11 @@ STORED_SPEED_SIGMA = 0.3
 MEMORY_NOISE = 0.02
 SPEED_NOISE = 0.05
 # Prior width of the constants, as a share of the median measured peak / step time per
-# micro-step: a fixed cost the terms do not carry (NCCL buffers, kernel launch, Python).
-CONSTANT_SIGMA = 0.05
+# micro-step: memory the terms do not carry (NCCL buffers, the CPU tracker's own) is small; a
+# fixed cost per micro-step (kernel launches, Python, collective latency) may be most of a small
+# model's step.
+MEMORY_CONSTANT_SIGMA = 0.05
+SPEED_CONSTANT_SIGMA = 0.5
 # Prior width of the share of offloaded bytes that shows on the device (prior mean 0).
 OFFLOADED_SIGMA = 0.15
 # Residuals beyond this many noise widths count linearly (Huber), not squared.
@@ -85,6 +88,7 @@ MIN_BAND = 0.01
 # Before any measurement the napkin's speed error is not known; this is its stated spread.
 NAPKIN_SPEED_BAND = 0.25
 SOURCES = ("none", "stored", "study")
+Z90 = 1.6449  # |x| of a standard normal is below this 90% of the time
 
 
 def memory_terms(est: Estimate) -> tuple[float, ...]:
@@ -189,6 +193,10 @@ class Calibration:
     n_trials: int = 0  # measured trials it was fitted on (stored ones included)
     memory_error: float | None = None  # median leave-one-out |error| over its trials
     speed_error: float | None = None
+    # posterior covariance of the parameters (log-factors, shares, constant) where fitted; else
+    # the prior's widths (`spreads`)
+    memory_cov: Any = field(default=None, compare=False, repr=False)
+    speed_cov: Any = field(default=None, compare=False, repr=False)
 
     @property
     def is_napkin(self) -> bool:
@@ -244,6 +252,42 @@ class Calibration:
         """Calibrated step times of the rows of `time` (n x len(SPEED_TERMS))."""
         steps = time @ self._speed_vector() + self.speed_constant * micro_steps
         return np.maximum(steps, 1e-9)
+
+    def spreads(
+        self, memory: np.ndarray, time: np.ndarray, micro_steps: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """How uncertain the calibrated peak and step time of each row are: the standard
+        deviation of their logarithm, from the parameters' posterior covariance (a row whose
+        terms mix like the measured ones is known well; one unlike them is not) and the
+        measurement noise."""
+        k = len(MEMORY_TERMS)
+        f = self._memory_vector()
+        peaks = self.peaks(memory)
+        g_mem = np.column_stack([memory[:, :k] * f[:k], memory[:, k:], np.ones(len(memory))])
+        g_mem /= peaks[:, None]
+        g = self._speed_vector()
+        steps = self.step_times(time, micro_steps)
+        g_spd = np.column_stack([time * g, micro_steps]) / steps[:, None]
+        cov_mem = self.memory_cov if self.memory_cov is not None else self._prior_cov("memory")
+        cov_spd = self.speed_cov if self.speed_cov is not None else self._prior_cov("speed")
+        # beside the parameters' uncertainty, what the fitted terms leave unexplained: its
+        # measured error (the band is the 90th percentile of |leave-one-out error|)
+        rest_mem = max(MEMORY_NOISE, self.memory_band / Z90)
+        rest_spd = max(SPEED_NOISE, self.speed_band / Z90)
+        var_mem = np.einsum("ij,jk,ik->i", g_mem, cov_mem, g_mem) + rest_mem**2
+        var_spd = np.einsum("ij,jk,ik->i", g_spd, cov_spd, g_spd) + rest_spd**2
+        return np.sqrt(var_mem), np.sqrt(var_spd)
+
+    def _prior_cov(self, side: str) -> np.ndarray:
+        """Without a fit of its own: the prior's widths (the constant taken as known)."""
+        stored = self.source != "none"
+        if side == "memory":
+            width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
+            sd = [width] * len(MEMORY_TERMS) + [OFFLOADED_SIGMA] * len(OFFLOADED_TERMS) + [0.0]
+        else:
+            width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
+            sd = [width] * len(SPEED_TERMS) + [0.0]
+        return np.diag(np.square(sd))
 
     def _memory_vector(self) -> np.ndarray:
         return np.array([self.memory.get(k, NAPKIN_MEMORY[k]) for k in PEAK_TERMS])
@@ -381,6 +425,15 @@ class _Problem:
                 break
         return theta
 
+    def covariance(self, theta: np.ndarray) -> np.ndarray:
+        """The parameters' posterior covariance at `theta` (Laplace's approximation: the inverse
+        of the Gauss-Newton Hessian, the priors taken as Gaussians of the same widths)."""
+        r, jac = self.residuals(theta)
+        z = np.abs(r) / self.noise
+        w = np.where(z <= HUBER, 1.0, HUBER / np.maximum(z, 1e-12)) / self.noise**2
+        h = jac.T @ (jac * w[:, None]) + np.diag(1.0 / self.sigma**2)
+        return np.linalg.inv(h)
+
     def rows(self, keep: np.ndarray) -> _Problem:
         return replace(self, x=self.x[keep], lin=self.lin[keep], y=self.y[keep],
                        lower=self.lower[keep])  # fmt: skip
@@ -407,7 +460,7 @@ def _problem(
         measured = y[~lower] if (~lower).any() else y
         scale = float(np.median(measured))
         mu = [*np.log(np.maximum(factors, 1e-6)), *shares, prior.memory_constant]
-        sigma = [width] * k + [OFFLOADED_SIGMA] * len(shares) + [CONSTANT_SIGMA * scale]
+        sigma = [width] * k + [OFFLOADED_SIGMA] * len(shares) + [MEMORY_CONSTANT_SIGMA * scale]
         return _Problem(terms[:, :k], lin, y, lower, np.array(mu), np.array(sigma), MEMORY_NOISE)
     rows = [o for o in obs if o.step_time_s]
     if not rows:
@@ -419,7 +472,7 @@ def _problem(
     width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
     scale = float(np.median(y / micro[:, 0]))
     mu = [*np.log(np.maximum(factors, 1e-6)), prior.speed_constant]
-    sigma = [width] * x.shape[1] + [CONSTANT_SIGMA * scale]
+    sigma = [width] * x.shape[1] + [SPEED_CONSTANT_SIGMA * scale]
     lower = np.zeros(len(rows), dtype=bool)
     return _Problem(x, micro, y, lower, np.array(mu), np.array(sigma), SPEED_NOISE)
 
@@ -460,6 +513,7 @@ def fit_calibration(
     stored = prior.source != "none"
     mem_p = _problem(obs, "memory", prior, stored)
     spd_p = _problem(obs, "speed", prior, stored)
+    memory_cov, speed_cov = prior.memory_cov, prior.speed_cov
     memory, memory_constant = dict(prior.memory), prior.memory_constant
     memory_band, memory_error = prior.memory_band, prior.memory_error
     if mem_p is not None:
@@ -468,6 +522,7 @@ def fit_calibration(
         memory = dict(zip(MEMORY_TERMS, (float(v) for v in np.exp(theta[:k])), strict=True))
         memory.update(zip(OFFLOADED_TERMS, (float(v) for v in theta[k:-1]), strict=True))
         memory_constant = float(theta[-1])
+        memory_cov = mem_p.covariance(theta)
         loo = _loo_errors(mem_p, theta)
         memory_band = _band(loo, prior.memory_band)
         memory_error = float(np.median(np.abs(loo))) if len(loo) else memory_error
@@ -477,6 +532,7 @@ def fit_calibration(
         theta = spd_p.solve()
         speed = dict(zip(SPEED_TERMS, (float(v) for v in np.exp(theta[:-1])), strict=True))
         speed_constant = float(theta[-1])
+        speed_cov = spd_p.covariance(theta)
         loo = _loo_errors(spd_p, theta)
         speed_band = _band(loo, prior.speed_band)
         speed_error = float(np.median(np.abs(loo))) if len(loo) else speed_error
@@ -491,6 +547,8 @@ def fit_calibration(
         n_trials=prior.n_trials + len(obs),
         memory_error=memory_error,
         speed_error=speed_error,
+        memory_cov=memory_cov,
+        speed_cov=speed_cov,
     )
 
 

@@ -155,8 +155,9 @@ def step_time(
 ) -> dict[str, float]:  # fmt: skip
     """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step.
 
-    Per micro-step the GPU runs the matmuls (`compute`), the memory-bound kernels and module-call
-    overhead (`memory_bound`) and the dequantisation (`dequant`): `_gpu_work`. FSDP2 prefetches
+    Per micro-step the GPU runs the matmuls (`compute`), the memory-bound kernels
+    (`memory_bound`) and the dequantisation (`dequant`), and the CPU issues them: module calls and
+    FSDP2's per-parameter work (`overhead`): `_gpu_work`. FSDP2 prefetches
     the next unit's all-gather and, with `offload: params`, its H2D copy behind that work
     (`speed.prefetched_exposed`), and the last micro-step's reduce-scatter (and gradient D2H copy)
     runs behind its backward: `_transfers` sizes them. Only the exposed parts count as
@@ -174,9 +175,9 @@ def step_time(
     tr = memo.get(tkey)
     if tr is None:
         tr = memo[tkey] = _transfers(s, hardware, config, trainable, shard)
-    compute, memory_bound, dequant, backward = work
+    compute, memory_bound, overhead, dequant, backward = work
     gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim = tr
-    busy = compute + memory_bound + dequant
+    busy = compute + memory_bound + overhead + dequant
     on_cpu = hardware.source == "cpu"
 
     comm = offload = 0.0
@@ -197,7 +198,8 @@ def step_time(
         offload += hidden * d2h / (reduce + d2h)
     return {
         "compute": config.grad_accum * compute,
-        "memory_bound": config.grad_accum * (memory_bound + overhead_micro) + overhead_step,
+        "memory_bound": config.grad_accum * memory_bound,
+        "overhead": config.grad_accum * (overhead + overhead_micro) + overhead_step,
         "dequant": config.grad_accum * dequant,
         "communication": comm,
         "offload": offload + h2d_step,
@@ -206,9 +208,10 @@ def step_time(
 
 
 def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, ...]:
-    """One micro-step's (compute, memory_bound, dequant, backward) seconds on one GPU, with
-    `compile` applied (`speed.compiled_layer_time`); `backward` is the part of the three that runs
-    in backward, what a reduce-scatter or a gradient copy can hide behind."""
+    """One micro-step's (compute, memory_bound, overhead, dequant, backward) seconds on one GPU,
+    with `compile` applied (`speed.compiled_layer_time`: its saving taken from the CPU overhead
+    first, then the memory-bound kernels); `backward` is the part of the four that runs in
+    backward, what a reduce-scatter or a gradient copy can hide behind."""
     gpu = hardware.smallest_gpu
     flops_per_s = gpu.bf16_tflops * 1e12 * spd.GEMM_EFFICIENCY
     bytes_per_s = gpu.mem_bw_gbs * 1e9 * spd.MEM_BW_EFFICIENCY
@@ -216,17 +219,20 @@ def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, 
         s, config.micro_batch * config.seq_len, config.seq_len, config.lora_rank,
         config.lora_targets, config.checkpointing, flops_per_s, bytes_per_s,
     )  # fmt: skip
-    compute, memory_bound = micro["compute"], micro["memory_bound"]
+    compute, memory_bound, overhead = micro["compute"], micro["memory_bound"], micro["overhead"]
     if config.compile:
-        layers_mm, layers_mb = spd.compiled_layer_time(
-            micro["layers_compute"], micro["layers_memory_bound"]
+        layers_oh = micro["layers_overhead"]
+        layers_mm, layers_rest = spd.compiled_layer_time(
+            micro["layers_compute"], micro["layers_memory_bound"] + layers_oh
         )
+        removed = micro["layers_memory_bound"] + layers_oh - layers_rest
         compute += layers_mm - micro["layers_compute"]
-        memory_bound += layers_mb - micro["layers_memory_bound"]
+        overhead -= min(removed, layers_oh)
+        memory_bound -= removed - min(removed, layers_oh)
     dequant = spd.dequant_time(s, config.quant, config.checkpointing, gpu.mem_bw_gbs)
-    eager = micro["compute"] + micro["memory_bound"] + dequant
-    busy = compute + memory_bound + dequant
-    return compute, memory_bound, dequant, micro["backward"] * busy / eager
+    eager = micro["compute"] + micro["memory_bound"] + micro["overhead"] + dequant
+    busy = compute + memory_bound + overhead + dequant
+    return compute, memory_bound, overhead, dequant, micro["backward"] * busy / eager
 
 
 def _transfers(

@@ -7,8 +7,11 @@ GPU measurement calibrates them, and docs/accuracy.md tracks them. The terms (`T
 - `compute`: every matmul (projections, MoE experts, LM head, LoRA A/B, attention), forward and
   backward and recomputation, each max(FLOPs / tensor throughput, bytes / HBM bandwidth);
 - `memory_bound`: norms, the activation, RoPE, residual adds, LoRA's scale-and-add, the
-  cross-entropy over the vocabulary, and the CPU-side cost of module calls and FSDP2's
-  per-parameter work;
+  cross-entropy over the vocabulary;
+- `overhead`: the CPU-side cost of module calls (peft adds three per adapted projection) and of
+  FSDP2's per-parameter work in each collective: a term of its own, since it scales with the
+  number of modules and parameter tensors rather than with bytes or FLOPs, and dominates small
+  models and CPU trials;
 - `dequant`: NF4/int8 base weights dequantized to bf16 before each matmul;
 - `communication`: the exposed (not overlapped) part of all-gathers and gradient reductions;
 - `offload`: the exposed part of host<->device copies (FSDP2 `CPUOffloadPolicy`, torchao's
@@ -32,7 +35,9 @@ from autofit.estimate.memory import (
 )
 from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
 
-TIME_KEYS = ("compute", "memory_bound", "dequant", "communication", "offload", "optimizer")
+TIME_KEYS = (
+    "compute", "memory_bound", "overhead", "dequant", "communication", "offload", "optimizer",
+)  # fmt: skip
 """The step-time terms, in `Estimate.time_breakdown` order; they sum to the step time."""
 
 # ----- matmuls ------------------------------------------------------------------------------------
@@ -296,8 +301,9 @@ def micro_step_times(
     s: Structure, tokens: int, seq_len: int, rank: int, targets: tuple[str, ...] | None,
     checkpointing: str, flops_per_s: float, bytes_per_s: float,
 ) -> dict[str, float]:  # fmt: skip
-    """Seconds of one eager micro-step on one GPU, memoised on the structure: `compute` (matmuls)
-    and `memory_bound` (elementwise kernels and module-call overhead), each split as `layers_*`
+    """Seconds of one eager micro-step on one GPU, memoised on the structure: `compute` (matmuls),
+    `memory_bound` (elementwise kernels) and `overhead` (CPU-side module calls), each split as
+    `layers_*`
     (inside the decoder layers, what compile touches) and the whole; `backward` is the part of
     both that runs in backward (what a reduce-scatter or gradient copy can hide behind).
 
@@ -324,12 +330,13 @@ def micro_step_times(
 
     mem_bw = bytes_per_s  # achievable HBM bandwidth, as for the GEMMs' bytes
     ew_fwd, ew_bwd = layer_elementwise_bytes(s, tokens, rank, targets)
-    calls = layer_module_calls(s, rank, targets) * MODULE_CALL_S
-    layer_fwd_mb = ew_fwd / mem_bw + calls
-    layer_bwd_mb = ew_bwd / mem_bw + calls
+    calls = layer_module_calls(s, rank, targets) * MODULE_CALL_S  # forward, and as much backward
+    layer_fwd_mb = ew_fwd / mem_bw
+    layer_bwd_mb = ew_bwd / mem_bw
     ce_f, ce_b = cross_entropy_bytes(s, tokens)
-    root_mb_fwd = ce_f / mem_bw + 4 * MODULE_CALL_S  # embedding, final norm, head, loss
-    root_mb_bwd = ce_b / mem_bw + 4 * MODULE_CALL_S
+    root_mb_fwd = ce_f / mem_bw
+    root_mb_bwd = ce_b / mem_bw
+    root_calls = 4 * MODULE_CALL_S  # embedding, final norm, head, loss; forward and backward
     if not frozen:  # the embedding's gradient: a scatter-add of tokens x hidden (read + write)
         root_mb_bwd += 2.0 * FP32 * tokens * s.hidden / mem_bw
 
@@ -338,14 +345,18 @@ def micro_step_times(
     recompute_mb = 1.0 if checkpointing == "selective" else recompute
     layers_mm = s.layers * (layer_fwd_mm * (1.0 + recompute) + layer_bwd_mm)
     layers_mb = s.layers * (layer_fwd_mb * (1.0 + recompute_mb) + layer_bwd_mb)
+    layers_calls = s.layers * calls * (2.0 + recompute_mb)
     backward = s.layers * (
-        layer_fwd_mm * recompute + layer_bwd_mm + layer_fwd_mb * recompute_mb + layer_bwd_mb
-    ) + head_bwd + root_mb_bwd  # fmt: skip
+        layer_fwd_mm * recompute + layer_bwd_mm + (layer_fwd_mb + calls) * recompute_mb
+        + layer_bwd_mb + calls
+    ) + head_bwd + root_mb_bwd + root_calls  # fmt: skip
     found = memo[key] = {
         "layers_compute": layers_mm,
         "compute": layers_mm + hf + head_bwd,
         "layers_memory_bound": layers_mb,
         "memory_bound": layers_mb + root_mb_fwd + root_mb_bwd,
+        "layers_overhead": layers_calls,
+        "overhead": layers_calls + 2 * root_calls,
         "backward": backward,
     }
     return found

@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import optuna
 
 from autofit.calibration import (
-    MIN_BAND,
     NAPKIN,
+    SPEED_NOISE,
     Calibration,
     Observation,
     fit_calibration,
@@ -30,7 +31,7 @@ from autofit.calibration import store as cal_store
 from autofit.config import Config
 from autofit.plan import Candidate
 from autofit.search import study as st
-from autofit.search.candidates import Candidates
+from autofit.search.candidates import DISTINCT, Candidates
 from autofit.search.verify import under_line
 from autofit.trials.result import TrialResult
 
@@ -39,8 +40,23 @@ CALIBRATION_ATTR = "calibration"  # the study's user attr: the calibration it en
 # The search stops early (no untried candidate may beat the best measured one) only after this many
 # trials measured: fewer cannot tell the calibration's own error (its leave-one-out band).
 MIN_TRIALS_TO_STOP = 3
-Z90 = 1.6449  # |x| of a standard normal is below this 90% of the time: a band is that percentile
+# ... and stops when no untried candidate is expected to beat the best measured one by this share.
+MIN_GAIN = 0.005
 SQRT2 = math.sqrt(2.0)
+
+
+_erf = np.vectorize(math.erf, otypes=[float])
+
+
+def expected_gains(median: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """E[max(0, T - best)] for each T log-normal with `median` and log-sd `sd` (the mean of T
+    when nothing was measured yet, best = 0)."""
+    mean = median * np.exp(sd * sd / 2)
+    if best <= 0:
+        return mean
+    d2 = np.log(median / best) / sd
+    phi = lambda x: 0.5 * (1.0 + _erf(x / SQRT2))  # noqa: E731 - the normal's distribution
+    return mean * phi(d2 + sd) - best * phi(d2)
 
 
 def stored_prior(cands: Candidates) -> Calibration:
@@ -94,30 +110,38 @@ class Calibrator:
     def next_candidate(
         self, study: optuna.Study, taken: set[str], measured: list[Candidate]
     ) -> Candidate | None:
-        """The untried candidate with the highest expected tokens/s under the headroom line
-        (calibrated tokens/s x the chance its peak stays under the line, the calibrated peak's
-        error taken as normal with the memory band as its 90th percentile), among those that may
-        still beat the best measured one by more than the calibrated speed error; or None."""
-        s = self.cands.setting
-        cal = self.cands.calibration
-        best = max(
-            (c.trial.tokens_per_s or 0.0 for c in measured if under_line(s, c.trial)), default=0.0
-        )
-        sure = sum(1 for c in measured if c.measured) >= MIN_TRIALS_TO_STOP
-        sigma = max(cal.memory_band, MIN_BAND) / Z90
-        allowed = s.allowed_bytes
-        pick, top = None, 0.0
-        for cand in self.cands.trialable:  # fastest first
-            cfg = cand.config
-            speed = self.cands.tokens_per_s(cfg)
-            if sure and speed * (1 + cal.speed_band) <= best:
-                break  # no later one may beat it either
-            if speed <= top or st.config_key(cfg) in taken:
-                continue
-            fits = 0.5 * (1 + math.erf((allowed / self.cands.peak(cfg) - 1) / (sigma * SQRT2)))
-            if speed * fits > top:
-                pick, top = cand, speed * fits
-        return pick
+        """The untried candidate with the highest expected improvement over the best measured
+        one under the headroom line: its calibrated tokens/s taken as log-normal with the
+        calibration's uncertainty for it (a candidate unlike the measured ones is less certain:
+        it may be much faster, and it teaches more; one the calibrated estimate cannot tell from
+        a measured one, within `DISTINCT`, is as fast as that one measured), times the chance
+        its peak stays under the line. None when nothing is left, or (after
+        `MIN_TRIALS_TO_STOP` measured trials) when none is expected to gain `MIN_GAIN`."""
+        c = self.cands
+        s = c.setting
+        ok = [m for m in measured if under_line(s, m.trial) and m.trial.tokens_per_s]
+        best = max((m.trial.tokens_per_s for m in ok), default=0.0)
+        sure = sum(1 for m in measured if m.measured) >= MIN_TRIALS_TO_STOP
+        at = c._trialable_at  # noqa: SLF001 - the search's own arrays
+        speed, peak = c._speeds[at], c._peaks[at]  # noqa: SLF001
+        speed_sd, peak_sd = c._speed_sd[at].copy(), c._peak_sd[at]  # noqa: SLF001
+        median = speed.copy()
+        for m in ok:  # what the napkin cannot tell from a measured candidate runs as it did
+            same = (np.abs(speed / c.tokens_per_s(m.config) - 1) < DISTINCT) & (
+                np.abs(peak / c.peak(m.config) - 1) < DISTINCT
+            )
+            median[same] = m.trial.tokens_per_s * speed[same] / c.tokens_per_s(m.config)
+            speed_sd[same] = SPEED_NOISE
+        gain = expected_gains(median, speed_sd, best)
+        fits = 0.5 * (1.0 + _erf(np.log(s.allowed_bytes / peak) / (peak_sd * SQRT2)))
+        score = gain * fits
+        for i in np.argsort(-score, kind="stable"):  # ties: the ranked order (plainest first)
+            if sure and score[i] < MIN_GAIN * best:
+                return None
+            cand = c.trialable[i]
+            if st.config_key(cand.config) not in taken:
+                return cand
+        return None
 
     def store(self, study: optuna.Study) -> tuple[Any, Calibration] | None:
         """Add the study's measured trials to this machine's stored calibration (`auto` only)."""

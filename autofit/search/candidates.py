@@ -65,6 +65,10 @@ class Candidates:
     _speeds: Any = None  # calibrated tokens/s
     _steps: Any = None  # calibrated step time
     _index: dict[Config, int] = field(default_factory=dict)
+    _arrays: Any = None  # the napkin's terms, made once (`_terms`)
+    _trialable_at: Any = None  # where each of `trialable` is in `all`
+    _peak_sd: Any = None  # the log-sd of each calibrated peak, and of each calibrated speed
+    _speed_sd: Any = None
 
     def params(self, cfg: Config) -> dict[str, Any]:
         return {name: getattr(cfg, name) for name in self.names}
@@ -110,7 +114,8 @@ class Candidates:
     def recalibrate(self, calibration: Calibration) -> None:
         """Judge every candidate by `calibration`: its calibrated peak against the headroom line
         with the calibration's measured error as the band (the napkin's `PRUNE_TOLERANCE`
-        without one), ranked by calibrated tokens/s."""
+        without one), ranked by calibrated tokens/s. A calibrating search also gets how sure
+        each calibrated number is (`spread`)."""
         s = self.setting
         self.calibration = cal = calibration
         order = list(self.all.values())
@@ -122,14 +127,14 @@ class Candidates:
             speeds = np.array([c.estimate.tokens_per_s for c in order], dtype=float)
             band = None
         else:
-            mem = np.array([memory_terms(c.estimate) for c in order], dtype=float)
-            tim = np.array([time_terms(c.estimate) for c in order], dtype=float)
-            ga = np.array([c.config.grad_accum for c in order], dtype=float)
-            tokens = np.array([c.estimate.tokens_per_s * c.estimate.step_time_s for c in order])
-            peaks = cal.peaks(mem.reshape(len(order), -1))
-            steps = cal.step_times(tim.reshape(len(order), -1), ga)
+            mem, tim, ga, tokens = self._terms()
+            peaks = cal.peaks(mem)
+            steps = cal.step_times(tim, ga)
             speeds = tokens / steps
             band = cal.memory_band
+        if s.calibration != "off":
+            mem, tim, ga, _ = self._terms()
+            self._peak_sd, self._speed_sd = cal.spreads(mem, tim, ga)
         self._peaks, self._steps, self._speeds = peaks, steps, speeds
         self.pruned, self.trialable, self.predicted_fit = {}, [], []
         self.counts = Counter(self.rules)
@@ -148,6 +153,25 @@ class Candidates:
                 self.predicted_fit.append(cand)
         self.trialable.sort(key=self.rank_key)
         self.predicted_fit.sort(key=self.rank_key)
+        self._trialable_at = np.array([self._index[c.config] for c in self.trialable], dtype=int)
+
+    def _terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The napkin's terms of every candidate (in `all`'s order), made once: memory, time,
+        micro-steps per step, tokens per step."""
+        if self._arrays is None:
+            order = list(self.all.values())
+            mem = np.array([memory_terms(c.estimate) for c in order], dtype=float)
+            tim = np.array([time_terms(c.estimate) for c in order], dtype=float)
+            ga = np.array([c.config.grad_accum for c in order], dtype=float)
+            tokens = np.array([c.estimate.tokens_per_s * c.estimate.step_time_s for c in order])
+            n = len(order)
+            self._arrays = (mem.reshape(n, -1), tim.reshape(n, -1), ga, tokens)
+        return self._arrays
+
+    def spread(self, cfg: Config) -> tuple[float, float]:
+        """The standard deviation of the log of `cfg`'s calibrated peak and of its speed."""
+        i = self._index[cfg]
+        return float(self._peak_sd[i]), float(self._speed_sd[i])
 
     def rank_key(self, cand: Candidate) -> tuple[int, int, float]:
         """`autofit.plan.rank_key` on the calibrated estimate: fastest first (ties within 0.5%),

@@ -45,6 +45,7 @@ from autofit.search import study as st
 from autofit.search.calibrated import (
     CALIBRATED,
     CALIBRATION_ATTR,
+    MIN_GAIN,
     Calibrator,
     stored_prior,
     summary,
@@ -234,10 +235,10 @@ def _enqueue_calibrated(
     nxt = calibrator.next_candidate(study, _taken_configs(study), measured)
     if nxt is None:
         if any(c.measured for c in measured):
-            cal = cands.calibration
             display.say(
-                "no untried candidate is predicted to beat the best measured one by more than "
-                f"the calibrated speed error ({cal.speed_band:.1%}): the search stops here"
+                "no untried candidate is expected to beat the best measured one by "
+                f"{MIN_GAIN:.1%} or more (calibrated estimate and its uncertainty): the search "
+                "stops here"
             )
         return False
     enqueue(study, cands, nxt.config, "calibrated")
