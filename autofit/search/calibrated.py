@@ -3,9 +3,13 @@
 `Calibrator` keeps the study's calibration current. After each finished real trial it refits the
 corrections on every measured trial of the study (all workers' alike; the prior is this machine's
 stored calibration, or the napkin), re-prunes and re-ranks every candidate with it
-(`Candidates.recalibrate`), and names the next candidate: the calibrated fastest that has not been
-tried, while it may still beat the best measured one by more than the calibrated speed error.
-When none may, the search has learnt what it can and stops.
+(`Candidates.recalibrate`), and names the next candidate: the untried one with the highest
+expected improvement over the best measured one (`Calibrator.next_candidate`). The calibrated
+speed is taken as log-normal with the calibration's own uncertainty for that candidate (its
+parameters' posterior covariance seen through the candidate's terms, and the error the fitted
+terms leave), so a candidate like those measured is known well and one unlike them may surprise;
+times the chance its calibrated peak stays under the headroom line. When no candidate is expected
+to gain `MIN_GAIN`, the search has learnt what it can and stops.
 
 Each trial records the calibrated estimate made before it ran (user attr `calibrated`), so the
 plan can judge the calibration only on trials it had not seen.
@@ -37,14 +41,12 @@ from autofit.trials.result import TrialResult
 
 CALIBRATED = "calibrated"  # the trial's user attr: the calibrated estimate made before it ran
 CALIBRATION_ATTR = "calibration"  # the study's user attr: the calibration it ended with
-# The search stops early (no untried candidate may beat the best measured one) only after this many
-# trials measured: fewer cannot tell the calibration's own error (its leave-one-out band).
+# The search stops early only after this many trials measured: fewer cannot tell the
+# calibration's own error (its leave-one-out band) ...
 MIN_TRIALS_TO_STOP = 3
-# ... and stops when no untried candidate is expected to beat the best measured one by this share.
+# ... and then when no untried candidate is expected to beat the best measured one by this share.
 MIN_GAIN = 0.005
 SQRT2 = math.sqrt(2.0)
-
-
 _erf = np.vectorize(math.erf, otypes=[float])
 
 
