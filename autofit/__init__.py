@@ -212,13 +212,14 @@ def calibrate(
     gpu_memory: str | int | None = None,
     steps: int = 3,
     trial_timeout: float = 600.0,
+    quick: bool = False,
     on_start: Any = None,
     on_trial: Any = None,
 ) -> CalibrationRun:
     """Calibrate this machine: a short sweep of real trials of small models (the knobs that tell
     each correction factor apart), fitted with what this machine stored before, and stored for
-    every later plan here (`autofit.calibration`). `on_start(i, n, model, config)` and
-    `on_trial(i, n, trial)` report progress."""
+    every later plan here (`autofit.calibration`); `quick`: one model, the six most telling
+    variants. `on_start(i, n, model, config)` and `on_trial(i, n, trial)` report progress."""
     from autofit.calibration.sweep import calibrate as run_sweep
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
 
@@ -228,7 +229,7 @@ def calibrate(
     check_trial_hardware(hw, device, gpus)
     return run_sweep(
         hw, device, gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
-        trial_timeout=trial_timeout, on_start=on_start, on_trial=on_trial,
+        trial_timeout=trial_timeout, quick=quick, on_start=on_start, on_trial=on_trial,
     )  # fmt: skip
 
 
