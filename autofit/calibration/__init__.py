@@ -53,8 +53,19 @@ OFFLOADED_TERMS: tuple[str, ...] = ("offloaded_params", "offloaded_optimizer")
 """What the napkin holds on the host per GPU, under `offload: params` and `offload: optimizer`:
 none of it should show on the device, so each has a share (0.0 in the napkin) that measurements
 may find does (staging copies, a device that is the host: CPU trials)."""
-PEAK_TERMS: tuple[str, ...] = (*MEMORY_TERMS, *OFFLOADED_TERMS)
-SPEED_TERMS: tuple[str, ...] = TIME_KEYS
+MODES: tuple[str, ...] = (
+    "lora", "quant=nf4", "quant=int8", "checkpointing=full", "checkpointing=every-2",
+    "checkpointing=selective", "offload=params", "offload=optimizer", "wrap=none", "compile",
+)  # fmt: skip
+"""Knob values that change how a step runs. Where the napkin is off for one of them alone (its
+layout under param offload, recomputation's working set, peft's or NF4's kernels), a share of
+the dynamic memory (activations and logits) and of the step time under that mode, 0 in the napkin,
+lets a calibration correct those candidates without moving the factors every candidate shares."""
+MEMORY_MODE_TERMS: tuple[str, ...] = tuple(f"activations|{m}" for m in MODES)
+PEAK_TERMS: tuple[str, ...] = (*MEMORY_TERMS, *OFFLOADED_TERMS, *MEMORY_MODE_TERMS)
+TIME_FACTOR_TERMS: tuple[str, ...] = TIME_KEYS
+SPEED_MODE_TERMS: tuple[str, ...] = tuple(f"step|{m}" for m in MODES)
+SPEED_TERMS: tuple[str, ...] = (*TIME_FACTOR_TERMS, *SPEED_MODE_TERMS)
 """What a step time is made of: the napkin's `time_breakdown`."""
 
 # Prior widths of the log-factors: how far from the prior one believes a factor may be (1 sigma).
@@ -77,8 +88,13 @@ MEMORY_CONSTANT_SIGMA = 0.05
 SPEED_CONSTANT_SIGMA = 0.5
 # Prior width of the share of offloaded bytes that shows on the device (prior mean 0).
 OFFLOADED_SIGMA = 0.15
-# Residuals beyond this many noise widths count linearly (Huber), not squared.
-HUBER = 2.0
+# Prior width of a mode's share (prior mean 0): wider than a factor's, so where only the
+# candidates of one mode are off, their share moves rather than every candidate's factors.
+MODE_SIGMA = 0.5
+# Residuals count as a Cauchy (Lorentzian) loss with this many noise widths as its scale: a few
+# widths off counts nearly squared, far off hardly more than a little off, so a config the
+# napkin's terms cannot explain widens the calibration's band instead of dragging every factor.
+ROBUST = 2.0
 # The Laplace prior's quadratic stand-in is taken no sharper than at this distance from its mean.
 LAPLACE_EPS = 1e-4
 SQRT2 = math.sqrt(2.0)
@@ -91,23 +107,39 @@ SOURCES = ("none", "stored", "study")
 Z90 = 1.6449  # |x| of a standard normal is below this 90% of the time
 
 
+def mode_on(cfg: Any, mode: str) -> bool:
+    """Whether `cfg` runs in `mode` (one of `MODES`)."""
+    if mode == "lora":
+        return cfg.lora_rank > 0
+    if mode == "compile":
+        return bool(cfg.compile)
+    knob, value = mode.split("=")
+    return str(getattr(cfg, knob)) == value
+
+
 def memory_terms(est: Estimate) -> tuple[float, ...]:
     """The napkin's memory terms of an estimate, in `PEAK_TERMS` order."""
     b = est.breakdown
-    offload = est.config.offload
+    cfg = est.config
     host = float(est.host_bytes) / max(est.n_gpus, 1)
+    dynamic = float(b.get("activations", 0) + b.get("logits_loss", 0))
     return (
         *(float(b.get(k, 0)) for k in BREAKDOWN_KEYS),
         float(est.overhead.get("allocator", 0)),
-        host if offload == "params" else 0.0,
-        host if offload == "optimizer" else 0.0,
+        host if cfg.offload == "params" else 0.0,
+        host if cfg.offload == "optimizer" else 0.0,
+        *(dynamic if mode_on(cfg, m) else 0.0 for m in MODES),
     )
 
 
 def time_terms(est: Estimate) -> tuple[float, ...]:
     """The napkin's time terms of an estimate, in `SPEED_TERMS` order."""
     t = est.time_breakdown
-    return tuple(float(t.get(k, 0.0)) for k in SPEED_TERMS)
+    step = float(est.step_time_s)
+    return (
+        *(float(t.get(k, 0.0)) for k in TIME_FACTOR_TERMS),
+        *(step if mode_on(est.config, m) else 0.0 for m in MODES),
+    )
 
 
 @dataclass(frozen=True)
@@ -175,7 +207,12 @@ class Observation:
         )
 
 
-NAPKIN_MEMORY = {**dict.fromkeys(MEMORY_TERMS, 1.0), **dict.fromkeys(OFFLOADED_TERMS, 0.0)}
+NAPKIN_MEMORY = {
+    **dict.fromkeys(MEMORY_TERMS, 1.0),
+    **dict.fromkeys(OFFLOADED_TERMS, 0.0),
+    **dict.fromkeys(MEMORY_MODE_TERMS, 0.0),
+}
+NAPKIN_SPEED = {**dict.fromkeys(TIME_FACTOR_TERMS, 1.0), **dict.fromkeys(SPEED_MODE_TERMS, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -185,7 +222,7 @@ class Calibration:
 
     memory: dict[str, float] = field(default_factory=lambda: dict(NAPKIN_MEMORY))
     memory_constant: float = 0.0  # bytes
-    speed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SPEED_TERMS, 1.0))
+    speed: dict[str, float] = field(default_factory=lambda: dict(NAPKIN_SPEED))
     speed_constant: float = 0.0  # seconds per micro-step
     memory_band: float = MEMORY_ERROR
     speed_band: float = NAPKIN_SPEED_BAND
@@ -226,10 +263,13 @@ class Calibration:
         if "allocator" in overhead:
             overhead["allocator"] = int(round(overhead["allocator"] * f["allocator"]))
         peak = int(round(self.peak_bytes(est)))
+        rest = peak - overhead.get("allocator", 0) - sum(breakdown.values())
+        if rest:  # shares and constant: what no breakdown term of the napkin holds
+            breakdown["calibration"] = rest
         times = {k: v * g.get(k, 1.0) for k, v in est.time_breakdown.items()}
         step = self.step_time_s(est)
-        if self.speed_constant:
-            times["fixed"] = self.speed_constant * est.config.grad_accum
+        if step - sum(times.values()):  # mode shares and the cost per micro-step
+            times["calibration"] = step - sum(times.values())
         return replace(
             est,
             peak_bytes=peak,
@@ -267,7 +307,9 @@ class Calibration:
         g_mem /= peaks[:, None]
         g = self._speed_vector()
         steps = self.step_times(time, micro_steps)
-        g_spd = np.column_stack([time * g, micro_steps]) / steps[:, None]
+        ks = len(TIME_FACTOR_TERMS)
+        g_spd = np.column_stack([time[:, :ks] * g[:ks], time[:, ks:], micro_steps])
+        g_spd /= steps[:, None]
         cov_mem = self.memory_cov if self.memory_cov is not None else self._prior_cov("memory")
         cov_spd = self.speed_cov if self.speed_cov is not None else self._prior_cov("speed")
         # beside the parameters' uncertainty, what the fitted terms leave unexplained: its
@@ -283,17 +325,18 @@ class Calibration:
         stored = self.source != "none"
         if side == "memory":
             width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
-            sd = [width] * len(MEMORY_TERMS) + [OFFLOADED_SIGMA] * len(OFFLOADED_TERMS) + [0.0]
+            sd = [width] * len(MEMORY_TERMS) + [OFFLOADED_SIGMA] * len(OFFLOADED_TERMS)
+            sd += [MODE_SIGMA] * len(MEMORY_MODE_TERMS) + [0.0]
         else:
             width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
-            sd = [width] * len(SPEED_TERMS) + [0.0]
+            sd = [width] * len(TIME_FACTOR_TERMS) + [MODE_SIGMA] * len(SPEED_MODE_TERMS) + [0.0]
         return np.diag(np.square(sd))
 
     def _memory_vector(self) -> np.ndarray:
         return np.array([self.memory.get(k, NAPKIN_MEMORY[k]) for k in PEAK_TERMS])
 
     def _speed_vector(self) -> np.ndarray:
-        return np.array([self.speed.get(k, 1.0) for k in SPEED_TERMS])
+        return np.array([self.speed.get(k, NAPKIN_SPEED[k]) for k in SPEED_TERMS])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -314,7 +357,7 @@ class Calibration:
         return cls(
             memory={k: float(d.get("memory", {}).get(k, v)) for k, v in NAPKIN_MEMORY.items()},
             memory_constant=float(d.get("memory_constant_bytes", 0.0)),
-            speed={k: float(d.get("speed", {}).get(k, 1.0)) for k in SPEED_TERMS},
+            speed={k: float(d.get("speed", {}).get(k, v)) for k, v in NAPKIN_SPEED.items()},
             speed_constant=float(d.get("speed_constant_s", 0.0)),
             memory_band=float(d.get("memory_band", MEMORY_ERROR)),
             speed_band=float(d.get("speed_band", NAPKIN_SPEED_BAND)),
@@ -350,6 +393,7 @@ class _Problem:
     mu: np.ndarray  # k + a: prior means (log-factors, then coefficients)
     sigma: np.ndarray  # k + a: prior widths
     noise: float
+    nonneg: np.ndarray  # k + a: bool, kept at 0 or above (the shares of offloaded bytes)
 
     @property
     def k(self) -> int:
@@ -379,7 +423,7 @@ class _Problem:
         the constant."""
         r, _ = self.residuals(theta)
         z = r / self.noise
-        data = np.where(np.abs(z) <= HUBER, z * z, 2 * HUBER * np.abs(z) - HUBER * HUBER)
+        data = ROBUST**2 * np.log1p((z / ROBUST) ** 2)
         d = (theta - self.mu) / self.sigma
         prior = np.where(self.laplace, 2 * SQRT2 * np.abs(d), d * d)
         return float(np.sum(data) + np.sum(prior))
@@ -401,7 +445,7 @@ class _Problem:
         for _ in range(iters):
             r, jac = self.residuals(theta)
             z = np.abs(r) / self.noise
-            w = np.where(z <= HUBER, 1.0, HUBER / np.maximum(z, 1e-12)) / self.noise**2
+            w = 1.0 / (1.0 + (z / ROBUST) ** 2) / self.noise**2
             d = np.abs(theta - self.mu)
             p_inv = np.where(
                 laplace, SQRT2 / (self.sigma * np.maximum(d, LAPLACE_EPS)), 1.0 / self.sigma**2
@@ -413,7 +457,7 @@ class _Problem:
                 step = np.linalg.solve(h + lam * np.diag(np.diag(h)), -g)
                 trial = theta + step
                 # a share of offloaded bytes on the device is at least none (projected)
-                trial[self.k : -1] = np.maximum(trial[self.k : -1], 0.0)
+                trial[self.nonneg] = np.maximum(trial[self.nonneg], 0.0)
                 step = trial - theta
                 value = self.objective(trial)
                 if value < best:
@@ -430,7 +474,7 @@ class _Problem:
         of the Gauss-Newton Hessian, the priors taken as Gaussians of the same widths)."""
         r, jac = self.residuals(theta)
         z = np.abs(r) / self.noise
-        w = np.where(z <= HUBER, 1.0, HUBER / np.maximum(z, 1e-12)) / self.noise**2
+        w = 1.0 / (1.0 + (z / ROBUST) ** 2) / self.noise**2
         h = jac.T @ (jac * w[:, None]) + np.diag(1.0 / self.sigma**2)
         return np.linalg.inv(h)
 
@@ -456,25 +500,35 @@ def _problem(
         lin = np.column_stack([terms[:, k:], np.ones(len(rows))])
         factors = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in MEMORY_TERMS]
         shares = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in OFFLOADED_TERMS]
+        modes = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in MEMORY_MODE_TERMS]
         width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
         measured = y[~lower] if (~lower).any() else y
         scale = float(np.median(measured))
-        mu = [*np.log(np.maximum(factors, 1e-6)), *shares, prior.memory_constant]
-        sigma = [width] * k + [OFFLOADED_SIGMA] * len(shares) + [MEMORY_CONSTANT_SIGMA * scale]
-        return _Problem(terms[:, :k], lin, y, lower, np.array(mu), np.array(sigma), MEMORY_NOISE)
+        mu = [*np.log(np.maximum(factors, 1e-6)), *shares, *modes, prior.memory_constant]
+        sigma = [width] * k + [OFFLOADED_SIGMA] * len(shares) + [MODE_SIGMA] * len(modes)
+        sigma += [MEMORY_CONSTANT_SIGMA * scale]
+        nonneg = np.zeros(len(mu), dtype=bool)
+        nonneg[k : k + len(shares)] = True
+        return _Problem(terms[:, :k], lin, y, lower, np.array(mu), np.array(sigma), MEMORY_NOISE,
+                        nonneg)  # fmt: skip
     rows = [o for o in obs if o.step_time_s]
     if not rows:
         return None
-    x = np.array([o.time for o in rows], dtype=float)
-    micro = np.array([[o.micro_steps] for o in rows], dtype=float)
+    terms = np.array([o.time for o in rows], dtype=float)
+    ks = len(TIME_FACTOR_TERMS)
+    micro = np.array([o.micro_steps for o in rows], dtype=float)
+    lin = np.column_stack([terms[:, ks:], micro])
     y = np.array([o.step_time_s for o in rows], dtype=float)
-    factors = [prior.speed.get(t, 1.0) for t in SPEED_TERMS]
+    factors = [prior.speed.get(t, 1.0) for t in TIME_FACTOR_TERMS]
+    modes = [prior.speed.get(t, 0.0) for t in SPEED_MODE_TERMS]
     width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
-    scale = float(np.median(y / micro[:, 0]))
-    mu = [*np.log(np.maximum(factors, 1e-6)), prior.speed_constant]
-    sigma = [width] * x.shape[1] + [SPEED_CONSTANT_SIGMA * scale]
+    scale = float(np.median(y / micro))
+    mu = [*np.log(np.maximum(factors, 1e-6)), *modes, prior.speed_constant]
+    sigma = [width] * ks + [MODE_SIGMA] * len(modes) + [SPEED_CONSTANT_SIGMA * scale]
     lower = np.zeros(len(rows), dtype=bool)
-    return _Problem(x, micro, y, lower, np.array(mu), np.array(sigma), SPEED_NOISE)
+    nonneg = np.zeros(len(mu), dtype=bool)
+    return _Problem(terms[:, :ks], lin, y, lower, np.array(mu), np.array(sigma), SPEED_NOISE,
+                    nonneg)  # fmt: skip
 
 
 def _loo_errors(problem: _Problem, theta: np.ndarray) -> np.ndarray:
@@ -520,7 +574,8 @@ def fit_calibration(
         theta = mem_p.solve()
         k = mem_p.k
         memory = dict(zip(MEMORY_TERMS, (float(v) for v in np.exp(theta[:k])), strict=True))
-        memory.update(zip(OFFLOADED_TERMS, (float(v) for v in theta[k:-1]), strict=True))
+        shares = (*OFFLOADED_TERMS, *MEMORY_MODE_TERMS)
+        memory.update(zip(shares, (float(v) for v in theta[k:-1]), strict=True))
         memory_constant = float(theta[-1])
         memory_cov = mem_p.covariance(theta)
         loo = _loo_errors(mem_p, theta)
@@ -530,7 +585,9 @@ def fit_calibration(
     speed_band, speed_error = prior.speed_band, prior.speed_error
     if spd_p is not None:
         theta = spd_p.solve()
-        speed = dict(zip(SPEED_TERMS, (float(v) for v in np.exp(theta[:-1])), strict=True))
+        ks = spd_p.k
+        speed = dict(zip(TIME_FACTOR_TERMS, (float(v) for v in np.exp(theta[:ks])), strict=True))
+        speed.update(zip(SPEED_MODE_TERMS, (float(v) for v in theta[ks:-1]), strict=True))
         speed_constant = float(theta[-1])
         speed_cov = spd_p.covariance(theta)
         loo = _loo_errors(spd_p, theta)

@@ -203,7 +203,9 @@ def _make_params(cands: Candidates) -> None:
     """One categorical Optuna param per knob that varies among the trialable candidates (TPE
     models knobs separately, which a single 'candidate' param would hide from it)."""
     s = cands.setting
-    pool = cands.trialable or list(cands.all.values())
+    # A calibrating search may bring back any candidate the napkin ruled out: all are params.
+    calibrating = s.calibration != "off"
+    pool = list(cands.all.values()) if calibrating else cands.trialable or list(cands.all.values())
     for name in KNOBS:
         if name == "seq_len" or (name == "grad_accum" and s.global_batch):
             continue

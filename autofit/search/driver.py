@@ -216,23 +216,33 @@ class _Recalibrate:
 
     def __init__(self, cands: Candidates, calibrator: Calibrator, display: SearchDisplay) -> None:
         self.cands, self.calibrator, self.display = cands, calibrator, display
+        self.given: set[str] = set()  # queued and then not measured by this worker: not again
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if not self.calibrator.on:
             return
         self.calibrator.refresh(study)
+        if trial.user_attrs.get("enqueued") == "calibrated" and not st.finished(trial):
+            # the queued candidate cost no trial (another worker had it, the sampler's params
+            # named another): queueing it again would spin; the sampler proposes instead
+            self.given.add(st.config_key(trial.user_attrs.get("config")))
         if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
-        if not _enqueue_calibrated(study, self.cands, self.calibrator, self.display):
+        if not _enqueue_calibrated(study, self.cands, self.calibrator, self.display, self.given):
             study.stop()
 
 
 def _enqueue_calibrated(
-    study: optuna.Study, cands: Candidates, calibrator: Calibrator, display: SearchDisplay
+    study: optuna.Study,
+    cands: Candidates,
+    calibrator: Calibrator,
+    display: SearchDisplay,
+    given: set[str] | None = None,
 ) -> bool:
-    """Queue the calibrated best untried candidate; False when there is none worth a trial."""
+    """Queue the calibrated best untried candidate (not one of `given`); False when there is
+    none worth a trial."""
     measured = rebuild_trials(study, cands)
-    nxt = calibrator.next_candidate(study, _taken_configs(study), measured)
+    nxt = calibrator.next_candidate(study, _taken_configs(study) | (given or set()), measured)
     if nxt is None:
         if any(c.measured for c in measured):
             display.say(

@@ -26,6 +26,7 @@ MiB = 1024**2
 ACT = MEMORY_TERMS.index("activations")
 BASE = MEMORY_TERMS.index("base_weights")
 COMPUTE = SPEED_TERMS.index("compute")
+OPTIMIZER = SPEED_TERMS.index("optimizer")
 
 
 def mem_obs(activations_mib: float, base_mib: float, measured_mib: float, oom: bool = False):
@@ -36,7 +37,7 @@ def mem_obs(activations_mib: float, base_mib: float, measured_mib: float, oom: b
 
 def speed_obs(compute_s: float, other_s: float, measured_s: float, micro_steps: int = 1):
     times = [0.0] * len(SPEED_TERMS)
-    times[COMPUTE], times[-1] = compute_s, other_s
+    times[COMPUTE], times[OPTIMIZER] = compute_s, other_s
     return Observation((0.0,) * len(PEAK_TERMS), tuple(times), micro_steps, None, False,
                        measured_s)  # fmt: skip
 
