@@ -26,6 +26,9 @@ from autofit.space import load_space
 # suite keeps its own, shared by its subprocesses, and leaves nothing in the user's cache.
 _CACHE = tempfile.mkdtemp(prefix="autofit-test-cache-")
 os.environ["AUTOFIT_CACHE_DIR"] = _CACHE
+# this machine's calibration too (each test gets its own below; fixtures wider than a test share
+# this one)
+os.environ["AUTOFIT_CALIBRATION_DIR"] = os.path.join(_CACHE, "calibration")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 

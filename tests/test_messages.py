@@ -150,7 +150,7 @@ def test_a_big_estimate_plans_counts_add_up_too():
 
 def test_a_search_plans_counts_add_up_to_the_combinations_considered(tmp_path):
     fake = FakeTrials()
-    kw = tiny_kwargs(tmp_path, space=wide_space(), trials=6)
+    kw = tiny_kwargs(tmp_path, space=wide_space(), trials=6, calibration="off")
     plan = search(run_trial=over_line_for_unsharded(fake), **kw)
     rows = {what: n for what, n, _ in plan.tally()}
     assert plan.considered == 64  # 2 x 4 x 2 x 2 x 2 knob values, no rule broken
@@ -175,7 +175,7 @@ def test_a_search_plans_counts_add_up_to_the_combinations_considered(tmp_path):
 def test_progress_lines_table_and_plot_number_trials_alike_and_say_over_line(tmp_path):
     fake = FakeTrials()
     console = Console(record=True, width=250)
-    kw = tiny_kwargs(tmp_path, space=wide_space(), trials=6)
+    kw = tiny_kwargs(tmp_path, space=wide_space(), trials=6, calibration="off")
     plan = search(run_trial=over_line_for_unsharded(fake), console=console, **kw)
     progress = console.export_text()
     line_numbers = [int(m) for m in re.findall(r"^#(\d+)\s", progress, flags=re.M)]

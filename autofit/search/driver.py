@@ -73,6 +73,8 @@ from autofit.units import fmt_size
 # After this many proposals in a row that cost no trial (pruned, duplicate, invalid), the
 # napkin's best untried candidate is enqueued so a small or mostly-pruned space still progresses.
 MAX_CHEAP_STREAK = 25
+# How often a planner that has nothing left to try looks whether other planners' trials finished.
+OTHERS_POLL_S = 1.0
 
 
 def search(
@@ -146,14 +148,17 @@ def search(
                     f"re-running {len(again)} interrupted trial(s) first: "
                     + ", ".join(f"#{t.number}" for t in again)
                 )
-            if calibrator.on:
-                _enqueue_calibrated(opt_study, cands, calibrator, display)
+            worth_a_trial = True
+            if calibrator.on:  # a study that stopped as nothing may gain stays stopped
+                worth_a_trial = bool(again) or _enqueue_calibrated(
+                    opt_study, cands, calibrator, display
+                )
             else:
                 _enqueue_seeds(opt_study, cands, n_seeds(trials))
             start = time.monotonic()
             with _quiet_optuna():
                 _run_reruns(opt_study, objective)
-                for _ in range(MAX_LOST_RACES + 1):
+                for _ in range(MAX_LOST_RACES + 1 if worth_a_trial else 0):
                     left = None if timeout is None else timeout - (time.monotonic() - start)
                     if left is not None and left <= 0:
                         break
@@ -173,6 +178,10 @@ def search(
                         if not _lost_race(exc):
                             raise
 
+        if calibrator.on:
+            # this planner stopped as nothing it may try may gain: what other planners of the
+            # study measure now may (their trials teach the calibration as well)
+            _wait_for_other_planners(opt_study, display, budget.trial_timeout)
         calibrator.refresh(opt_study)
         if calibrator.on:
             opt_study.set_user_attr(CALIBRATION_ATTR, cands.calibration.to_dict())
@@ -253,6 +262,27 @@ def _enqueue_calibrated(
         return False
     enqueue(study, cands, nxt.config, "calibrated")
     return True
+
+
+def _wait_for_other_planners(study: optuna.Study, display: SearchDisplay, limit: float) -> None:
+    """Wait (at most `limit` + 30 s, a trial's own limit) while other planners of the study run a
+    trial, so the winner is picked from every measurement there is; a planner that died is
+    failed as the objective fails it (`study.fail_orphans`)."""
+    deadline = time.monotonic() + limit + 30
+    said = False
+    while time.monotonic() < deadline:
+        st.fail_orphans(study)
+        running = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if t.user_attrs.get("outcome") == st.TRIAL
+        ]
+        if not running:
+            return
+        if not said:
+            display.say(f"waiting for {len(running)} trial(s) other planners are running ...")
+            said = True
+        time.sleep(OTHERS_POLL_S)
 
 
 def _run_reruns(study: optuna.Study, objective: Objective) -> None:
@@ -418,7 +448,7 @@ def no_winner_advice(
     search time limit; trials timed out: --trial-timeout and its value; trials failed: the first
     error; trials ran out of memory or crossed the line: the nearest one; candidates left untried:
     the budget or time that ran out."""
-    if not cands.trialable:
+    if not cands.trialable and not trial_cands:
         return _infeasible(s, cands, list(cands.all.values()))
     may_fit = len(cands.trialable)
     if not trial_cands:

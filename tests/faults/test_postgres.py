@@ -73,7 +73,10 @@ def test_three_planners_share_a_postgres_study_and_survive_a_killed_one(
     print("killed", busy.pid, "survivors", [p.pid for p in survivors])
     measured = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials
                 if st.finished(t)]  # fmt: skip
-    assert len(measured) == len(set(measured)) == 5, "a config was measured twice"
+    assert len(measured) == len(set(measured)), "a config was measured twice"
+    # the budget holds across planners; a calibrated search may stop before it (nothing left
+    # that may beat the best), never before three measured trials
+    assert 3 <= len(measured) <= 5
     again = [t for t in trials if st.finished(t) and t.user_attrs["config"] == killed[0].user_attrs[
         "config"]]  # fmt: skip
     assert len(again) == 1  # the killed trial's candidate, measured by a surviving planner

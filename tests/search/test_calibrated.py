@@ -63,6 +63,7 @@ def test_a_candidate_the_napkin_ruled_out_comes_back_once_calibration_says_it_fi
     came_back = [cfg for cfg in fake.search_configs if cfg in pruned]
     assert came_back, "no candidate the napkin ruled out was tried"
     assert as_fast_as_the_grid(plan, kw, fake)
+    assert sum(n for _, n, _ in plan.tally()) == plan.considered  # every combination in one row
 
     off = FakeTrials(peak_factor=lambda cfg: 0.6)
     without = search(run_trial=off, calibration="off", **{**kw, "run_dir": kw["run_dir"] / "off"})

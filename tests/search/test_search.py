@@ -207,7 +207,8 @@ def test_measured_failures_are_explained_when_nothing_fits(search_kwargs):
     fake = FakeTrials(peak_factor=lambda cfg: 3.0)
     plan = run(fake, **{**search_kwargs, "trials": 3})
     assert plan.best is None
-    assert "3 trials ran (3 oom)" in plan.advice
+    n = len(plan.trials)  # a calibrated search may rule the rest out after the first OOMs
+    assert n >= 1 and f"{n} trial{'s' if n > 1 else ''} ran ({n} oom)" in plan.advice
 
 
 def test_the_study_rebuilds_the_plan_without_running_anything(fake, search_kwargs):
