@@ -124,10 +124,8 @@ class Calibrator:
         ok = [m for m in measured if under_line(s, m.trial) and m.trial.tokens_per_s]
         best = max((m.trial.tokens_per_s for m in ok), default=0.0)
         sure = sum(1 for m in measured if m.measured) >= MIN_TRIALS_TO_STOP
-        at = c._trialable_at  # noqa: SLF001 - the search's own arrays
-        speed, peak = c._speeds[at], c._peaks[at]  # noqa: SLF001
-        speed_sd, peak_sd = c._speed_sd[at].copy(), c._peak_sd[at]  # noqa: SLF001
-        median = speed.copy()
+        speed, peak, speed_sd, peak_sd = c.trialable_arrays()
+        median, speed_sd = speed.copy(), speed_sd.copy()
         for m in ok:  # what the napkin cannot tell from a measured candidate runs as it did
             same = (np.abs(speed / c.tokens_per_s(m.config) - 1) < DISTINCT) & (
                 np.abs(peak / c.peak(m.config) - 1) < DISTINCT

@@ -115,7 +115,7 @@ class Candidates:
         """Judge every candidate by `calibration`: its calibrated peak against the headroom line
         with the calibration's measured error as the band (the napkin's `PRUNE_TOLERANCE`
         without one), ranked by calibrated tokens/s. A calibrating search also gets how sure
-        each calibrated number is (`spread`)."""
+        each calibrated number is (`trialable_arrays`)."""
         s = self.setting
         self.calibration = cal = calibration
         order = list(self.all.values())
@@ -168,10 +168,10 @@ class Candidates:
             self._arrays = (mem.reshape(n, -1), tim.reshape(n, -1), ga, tokens)
         return self._arrays
 
-    def spread(self, cfg: Config) -> tuple[float, float]:
-        """The standard deviation of the log of `cfg`'s calibrated peak and of its speed."""
-        i = self._index[cfg]
-        return float(self._peak_sd[i]), float(self._speed_sd[i])
+    def trialable_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Calibrated tokens/s, peak, and the log-sd of each, of `trialable` in its order."""
+        at = self._trialable_at
+        return self._speeds[at], self._peaks[at], self._speed_sd[at], self._peak_sd[at]
 
     def rank_key(self, cand: Candidate) -> tuple[int, int, float]:
         """`autofit.plan.rank_key` on the calibrated estimate: fastest first (ties within 0.5%),
