@@ -66,6 +66,8 @@ PEAK_TERMS: tuple[str, ...] = (*MEMORY_TERMS, *OFFLOADED_TERMS, *MEMORY_MODE_TER
 TIME_FACTOR_TERMS: tuple[str, ...] = TIME_KEYS
 SPEED_MODE_TERMS: tuple[str, ...] = tuple(f"step|{m}" for m in MODES)
 SPEED_TERMS: tuple[str, ...] = (*TIME_FACTOR_TERMS, *SPEED_MODE_TERMS)
+SHARE_TERMS = frozenset((*OFFLOADED_TERMS, *MEMORY_MODE_TERMS, *SPEED_MODE_TERMS))
+"""Terms fitted as an added share (0 in the napkin), not a factor."""
 """What a step time is made of: the napkin's `time_breakdown`."""
 
 # Prior widths of the log-factors: how far from the prior one believes a factor may be (1 sigma).

@@ -314,14 +314,10 @@ def calibration_lines(plan: Plan) -> list[str]:
     }.get(cal.get("source", "none"), cal.get("source"))
     out = [f"Calibration: {source}"]
     if cal.get("source") != "none":
-        moved = [
-            f"{k} x{v:.2f}"
-            for side in ("memory", "speed")
-            for k, v in cal.get(side, {}).items()
-            if abs(v - 1) >= 0.02
-        ]
+        moved = [_term(k, v) for side in ("memory", "speed") for k, v in cal.get(side, {}).items()]
+        moved = [m for m in moved if m]
         if moved:
-            out[0] += "; factors " + ", ".join(moved)
+            out[0] += "; moved from the napkin: " + ", ".join(moved)
         out[0] += (
             f"; error band memory {cal.get('memory_band', 0):.1%}, speed "
             f"{cal.get('speed_band', 0):.1%}"
@@ -406,4 +402,18 @@ def calibration_report(console: Console, run: Any) -> None:
 
 
 def _factors(factors: dict[str, float]) -> str:
-    return ", ".join(f"{k} x{v:.2f}" for k, v in factors.items())
+    return ", ".join(t for k, v in factors.items() if (t := _term(k, v, everything=True)))
+
+
+def _term(name: str, value: float, everything: bool = False) -> str:
+    """A fitted term as people read it: a factor `x1.23`, or a share `+0.45` (of the dynamic
+    memory or step time under a mode, of the bytes offloaded; 0 in the napkin). Unmoved ones
+    (within 0.02 of the napkin's value) are left out unless `everything`."""
+    from autofit.calibration import SHARE_TERMS
+
+    share = name in SHARE_TERMS
+    if not everything and abs(value - (0.0 if share else 1.0)) < 0.02:
+        return ""
+    if share:
+        return f"{name} {value:+.2f}" if everything or value else ""
+    return f"{name} x{value:.2f}"
