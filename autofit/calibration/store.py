@@ -29,6 +29,7 @@ from typing import Any
 from autofit.arch import TRACE_VERSION, cache_dir
 from autofit.calibration import Calibration, Observation, fit_calibration
 from autofit.hardware import Hardware
+from autofit.request import PlanRequest
 
 MAX_OBSERVATIONS = 500
 _NAPKIN_FILES = ("__init__.py", "memory.py", "peak.py", "speed.py")
@@ -112,6 +113,13 @@ def load(hardware: Hardware, device: str) -> Calibration | None:
         return None
     stored = Calibration.from_dict({**data["calibration"], "source": "stored"})
     return stored
+
+
+def for_request(request: PlanRequest) -> Calibration | None:
+    """This machine's stored calibration when `request` uses it (`calibration: auto`)."""
+    if request.calibration != "auto":
+        return None
+    return load(request.hardware, request.device)
 
 
 def save(

@@ -55,11 +55,9 @@ def _acyclic() -> Iterator[None]:
 
 def stored_calibration(request: PlanRequest) -> Calibration | None:
     """This machine's stored calibration when the request uses it (`calibration: auto`)."""
-    if request.calibration != "auto":
-        return None
     from autofit.calibration import store
 
-    return store.load(request.hardware, request.device)
+    return store.for_request(request)
 
 
 def estimate_space(
@@ -68,8 +66,13 @@ def estimate_space(
     """(fitting candidates ranked best first, pruned candidates, prune counts, considered).
     Under `calibration: auto` with a stored calibration of this machine, the estimates are the
     calibrated ones (`stored_calibration`)."""
+    return _estimate_space(request, stored_calibration(request))
+
+
+def _estimate_space(
+    request: PlanRequest, cal: Calibration | None
+) -> tuple[list[Candidate], list[Candidate], Counter[str], int]:
     cands, pruned_counts, considered = estimate_all(request)
-    cal = stored_calibration(request)
     if cal is not None:
         cands = [Candidate(c.config, cal.apply(c.estimate)) for c in cands]
     fitting: list[Candidate] = []
@@ -88,8 +91,8 @@ def estimate_space(
 def plan_estimates(request: PlanRequest) -> Plan:
     """An estimate-only plan: the candidate with the highest estimated tokens/s that fits."""
     r = request
-    fitting, rejected, pruned, considered = estimate_space(r)
-    cal = stored_calibration(r)
+    cal = stored_calibration(r)  # read once: the estimates and the plan's account of them
+    fitting, rejected, pruned, considered = _estimate_space(r, cal)
     plan = Plan(
         request=r,
         best=fitting[0] if fitting else None,

@@ -34,12 +34,11 @@ from autofit.calibration import (
 from autofit.calibration import store as cal_store
 from autofit.config import Config
 from autofit.plan import Candidate
+from autofit.request import PlanRequest
 from autofit.search import study as st
-from autofit.search.candidates import DISTINCT, Candidates
+from autofit.search.candidates import DISTINCT, Candidates, rebuild_trials
 from autofit.search.verify import under_line
-from autofit.trials.result import TrialResult
 
-CALIBRATED = "calibrated"  # the trial's user attr: the calibrated estimate made before it ran
 CALIBRATION_ATTR = "calibration"  # the study's user attr: the calibration it ended with
 # The search stops early only after this many trials measured: fewer cannot tell the
 # calibration's own error (its leave-one-out band) ...
@@ -50,6 +49,11 @@ SQRT2 = math.sqrt(2.0)
 _erf = np.vectorize(math.erf, otypes=[float])
 
 
+def _phi(x: np.ndarray) -> np.ndarray:
+    """The standard normal's distribution function."""
+    return 0.5 * (1.0 + _erf(x / SQRT2))
+
+
 def expected_gains(median: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
     """E[max(0, T - best)] for each T log-normal with `median` and log-sd `sd` (the mean of T
     when nothing was measured yet, best = 0)."""
@@ -57,17 +61,13 @@ def expected_gains(median: np.ndarray, sd: np.ndarray, best: float) -> np.ndarra
     if best <= 0:
         return mean
     d2 = np.log(median / best) / sd
-    phi = lambda x: 0.5 * (1.0 + _erf(x / SQRT2))  # noqa: E731 - the normal's distribution
-    return mean * phi(d2 + sd) - best * phi(d2)
+    return mean * _phi(d2 + sd) - best * _phi(d2)
 
 
-def stored_prior(cands: Candidates) -> Calibration:
+def stored_prior(request: PlanRequest) -> Calibration:
     """What a search starts from: this machine's stored calibration under `calibration: auto`,
     else the napkin."""
-    s = cands.setting
-    if s.calibration != "auto":
-        return NAPKIN
-    return cal_store.load(s.hardware, s.device) or NAPKIN
+    return cal_store.for_request(request) or NAPKIN
 
 
 class Calibrator:
@@ -82,15 +82,10 @@ class Calibrator:
     def observations(self, study: optuna.Study) -> list[tuple[str, Observation]]:
         """Each finished real trial of the study that measured something, with its id."""
         out = []
-        for t in st.real_trials(study):
-            if not st.finished(t) or "result" not in t.user_attrs:
-                continue
-            cand = self.cands.all.get(Config.from_dict(t.user_attrs["config"]))
-            if cand is None:
-                continue
-            obs = Observation.of(cand.estimate, TrialResult.from_dict(t.user_attrs["result"]))
+        for c in rebuild_trials(study, self.cands):
+            obs = Observation.of(c.estimate, c.trial)
             if obs.informative:
-                out.append((f"{study.study_name}#{t.number}", obs))
+                out.append((f"{study.study_name}#{c.number}", obs))
         return out
 
     def refresh(self, study: optuna.Study) -> bool:
@@ -107,11 +102,9 @@ class Calibrator:
     def record(self, trial: optuna.Trial, cfg: Config) -> None:
         """Store the calibrated estimate of the trial's config, made before it runs."""
         if self.on:
-            trial.set_user_attr(CALIBRATED, self.cands.calibrated(cfg))
+            trial.set_user_attr(st.CALIBRATED, self.cands.calibrated(cfg))
 
-    def next_candidate(
-        self, study: optuna.Study, taken: set[str], measured: list[Candidate]
-    ) -> Candidate | None:
+    def next_candidate(self, taken: set[str], measured: list[Candidate]) -> Candidate | None:
         """The untried candidate with the highest expected improvement over the best measured
         one under the headroom line: its calibrated tokens/s taken as log-normal with the
         calibration's uncertainty for it (a candidate unlike the measured ones is less certain:
@@ -133,7 +126,7 @@ class Calibrator:
             median[same] = m.trial.tokens_per_s * speed[same] / c.tokens_per_s(m.config)
             speed_sd[same] = SPEED_NOISE
         gain = expected_gains(median, speed_sd, best)
-        fits = 0.5 * (1.0 + _erf(np.log(s.allowed_bytes / peak) / (peak_sd * SQRT2)))
+        fits = _phi(np.log(s.allowed_bytes / peak) / peak_sd)
         score = gain * fits
         for i in np.argsort(-score, kind="stable"):  # ties: the ranked order (plainest first)
             if sure and score[i] < MIN_GAIN * best:

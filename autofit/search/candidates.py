@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+import optuna
 from optuna.distributions import CategoricalDistribution
 
 from autofit.calibration import NAPKIN, Calibration, memory_terms, time_terms
@@ -28,6 +29,8 @@ from autofit.plan import Candidate, PruneReason, estimate_all, search_prune_reas
 from autofit.plan.prune import allowed_bytes
 from autofit.plan.rank import complexity, speed_bucket
 from autofit.request import PlanRequest
+from autofit.search import study as st
+from autofit.trials.result import TrialResult
 
 # Two candidates whose estimated speed and peak are both within this of each other are the same
 # to the napkin: seeding the study with both would spend a trial learning nothing new.
@@ -240,3 +243,25 @@ def distinct_seeds(ranked: list[Candidate], n: int) -> list[Candidate]:
 def n_seeds(trials: int) -> int:
     """How many of the napkin's best to enqueue: about half the budget, 1 to 8."""
     return max(1, min(trials, 8, trials // 2 + 1))
+
+
+def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
+    """A Candidate per finished real trial, in trial order (estimates recomputed: pure math)."""
+
+    s = cands.setting
+    out: list[Candidate] = []
+    for t in st.real_trials(study):
+        if not st.finished(t):
+            continue
+        cfg = Config.from_dict(t.user_attrs["config"])
+        cand = cands.all.get(cfg)
+        if cand is None:
+            from autofit.estimate import estimate
+
+            cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device))
+        result = TrialResult.from_dict(t.user_attrs["result"])
+        out.append(
+            Candidate(cfg, cand.estimate, result, number=t.number,
+                      calibrated=t.user_attrs.get(st.CALIBRATED))
+        )  # fmt: skip
+    return out

@@ -28,7 +28,6 @@ from rich.markup import escape
 
 from autofit.calibration import Calibration
 from autofit.checks import check_steps, check_trial_timeout, default_run_dir
-from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.plan import (
     Candidate,
@@ -43,7 +42,6 @@ from autofit.report.live import SearchDisplay
 from autofit.request import PlanRequest
 from autofit.search import study as st
 from autofit.search.calibrated import (
-    CALIBRATED,
     CALIBRATION_ATTR,
     MIN_GAIN,
     Calibrator,
@@ -56,6 +54,7 @@ from autofit.search.candidates import (
     distinct_seeds,
     enumerate_candidates,
     n_seeds,
+    rebuild_trials,
 )
 from autofit.search.objective import Objective, TrialError, enqueue
 from autofit.search.verify import (
@@ -99,10 +98,9 @@ def search(
     check_trial_timeout(budget.trial_timeout)
     if run_trial is None:
         run_trial = trials_run_trial
-    cands = enumerate_candidates(setting)
-    calibrator = Calibrator(cands, stored_prior(cands))
-    if not calibrator.prior.is_napkin:
-        cands.recalibrate(calibrator.prior)
+    prior = stored_prior(setting)
+    cands = enumerate_candidates(setting, prior)  # judged by the prior from the start
+    calibrator = Calibrator(cands, prior)
     name = setting.study.name or st.default_study_name(
         model, hardware, setting.space, setting.seq_len, setting.global_batch, device
     )
@@ -182,8 +180,7 @@ def search(
             # this planner stopped as nothing it may try may gain: what other planners of the
             # study measure now may (their trials teach the calibration as well)
             _wait_for_other_planners(opt_study, display, budget.trial_timeout)
-        calibrator.refresh(opt_study)
-        if calibrator.on:
+            calibrator.refresh(opt_study)
             opt_study.set_user_attr(CALIBRATION_ATTR, cands.calibration.to_dict())
         trial_cands = rebuild_trials(opt_study, cands)
         ranked = ranked_under_line(setting, trial_cands)
@@ -251,7 +248,7 @@ def _enqueue_calibrated(
     """Queue the calibrated best untried candidate (not one of `given`); False when there is
     none worth a trial."""
     measured = rebuild_trials(study, cands)
-    nxt = calibrator.next_candidate(study, _taken_configs(study) | (given or set()), measured)
+    nxt = calibrator.next_candidate(_taken_configs(study) | (given or set()), measured)
     if nxt is None:
         if any(c.measured for c in measured):
             display.say(
@@ -370,28 +367,6 @@ def _enqueue_seeds(study: optuna.Study, cands: Candidates, n: int) -> None:
     for cand in distinct_seeds(pool, n):
         if st.config_key(cand.config) not in taken:
             enqueue(study, cands, cand.config, "napkin")
-
-
-def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
-    """A Candidate per finished real trial, in trial order (estimates recomputed: pure math)."""
-
-    s = cands.setting
-    out: list[Candidate] = []
-    for t in st.real_trials(study):
-        if not st.finished(t):
-            continue
-        cfg = Config.from_dict(t.user_attrs["config"])
-        cand = cands.all.get(cfg)
-        if cand is None:
-            from autofit.estimate import estimate
-
-            cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device))
-        result = TrialResult.from_dict(t.user_attrs["result"])
-        out.append(
-            Candidate(cfg, cand.estimate, result, number=t.number,
-                      calibrated=t.user_attrs.get(CALIBRATED))
-        )  # fmt: skip
-    return out
 
 
 def assemble(

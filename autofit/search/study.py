@@ -40,6 +40,7 @@ HEARTBEAT_S = 10
 GRACE_S = 60
 OWNER = "owner"  # user attr: {"host": ..., "process": "<pid>:<start time>"}
 RERUN_OF = "rerun_of"  # user attr of a trial that re-runs an interrupted one (its number)
+CALIBRATED = "calibrated"  # user attr: the calibrated estimate made before the trial ran
 
 # Trial outcomes (user attr "outcome"). Only "trial" spends a real trial.
 TRIAL = "trial"  # a real trial ran (or is running)
