@@ -62,19 +62,23 @@ def estimate(
     *,
     gpu_memory: str | int | None = None,
     device: str = "cuda",
+    inter_node_bandwidth: str | float | None = None,
     **knobs: Any,
 ) -> Estimate:
     """Napkin estimate of one config: `autofit.estimate("llama-7b", gpus="2xrtx3090",
     quant="nf4", lora_rank=64, micro_batch=8, seq_len=2048, checkpointing="full")`. Besides the
     knobs, the LoRA settings: `lora_targets=["q_proj", "v_proj"]` (default: every linear
-    projection of the decoder blocks), `lora_dropout=0.05`, `lora_alpha=32`."""
+    projection of the decoder blocks), `lora_dropout=0.05`, `lora_alpha=32`. Past one node
+    (`gpus="4x8xh100-80gb"`), `inter_node_bandwidth="400Gb/s"` replaces the network's preset."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model
 
     spec = resolve_model(model)
     check_seq_len(spec, knobs.get("seq_len"))
-    hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    hw = resolve_hardware(
+        gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
+    )
     return _estimate(spec, hw, _config(knobs), device=device)
 
 
@@ -92,6 +96,7 @@ def plan(
     margin: float = DEFAULT_MARGIN,
     device: str = "cuda",
     gpu_memory: str | int | None = None,
+    inter_node_bandwidth: str | float | None = None,
     storage: str | None = None,
     study: str | None = None,
     run_dir: str | Path | None = None,
@@ -111,7 +116,10 @@ def plan(
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
     with this study's trials alone (nothing stored is read or written); `off` trusts the napkin
-    alone (`autofit.calibration`)."""
+    alone (`autofit.calibration`).
+
+    `gpus="4x8xh100-80gb"` plans for 4 nodes of 8 (the space's `shard: node` is HSDP there);
+    `inter_node_bandwidth` ("400Gb/s", "50GB/s") replaces the preset network between them."""
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
@@ -135,7 +143,9 @@ def plan(
     settings = _lora_settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)
-    hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    hw = resolve_hardware(
+        gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
+    )
     sp = load_space(space)
     if settings:
         sp = sp.with_settings(**settings)

@@ -118,8 +118,16 @@ GPUS = typer.Option(
     "auto",
     "--gpus",
     "-g",
-    help="auto (all NVML GPUs), N (first N), 0,2 (indices), or KxNAME for hardware you do not "
-    "have, e.g. 2xrtx3090, 8xh100-80gb (`autofit hardware --presets`).",
+    help="auto (all NVML GPUs; on every node of a torchrun/SLURM launch), N (first N), 0,2 "
+    "(indices), or KxNAME / NxKxNAME (N nodes of K) for hardware you do not have, e.g. "
+    "2xrtx3090, 8xh100-80gb, 4x8xh100-80gb (`autofit hardware --presets`).",
+)
+INTER_NODE_BANDWIDTH = typer.Option(
+    None,
+    "--inter-node-bandwidth",
+    metavar="BW",
+    help="The network between nodes, per GPU and direction, e.g. 400Gb/s or 50GB/s (default: "
+    "the GPU class's usual cluster, `autofit hardware --presets`).",
 )
 GPU_MEMORY = typer.Option(
     None,
@@ -248,6 +256,8 @@ def _preset_dict(p: Any) -> dict[str, Any]:
         "mem_bw_gbs": p.mem_bw_gbs,
         "interconnect": p.interconnect,
         "link_bw_gbs": p.link_bw_gbs,
+        "network": p.network,
+        "inter_node_bw_gbs": p.inter_node_bw_gbs,
         "compute_capability": f"{p.compute_capability[0]}.{p.compute_capability[1]}",
         "bf16": p.bf16,
         "fp8": p.fp8,
@@ -282,6 +292,7 @@ def estimate(
     micro_batch: int | None = _knob_option("micro_batch"),
     grad_accum: int | None = _knob_option("grad_accum"),
     wrap: str | None = _knob_option("wrap"),
+    shard: str | None = _knob_option("shard"),
     reshard: str | None = _knob_option("reshard"),
     checkpointing: str | None = _knob_option("checkpointing"),
     offload: str | None = _knob_option("offload"),
@@ -293,6 +304,7 @@ def estimate(
     lora_targets: str | None = LORA_TARGETS,
     lora_dropout: str | None = LORA_DROPOUT,
     gpu_memory: str | None = GPU_MEMORY,
+    inter_node_bandwidth: str | None = INTER_NODE_BANDWIDTH,
     device: str = DEVICE,
     json_out: bool = JSON,
 ) -> None:
@@ -301,7 +313,10 @@ def estimate(
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
         knobs |= _settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
         with _warnings_to_stderr():
-            est = autofit.estimate(model, gpus, gpu_memory=gpu_memory, device=device, **knobs)
+            est = autofit.estimate(
+                model, gpus, gpu_memory=gpu_memory, device=device,
+                inter_node_bandwidth=inter_node_bandwidth, **knobs,
+            )  # fmt: skip
     except AutofitError as exc:
         _fail(exc, json_out, "estimate")
     if json_out:
@@ -310,9 +325,10 @@ def estimate(
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
 
-    report.estimate_report(
-        out, resolve_model(model), resolve_hardware(gpus, device=device, gpu_memory=gpu_memory), est
+    hw = resolve_hardware(
+        gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
+    report.estimate_report(out, resolve_model(model), hw, est)
 
 
 @app.command()
@@ -324,6 +340,7 @@ def trial(
     micro_batch: int | None = _knob_option("micro_batch"),
     grad_accum: int | None = _knob_option("grad_accum"),
     wrap: str | None = _knob_option("wrap"),
+    shard: str | None = _knob_option("shard"),
     reshard: str | None = _knob_option("reshard"),
     checkpointing: str | None = _knob_option("checkpointing"),
     offload: str | None = _knob_option("offload"),
@@ -466,6 +483,7 @@ def plan(
     ),
     device: str = DEVICE,
     gpu_memory: str | None = GPU_MEMORY,
+    inter_node_bandwidth: str | None = INTER_NODE_BANDWIDTH,
     storage: str | None = typer.Option(
         None, "--storage", help="Optuna storage URL (default: SQLite in the run folder)."
     ),
@@ -511,7 +529,8 @@ def plan(
             result = autofit.plan(
                 model, gpus, seq_len=seq_len, global_batch=global_batch, space=space,
                 trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
-                margin=margin, device=device, gpu_memory=gpu_memory, storage=storage,
+                margin=margin, device=device, gpu_memory=gpu_memory,
+                inter_node_bandwidth=inter_node_bandwidth, storage=storage,
                 study=study, run_dir=run_dir, prune=not no_prune, lora_targets=lora_targets,
                 lora_dropout=lora_dropout, console=None if json_out else console,
                 calibration="off" if no_calibration else calibration,

@@ -29,6 +29,7 @@ KNOBS: dict[str, tuple[Any, ...] | None] = {
     "micro_batch": None,
     "grad_accum": None,
     "wrap": ("layer", "every-2", "every-4", "model", "none"),
+    "shard": ("all", "node"),
     "reshard": (True, False),
     "checkpointing": ("none", "full", "every-2", "selective"),
     "offload": ("none", "optimizer", "params"),
@@ -46,6 +47,8 @@ KNOB_HELP: dict[str, str] = {
     "grad_accum": "micro-steps per optimizer step (derived from global_batch when given)",
     "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one GPU: "
     "the plain module; several: DDP replicas)",
+    "shard": "all = FSDP2 over every GPU; node = HSDP: a 2-D mesh that shards within each node "
+    "and replicates across nodes (several nodes only)",
     "reshard": "reshard_after_forward (false keeps gathered params until backward)",
     "checkpointing": "activation checkpointing of decoder layers: all (full), every other "
     "(every-2), or op-level (selective: saves every matmul and attention output, recomputes the "
@@ -128,6 +131,16 @@ def sharding_for(wrap: str, n_gpus: int) -> Sharding:
     if wrap == "none":
         return Sharding.NONE if n_gpus <= 1 else Sharding.DDP
     return Sharding.FSDP2
+
+
+def mesh_shape(shard: str, n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(replicas, shard degree) of the FSDP2 mesh: `shard: all` shards over every GPU (one
+    replica); `shard: node` is HSDP, torchtitan's `dp_replicate` x `dp_shard` mesh with the shard
+    dimension inside a node and a replica per node. The builder's `init_device_mesh` and the
+    estimator's shard degree and collectives read this. On one node both are the same mesh."""
+    if shard == "node" and n_gpus > gpus_per_node >= 1 and n_gpus % gpus_per_node == 0:
+        return n_gpus // gpus_per_node, gpus_per_node
+    return 1, n_gpus
 
 
 def fp32_trainable(precision: str, optimizer: str) -> bool:
@@ -345,6 +358,7 @@ class Config:
     micro_batch: int = 1
     grad_accum: int = 1
     wrap: str = "layer"
+    shard: str = "all"
     reshard: bool = True
     checkpointing: str = "none"
     offload: str = "none"
@@ -411,6 +425,8 @@ class Config:
             parts.append(f"r{self.lora_rank}")
         parts.append(f"mb{self.micro_batch}x{self.grad_accum}")
         parts.append(f"wrap={self.wrap}" + ("" if self.reshard else "/keep"))
+        if self.shard == "node":
+            parts.append("hsdp")
         if self.checkpointing != "none":
             parts.append(f"ckpt={self.checkpointing}")
         if self.offload != "none":
@@ -450,6 +466,13 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             "offload=params cannot be combined with quant=int8: torchao's int8 weights stay out "
             "of FSDP2 sharding, so FSDP2's CPUOffloadPolicy cannot move them. Use quant=nf4, or "
             "offload=optimizer/none.",
+        )
+    if cfg.shard == "node" and cfg.wrap == "none":
+        return (
+            "shard=node without sharding",
+            "shard=node (HSDP: shard within a node, replicate across nodes) needs FSDP2 "
+            "(wrap=layer, every-2, every-4 or model): wrap=none runs DDP replicas, which hold "
+            "everything on every GPU. Use shard=all with wrap=none.",
         )
     if cfg.offload == "params" and cfg.wrap == "none":
         return (

@@ -86,11 +86,23 @@ class Space:
 
     @property
     def size(self) -> int:
-        """Raw combinations before rules and pruning."""
+        """Raw combinations of every listed value before rules and pruning (as on several
+        nodes, where every value makes a run of its own)."""
+        return self.size_on(nodes=2)
+
+    def size_on(self, nodes: int) -> int:
+        """Raw combinations on `nodes` nodes before rules and pruning (`knobs_on`)."""
         total = 1
-        for values in self.knobs.values():
+        for values in self.knobs_on(nodes).values():
             total *= len(values)
         return total
+
+    def knobs_on(self, nodes: int) -> dict[str, tuple[Any, ...]]:
+        """The knob values that make different runs on `nodes` nodes: on one node `shard: node`
+        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept."""
+        if nodes <= 1 and "node" in self.knobs["shard"]:
+            return {**self.knobs, "shard": ("all",)}
+        return self.knobs
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -131,27 +143,30 @@ class Space:
         seq_len: int | None = None,
         global_batch: int | None = None,
         device: str = "cuda",
+        nodes: int = 1,
     ) -> tuple[list[Config], Counter[str]]:
         """Every valid config of the space that can run on `device` here, and the count of
         skipped combinations by reason (`loss: fused` needs CUDA and Liger installed:
-        `autofit.config.loss_unavailable`)."""
+        `autofit.config.loss_unavailable`), with the values that differ on `nodes` nodes
+        (`knobs_on`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
-        accum_values = (None,) if global_batch else self.knobs["grad_accum"]
+        knobs = self.knobs_on(nodes)
+        accum_values = (None,) if global_batch else knobs["grad_accum"]
         out: list[Config] = []
         skipped: Counter[str] = Counter()
         # a space that lists a value twice makes some configs twice: each is kept once
         seen: set[Config] | None = None
-        if any(len(set(v)) < len(v) for v in (*(self.knobs[k] for k in names), accum_values)):
+        if any(len(set(v)) < len(v) for v in (*(knobs[k] for k in names), accum_values)):
             seen = set()
         # One GPU trains the plain module (`wrap: none`); where the space offers it, a one-rank
         # FSDP2 mesh (which only adds gathered copies and DTensor overhead) is kept for param
         # offload alone.
-        plain_only = n_gpus == 1 and "none" in self.knobs["wrap"]
-        unavailable = {loss: loss_unavailable(loss, device) for loss in self.knobs["loss"]}
+        plain_only = n_gpus == 1 and "none" in knobs["wrap"]
+        unavailable = {loss: loss_unavailable(loss, device) for loss in knobs["loss"]}
         accums_of = {  # micro_batch -> the grad_accum values it is tried with (none: skipped)
             m: () if (ga := derive_grad_accum(global_batch, m, n_gpus)) is None else (ga,)
-            for m in self.knobs["micro_batch"]
+            for m in knobs["micro_batch"]
         } if global_batch else {}  # fmt: skip
         template = _config_dict(seq, self.settings)
         # The innermost knob varies fastest: each combination of the others is checked and laid
@@ -160,8 +175,8 @@ class Space:
         quant_at, rank_at, mb_at, loss_at = (
             outer.index(k) for k in ("quant", "lora_rank", "micro_batch", "loss")
         )
-        inner_values = self.knobs[inner]
-        for combo in itertools.product(*(self.knobs[k] for k in outer)):
+        inner_values = knobs[inner]
+        for combo in itertools.product(*(knobs[k] for k in outer)):
             if combo[quant_at] != "none" and combo[rank_at] == 0:
                 skipped["quant needs LoRA"] += len(inner_values) * len(accum_values)
                 continue

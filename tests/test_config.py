@@ -25,6 +25,7 @@ def test_knob_names_are_the_design_contract():
         "micro_batch",
         "grad_accum",
         "wrap",
+        "shard",
         "reshard",
         "checkpointing",
         "offload",

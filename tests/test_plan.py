@@ -37,7 +37,7 @@ def test_every_ranked_candidate_fits_and_is_ordered(qlora_plan):
 
 def test_pruned_and_fitting_add_up_to_considered(qlora_plan):
     assert len(qlora_plan.ranked) + sum(qlora_plan.pruned.values()) == qlora_plan.considered
-    assert qlora_plan.considered == load_space("qlora").size
+    assert qlora_plan.considered == load_space("qlora").size_on(1)
 
 
 def test_winner_reason_names_the_comparison_and_the_memory(qlora_plan):

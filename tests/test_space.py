@@ -32,7 +32,7 @@ def test_every_shipped_space_loads_and_enumerates(name):
     configs, skipped = space.candidates(2)
     assert configs
     assert all(isinstance(c, Config) and c.seq_len == 2048 for c in configs)
-    assert len(configs) + sum(skipped.values()) == space.size
+    assert len(configs) + sum(skipped.values()) == space.size_on(1)
 
 
 def test_qlora_space_is_all_nf4_lora():

@@ -117,7 +117,7 @@ def sweep(hardware: Hardware, device: str, quick: bool = False) -> list[tuple[Mo
                 name="calibrate",
             )
             try:
-                configs, _ = space.candidates(hardware.n_gpus, device=device)
+                configs, _ = space.candidates(hardware.n_gpus, device=device, nodes=hardware.nodes)
             except ConfigError:
                 continue
             for cfg in configs:

@@ -8,6 +8,7 @@ from autofit.errors import HardwareError, did_you_mean
 from autofit.hardware.nvml import NoDriver, probe
 from autofit.hardware.presets import GPU_PRESETS, GPUPreset, find_preset
 from autofit.hardware.spec import GPU, Hardware, cpu_cores, host_ram_bytes
+from autofit.hardware.world import World, launch_world
 
 __all__ = [
     "GPU",
@@ -15,6 +16,8 @@ __all__ = [
     "GPUPreset",
     "Hardware",
     "NoDriver",
+    "World",
+    "launch_world",
     "cpu_hardware",
     "local_hardware",
     "preset_hardware",
@@ -37,8 +40,9 @@ NO_GPU_HINT = (
 )
 
 
-def preset_hardware(count: int, name: str) -> Hardware:
-    """`count` identical GPUs of a preset in one host (NVLink if the preset has it)."""
+def preset_hardware(count: int, name: str, nodes: int = 1) -> Hardware:
+    """`nodes` hosts of `count` identical GPUs of a preset each (NVLink inside a host if the
+    preset has it; between hosts the preset's network, `presets.NETWORKS`)."""
     preset = find_preset(name)
     if preset is None:
         raise HardwareError(
@@ -47,7 +51,11 @@ def preset_hardware(count: int, name: str) -> Hardware:
         )
     if count < 1:
         raise HardwareError(f"The GPU count in --gpus must be at least 1; got {count}.")
-    _check_count(count, f"{count}x{preset.name}")
+    if nodes < 1:
+        raise HardwareError(f"The node count in --gpus must be at least 1; got {nodes}.")
+    per_node, count = count, count * nodes
+    text = f"{nodes}x{per_node}x{preset.name}" if nodes > 1 else f"{count}x{preset.name}"
+    _check_count(count, text)
     gpus = tuple(
         GPU(
             index=i,
@@ -65,22 +73,112 @@ def preset_hardware(count: int, name: str) -> Hardware:
         for i in range(count)
     )
     pairs = (
-        tuple((a, b, preset.interconnect) for a in range(count) for b in range(a + 1, count))
+        tuple(
+            (a, b, preset.interconnect if a // per_node == b // per_node else "network")
+            for a in range(count)
+            for b in range(a + 1, count)
+        )
         if count <= MAX_LISTED_PAIRS_GPUS
         else ()
     )
     # Host RAM of a what-if box is unknown: assume the common cloud shape of 2x the GPUs'
     # memory, at least 64 GiB (a p4d has 1152 GiB for 320 GiB of A100s; a g5.12xlarge 192/96).
-    ram = max(2 * count * preset.memory_bytes, 64 * 1024**3)
+    # RAM and cores are per node.
+    ram = max(2 * per_node * preset.memory_bytes, 64 * 1024**3)
     return Hardware(
         gpus=gpus,
         link=preset.interconnect,
         link_bw_gbs=preset.link_bw_gbs,
         host_ram_bytes=ram,
-        cpu_cores=max(8, 8 * count),
+        cpu_cores=max(8, 8 * per_node),
         source="preset",
         pairs=pairs,
+        **_network(nodes, preset.network, preset.inter_node_bw_gbs),
     )
+
+
+def _network(nodes: int, network: str, bw_gbs: float) -> dict[str, object]:
+    """The `Hardware` fields of the network between `nodes` nodes (none on one node)."""
+    if nodes <= 1:
+        return {"nodes": 1, "network": "", "inter_node_bw_gbs": 0.0}
+    return {"nodes": nodes, "network": network, "inter_node_bw_gbs": bw_gbs}
+
+
+def on_nodes(hw: Hardware, nodes: int) -> Hardware:
+    """`hw` (one node's GPUs) as `nodes` such nodes, joined by its GPUs' usual network (that of
+    their preset, `presets.NETWORKS`; Ethernet where none is known): the world of a multi-node
+    launch (`launch_world`)."""
+    from dataclasses import replace
+
+    if nodes <= 1:
+        return hw
+    per_node = hw.n_gpus
+    _check_count(per_node * nodes, f"auto ({nodes} nodes of {per_node} GPUs)")
+    gpus = tuple(
+        replace(g, index=node * per_node + i)
+        for node in range(nodes)
+        for i, g in enumerate(hw.gpus)
+    )
+    preset = find_preset(hw.smallest_gpu.preset or "") if hw.gpus else None
+    network = (preset.network, preset.inter_node_bw_gbs) if preset else ("ethernet", 1.25)
+    pairs = tuple(
+        (node * per_node + a, node * per_node + b, kind)
+        for node in range(nodes)
+        for a, b, kind in hw.pairs
+    )
+    return replace(hw, gpus=gpus, pairs=pairs, **_network(nodes, *network))
+
+
+def with_inter_node_bandwidth(hw: Hardware, value: str | float | None) -> Hardware:
+    """`hw` with the network between its nodes at `value` per GPU and direction
+    (`--inter-node-bandwidth`: `50GB/s`, `400Gb/s`, `400Gbps`; a float is GB/s)."""
+    from dataclasses import replace
+
+    if value is None:
+        return hw
+    bw = parse_bandwidth(value)
+    if hw.nodes <= 1:
+        import warnings
+
+        from autofit.checks import AutofitWarning
+
+        warnings.warn(
+            f"--inter-node-bandwidth {value} is unused: {hw.describe()} is one node (name "
+            "several with --gpus NxKxNAME, e.g. 4x8xh100-80gb).",
+            AutofitWarning,
+            stacklevel=3,
+        )
+        return hw
+    return replace(hw, inter_node_bw_gbs=bw)
+
+
+_BANDWIDTH = re.compile(
+    r"^\s*([0-9]*\.?[0-9]+)\s*(gb/s|gbps|gbit/s|gb/sec|gbyte/s|gbytes/s)\s*$", re.IGNORECASE
+)
+
+
+def parse_bandwidth(value: str | float) -> float:
+    """GB/s from `--inter-node-bandwidth`: `50GB/s` (bytes) or `400Gb/s` / `400Gbps` /
+    `400Gbit/s` (bits, as NICs are sold); the unit is required (the two differ 8x)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number, gbytes = float(value), True
+    else:
+        match = _BANDWIDTH.match(str(value))
+        if not match:
+            raise HardwareError(
+                f"Cannot read --inter-node-bandwidth {value!r}. Give the bandwidth per GPU and "
+                "direction with its unit: GB/s for bytes (50GB/s) or Gb/s, Gbps, Gbit/s for bits "
+                "as NICs are sold (400Gb/s = 50GB/s)."
+            )
+        number = float(match.group(1))
+        unit = match.group(2)
+        gbytes = unit.startswith("GB") or unit.lower().startswith("gbyte")
+    gbs = number if gbytes else number / 8
+    if not gbs > 0:
+        raise HardwareError(
+            f"--inter-node-bandwidth {value} must be more than 0 (e.g. 50GB/s or 400Gb/s)."
+        )
+    return gbs
 
 
 def _check_count(count: int, text: str) -> None:
@@ -119,9 +217,10 @@ def _assemble(gpus: tuple[GPU, ...], pairs: list[tuple[int, int, str]] | tuple) 
     )
 
 
-def cpu_hardware(nprocs: int, memory_bytes: int | None = None) -> Hardware:
-    """`nprocs` CPU processes standing in for GPUs (`--device cpu` trials); `memory_bytes` is
-    the cap each is held to (default: an equal share of host RAM)."""
+def cpu_hardware(nprocs: int, memory_bytes: int | None = None, nodes: int = 1) -> Hardware:
+    """`nprocs` CPU processes standing in for GPUs (`--device cpu` trials), as `nodes` "nodes" of
+    `nprocs // nodes` (joined over localhost TCP); `memory_bytes` is the cap each is held to
+    (default: an equal share of host RAM)."""
     ram = host_ram_bytes()
     mem = memory_bytes or ram // max(nprocs, 1)
     gpus = tuple(
@@ -136,17 +235,20 @@ def cpu_hardware(nprocs: int, memory_bytes: int | None = None) -> Hardware:
         )
         for i in range(nprocs)
     )
-    return Hardware(gpus, "pcie", 5.0, ram, cpu_cores(), "cpu", ())
+    return Hardware(gpus, "pcie", 5.0, ram, cpu_cores(), "cpu", (), **_network(nodes, "tcp", 5.0))
 
 
 _KX = re.compile(r"^\s*(\d+)\s*[xX*]\s*([A-Za-z0-9_.\- ]+?)\s*$")
+_NKX = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_.\- ]*?)\s*$")
+_NK = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\d+)\s*$")
 
 
 def resolve_gpus(spec: str | Hardware, gpu_memory: int | None = None) -> Hardware:
     """Turn a `--gpus` value into `Hardware`.
 
-    `auto` = every NVML GPU; `N` = the first N; `0,2` = those indices; `KxNAME` = K preset GPUs
-    (`2xrtx3090`); a bare preset name means one of it. `gpu_memory` caps each GPU.
+    `auto` = every NVML GPU (on each node of a multi-node launch: `launch_world`); `N` = the
+    first N; `0,2` = those indices; `KxNAME` = K preset GPUs (`2xrtx3090`); `NxKxNAME` = N nodes
+    of K (`4x8xh100-80gb`); a bare preset name means one of it. `gpu_memory` caps each GPU.
     """
     if isinstance(spec, Hardware):
         hw = spec
@@ -172,6 +274,9 @@ def resolve_gpus(spec: str | Hardware, gpu_memory: int | None = None) -> Hardwar
 
 def _resolve(text: str) -> Hardware:
     low = text.lower()
+    match = _NKX.match(text)
+    if match:
+        return preset_hardware(int(match.group(2)), match.group(3), nodes=int(match.group(1)))
     match = _KX.match(text)
     if match:
         return preset_hardware(int(match.group(1)), match.group(2))
@@ -188,7 +293,8 @@ def _resolve(text: str) -> Hardware:
         if not gpus:
             raise HardwareError(f"--gpus {text}: NVML reports no GPUs here. " + NO_GPU_HINT)
         if low == "auto":
-            chosen = gpus
+            world = launch_world()
+            return on_nodes(_assemble(tuple(gpus), pairs), world.nodes)
         elif "," not in low:
             n = int(low)
             if not 1 <= n <= len(gpus):
@@ -209,38 +315,57 @@ def _resolve(text: str) -> Hardware:
         return _assemble(tuple(chosen), pairs)
     raise HardwareError(
         f"Cannot read --gpus {text!r}.{did_you_mean(low, GPU_PRESETS)} Allowed: 'auto' (all "
-        "NVML GPUs), N (the first N), indices like 0,2, or KxNAME for hardware you do not have, "
-        f"where NAME is one of {', '.join(GPU_PRESETS)} (e.g. 2xrtx3090, 8xh100-80gb)."
+        "NVML GPUs, on every node of a torchrun/SLURM launch), N (the first N), indices like 0,2, "
+        "or KxNAME (K GPUs in one node) or NxKxNAME (N nodes of K) for hardware you do not have, "
+        f"where NAME is one of {', '.join(GPU_PRESETS)} (e.g. 2xrtx3090, 4x8xh100-80gb)."
     )
 
 
 def resolve_hardware(
-    gpus: str | Hardware, *, device: str = "cuda", gpu_memory: str | int | None = None
+    gpus: str | Hardware,
+    *,
+    device: str = "cuda",
+    gpu_memory: str | int | None = None,
+    inter_node_bandwidth: str | float | None = None,
 ) -> Hardware:
-    """`--gpus` + `--device` + `--gpu-memory` -> Hardware.
+    """`--gpus` + `--device` + `--gpu-memory` + `--inter-node-bandwidth` -> Hardware.
 
-    On `--device cpu` the GPUs are CPU processes: `N` gives N of them, `KxNAME` K of them held to
-    that preset's memory, `auto` two (or one on a single-core machine); `--gpu-memory` sets the
-    cap each process is held to.
+    On `--device cpu` the GPUs are CPU processes: `N` gives N of them, `NxK` N "nodes" of K (each
+    node's processes started by its own planner, joined over localhost), `KxNAME` / `NxKxNAME` as
+    many held to that preset's memory, `auto` two (or one on a single-core machine); `--gpu-memory`
+    sets the cap each process is held to.
     """
     cap = _parse_gpu_memory(gpu_memory) if gpu_memory is not None else None
     if device not in ("cuda", "cpu"):
         raise HardwareError(f"--device must be 'cuda' or 'cpu'; got {device!r}.")
     if device == "cuda" or isinstance(gpus, Hardware):
-        return resolve_gpus(gpus, cap)
-    text = str(gpus).strip().lower()
-    match = _KX.match(text)
+        hw = resolve_gpus(gpus, cap)
+    else:
+        hw = _resolve_cpu(str(gpus), cap)
+    return with_inter_node_bandwidth(hw, inter_node_bandwidth)
+
+
+def _resolve_cpu(gpus: str, cap: int | None) -> Hardware:
+    text = gpus.strip().lower()
+    match = _NK.match(text)
+    if match and int(match.group(1)) >= 1 and int(match.group(2)) >= 1:
+        nodes, per_node = int(match.group(1)), int(match.group(2))
+        _check_count(nodes * per_node, text)
+        return cpu_hardware(nodes * per_node, cap, nodes)
+    match = _NKX.match(text) or _KX.match(text)
     if match:
-        preset = preset_hardware(int(match.group(1)), match.group(2))
-        return cpu_hardware(preset.n_gpus, cap or preset.capacity_bytes)
+        nodes = int(match.group(1)) if match.re is _NKX else 1
+        count, name = match.group(match.re.groups - 1), match.group(match.re.groups)
+        preset = preset_hardware(int(count), name, nodes=nodes)
+        return cpu_hardware(preset.n_gpus, cap or preset.capacity_bytes, nodes)
     if re.fullmatch(r"\d+", text) and int(text) >= 1:
         _check_count(int(text), text)
         return cpu_hardware(int(text), cap)
     if text == "auto":
         return cpu_hardware(min(2, cpu_cores()), cap)
     raise HardwareError(
-        f"With --device cpu, --gpus must be N (CPU processes), KxNAME (K processes held to that "
-        f"GPU's memory) or auto; got {gpus!r}."
+        f"With --device cpu, --gpus must be N (CPU processes), NxK (N nodes of K processes), "
+        f"KxNAME or NxKxNAME (as many processes held to that GPU's memory) or auto; got {gpus!r}."
     )
 
 

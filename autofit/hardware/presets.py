@@ -3,13 +3,14 @@
 Numbers are the vendors' datasheet figures: total memory as NVML reports it on that card, dense
 bf16 tensor-core TFLOP/s with fp32 accumulation (what PyTorch matmuls use; GeForce cards run that
 at half their fp16-accumulate rate), HBM/GDDR bandwidth, and the per-direction GPU-to-GPU
-bandwidth of the usual box (NVLink on SXM parts, PCIe for the rest).
+bandwidth of the usual box (NVLink on SXM parts, PCIe for the rest), and the network that joins
+such boxes into a cluster, per GPU (`NETWORKS`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MiB = 1024**2
 
@@ -27,6 +28,9 @@ class GPUPreset:
     pcie_width: int
     compute_capability: tuple[int, int]
     aliases: tuple[str, ...] = ()
+    # the network between nodes of this class, per GPU per direction (GB/s): see NETWORKS
+    network: str = "ethernet"
+    inter_node_bw_gbs: float = 1.25
 
     @property
     def bf16(self) -> bool:
@@ -42,6 +46,27 @@ class GPUPreset:
         each generation (PCI-SIG), before protocol overhead."""
         return 0.985 * 2 ** (self.pcie_gen - 3) * self.pcie_width
 
+
+# The network between nodes, per GPU and direction, of the usual cluster of each GPU class (what
+# `--gpus NxKxNAME` assumes; `--inter-node-bandwidth` replaces it). NCCL's rail-optimised rings
+# give each GPU its own NIC, so a collective that spans nodes runs at this rate per GPU.
+# - DGX H100/H200 and AWS p5/p5e: one 400 Gb/s ConnectX-7 (InfiniBand NDR) or 400 Gb/s EFA per GPU
+#   (p5.48xlarge: 3200 Gbps for 8 GPUs) -> 50 GB/s;
+# - DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU -> 25 GB/s;
+# - H100 PCIe servers: one 100 Gb/s NIC per GPU -> 12.5 GB/s;
+# - L40S (AWS g6e.48xlarge: 400 Gbps EFA for 8 GPUs) -> 6.25 GB/s;
+# - A10G/L4 (g5.48xlarge / g6.48xlarge: 100 Gbps for 8 GPUs) -> 1.5625 GB/s;
+# - GeForce/RTX workstations: 10 Gb/s Ethernet per GPU at best -> 1.25 GB/s.
+NETWORKS: dict[str, tuple[str, float]] = {
+    "h100-80gb": ("infiniband", 50.0),
+    "h200": ("infiniband", 50.0),
+    "a100-40gb": ("infiniband", 25.0),
+    "a100-80gb": ("infiniband", 25.0),
+    "h100-pcie": ("ethernet", 12.5),
+    "l40s": ("ethernet", 6.25),
+    "a10g": ("ethernet", 1.5625),
+    "l4": ("ethernet", 1.5625),
+}
 
 # Sources: NVIDIA datasheets (GeForce RTX 3090/4090 whitepapers, A10G/L4/L40S/A100/H100/H200
 # product briefs). Memory totals are what nvidia-smi shows for the card, in MiB.
@@ -72,6 +97,13 @@ GPU_PRESETS: dict[str, GPUPreset] = {
                   4, 16, (8, 6), ("a6000",)),
     )
 }  # fmt: skip
+
+GPU_PRESETS = {
+    name: replace(p, network=NETWORKS[name][0], inter_node_bw_gbs=NETWORKS[name][1])
+    if name in NETWORKS
+    else p
+    for name, p in GPU_PRESETS.items()
+}
 
 _ALIASES = {alias: p.name for p in GPU_PRESETS.values() for alias in p.aliases}
 

@@ -50,7 +50,10 @@ class GPU:
 
 @dataclass(frozen=True)
 class Hardware:
-    """N GPUs in one host. `link` is the slowest GPU pair's path ('nvlink' or 'pcie')."""
+    """N GPUs in `nodes` hosts of `n_gpus // nodes` each. `link` is the slowest GPU pair's path
+    inside a node ('nvlink' or 'pcie'); `network` joins the nodes ('infiniband' or 'ethernet') at
+    `inter_node_bw_gbs` per GPU and direction (what one GPU's share of a collective that spans
+    nodes moves at)."""
 
     gpus: tuple[GPU, ...]
     link: str = "pcie"
@@ -59,10 +62,17 @@ class Hardware:
     cpu_cores: int = 0
     source: str = "preset"  # "nvml", "preset" or "cpu"
     pairs: tuple[tuple[int, int, str], ...] = field(default_factory=tuple)
+    nodes: int = 1
+    network: str = ""  # between nodes; "" on one node
+    inter_node_bw_gbs: float = 0.0  # per GPU per direction; 0 on one node
 
     @property
     def n_gpus(self) -> int:
         return len(self.gpus)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.gpus) // max(self.nodes, 1)
 
     @cached_property
     def smallest_gpu(self) -> GPU:
@@ -81,6 +91,11 @@ class Hardware:
             return f"{self.n_gpus} CPU process{'es' if self.n_gpus != 1 else ''} (gloo)"
         names = {g.name for g in self.gpus}
         name = names.pop() if len(names) == 1 else "mixed GPUs"
+        if self.nodes > 1:
+            return (
+                f"{self.nodes} nodes x {self.gpus_per_node}x {name} ({self.link}; "
+                f"{self.network} {self.inter_node_bw_gbs:g} GB/s per GPU between nodes)"
+            )
         return f"{self.n_gpus}x {name} ({self.link})"
 
     def with_capacity(self, memory_bytes: int) -> Hardware:
@@ -99,6 +114,10 @@ class Hardware:
             "host_ram_bytes": self.host_ram_bytes,
             "cpu_cores": self.cpu_cores,
             "source": self.source,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "network": self.network,
+            "inter_node_bw_gbs": self.inter_node_bw_gbs,
         }
 
     @classmethod
@@ -112,6 +131,9 @@ class Hardware:
             cpu_cores=data["cpu_cores"],
             source=data["source"],
             pairs=tuple((p["a"], p["b"], p["link"]) for p in data.get("pairs", [])),
+            nodes=data.get("nodes", 1),
+            network=data.get("network", ""),
+            inter_node_bw_gbs=data.get("inter_node_bw_gbs", 0.0),
         )
 
 

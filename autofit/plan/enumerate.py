@@ -28,8 +28,9 @@ def estimate_all(request: PlanRequest) -> tuple[list[Candidate], Counter[str], i
     r = request
     with _acyclic():
         configs, skipped = r.space.candidates(
-            r.hardware.n_gpus, seq_len=r.seq_len, global_batch=r.global_batch, device=r.device
-        )
+            r.hardware.n_gpus, seq_len=r.seq_len, global_batch=r.global_batch, device=r.device,
+            nodes=r.hardware.nodes,
+        )  # fmt: skip
         estimates = estimate_many(r.model, r.hardware, configs, device=r.device)
         cands = [Candidate(cfg, e) for cfg, e in zip(configs, estimates, strict=True)]
     return cands, Counter(skipped), len(configs) + sum(skipped.values())

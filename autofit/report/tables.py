@@ -51,9 +51,11 @@ def pairs_table(hw: Hardware) -> Table | None:
 
 
 def presets_table() -> Table:
-    table = Table(title="GPU presets (--gpus KxNAME)", title_justify="left")
-    for col in ("name", "GPU", "memory", "bf16 TFLOP/s", "mem GB/s", "interconnect", "link GB/s"):
-        table.add_column(col, justify="left" if col in ("name", "GPU", "interconnect") else "right")
+    table = Table(title="GPU presets (--gpus KxNAME, NxKxNAME)", title_justify="left")
+    left = ("name", "GPU", "interconnect", "between nodes")
+    for col in ("name", "GPU", "memory", "bf16 TFLOP/s", "mem GB/s", "interconnect", "link GB/s",
+                "between nodes"):  # fmt: skip
+        table.add_column(col, justify="left" if col in left else "right")
     for p in GPU_PRESETS.values():
         table.add_row(
             p.name,
@@ -63,6 +65,7 @@ def presets_table() -> Table:
             f"{p.mem_bw_gbs:g}",
             "NVLink" if p.interconnect == "nvlink" else f"PCIe gen{p.pcie_gen} x{p.pcie_width}",
             f"{p.link_bw_gbs:g}",
+            f"{p.network} {p.inter_node_bw_gbs:g} GB/s per GPU",
         )
     return table
 

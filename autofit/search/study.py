@@ -56,7 +56,7 @@ def config_key(cfg: Config | dict[str, Any] | None) -> str:
     return json.dumps(cfg.to_dict() if isinstance(cfg, Config) else cfg, sort_keys=True)
 
 
-_ADDED_KNOBS = ("loss", "compile")
+_ADDED_KNOBS = ("loss", "compile", "shard")
 """Knobs added after the first release: a space that leaves them at their default alone keeps the
 study name it had before they existed."""
 
@@ -83,12 +83,15 @@ def default_study_name(
             hardware.n_gpus,
             hardware.capacity_bytes,
             hardware.link,
+            # only past one node: names of one-node studies stay those made before nodes existed
+            *([hardware.nodes, hardware.inter_node_bw_gbs] if hardware.nodes > 1 else []),
         ],
         "device": device,
         "space": {
             k: list(v)
             for k, v in space.knobs.items()
             if not (k in _ADDED_KNOBS and v == (getattr(Config(), k),))
+            and not (k == "shard" and hardware.nodes <= 1)  # one node: shard=node is shard=all
         },
         "seq_len": seq_len,
         "global_batch": global_batch,
@@ -98,7 +101,8 @@ def default_study_name(
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
     gpu = re.sub(r"[^a-z0-9]+", "-", hardware.smallest_gpu.name.lower()).strip("-")
     batch = f"-gb{global_batch}" if global_batch else ""
-    return f"{model.name}-{hardware.n_gpus}x{gpu}-{space.name}-s{seq_len}{batch}-{digest}"
+    gpus = f"{hardware.nodes}x{hardware.gpus_per_node}" if hardware.nodes > 1 else hardware.n_gpus
+    return f"{model.name}-{gpus}x{gpu}-{space.name}-s{seq_len}{batch}-{digest}"
 
 
 def default_storage(run_dir: Path) -> str:
