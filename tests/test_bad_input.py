@@ -459,3 +459,22 @@ def test_bad_lora_settings_in_a_space_file_name_the_file(tmp_path):
     assert_clean_failure(
         result, f"'lora_dropout' in {tmp_path / 'space.yaml'} must be a number >= 0 and < 1"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--inter-node-bandwidth", "400"], ["--inter-node-bandwidth '400'", "400Gb/s = 50GB/s"]),
+        (["--inter-node-bandwidth", "0Gb/s"], ["must be more than 0"]),
+    ],
+)
+def test_bad_inter_node_bandwidth_is_refused(args, fragments):
+    for command in ("plan", "estimate"):
+        extra = ["--no-trials"] if command == "plan" else []
+        result = run(command, "-m", "llama-debug", "-g", "2x8xh100-80gb", *extra, *args)
+        assert_clean_failure(result, *fragments)
+
+
+def test_zero_nodes_are_refused():
+    result = run("estimate", "-m", "llama-debug", "-g", "0x8xh100-80gb")
+    assert_clean_failure(result, "node count", "at least 1")

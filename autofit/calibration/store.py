@@ -71,6 +71,9 @@ def machine_key(hardware: Hardware, device: str) -> dict[str, Any]:
         "torch": _version("torch"),
         "torchao": _version("torchao"),
     }
+    if hardware.nodes > 1:  # only then: one-node keys stay those stored before nodes existed
+        key["nodes"] = f"{hardware.nodes} x {hardware.gpus_per_node}"
+        key["network"] = f"{hardware.network} {hardware.inter_node_bw_gbs:g} GB/s"
     if device == "cpu":
         key["cpu"] = f"{_cpu_model()} ({hardware.cpu_cores} cores)"
     return key
@@ -79,6 +82,8 @@ def machine_key(hardware: Hardware, device: str) -> dict[str, Any]:
 def describe(key: dict[str, Any]) -> str:
     """The machine in a few words, for the output."""
     parts = [key["gpus"], key["link"], f"torch {key['torch']}", f"torchao {key['torchao']}"]
+    if "nodes" in key:
+        parts[1:1] = [f"{key['nodes']} nodes", key["network"]]
     if "cpu" in key:
         parts.insert(1, key["cpu"])
     return ", ".join(parts)
