@@ -647,34 +647,25 @@ def launch_lines(
                 f" --main_process_ip {host} --main_process_port {RDZV_PORT} {tail}"
             )
 
-        return [
-            LaunchLine(
-                f"{env}{accelerate('$NODE_RANK', '$MASTER_ADDR')}",
-                f"on each of the {nodes} nodes; NODE_RANK: 0 to {nodes - 1}, MASTER_ADDR: node "
-                "0's address",
-            ),
-            LaunchLine(
-                f'{env}{srun} bash -c "{accelerate(SLURM_NODE_RANK, SLURM_FIRST_NODE)}"',
-                "under SLURM, from the batch script: one task per node",
-            ),
-        ]
+        node = accelerate("$NODE_RANK", "$MASTER_ADDR")
+        slurm = f'bash -c "{accelerate(SLURM_NODE_RANK, SLURM_FIRST_NODE)}"'
+        names = f"NODE_RANK: 0 to {nodes - 1}, MASTER_ADDR: node 0's address"
+    else:
 
-    def torchrun(host: str, job: str) -> str:
-        return (
-            f"torchrun --nnodes={nodes} --nproc-per-node={per_node} --rdzv-backend=c10d "
-            f"--rdzv-endpoint={host}:{RDZV_PORT} --rdzv-id={job} {tail}"
+        def torchrun(host: str, job: str) -> str:
+            return (
+                f"torchrun --nnodes={nodes} --nproc-per-node={per_node} --rdzv-backend=c10d "
+                f"--rdzv-endpoint={host}:{RDZV_PORT} --rdzv-id={job} {tail}"
+            )
+
+        node, slurm = (
+            torchrun("$MASTER_ADDR", "$JOB_ID"),
+            torchrun(SLURM_FIRST_NODE, "$SLURM_JOB_ID"),
         )
-
+        names = "MASTER_ADDR: node 0's address, JOB_ID: any id the nodes share"
     return [
-        LaunchLine(
-            f"{env}{torchrun('$MASTER_ADDR', '$JOB_ID')}",
-            f"on each of the {nodes} nodes; MASTER_ADDR: node 0's address, JOB_ID: any id the "
-            "nodes share",
-        ),
-        LaunchLine(
-            f"{env}{srun} {torchrun(SLURM_FIRST_NODE, '$SLURM_JOB_ID')}",
-            "under SLURM, from the batch script: one task per node",
-        ),
+        LaunchLine(f"{env}{node}", f"on each of the {nodes} nodes; {names}"),
+        LaunchLine(f"{env}{srun} {slurm}", "under SLURM, from the batch script: one task per node"),
     ]
 
 
