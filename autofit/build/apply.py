@@ -238,7 +238,8 @@ def apply(
 ) -> Applied:
     """Apply `config` to a user's model as trials do: LoRA, checkpointing, compile (each decoder
     layer, compiled on its first forward), quantization, then the plain module, DDP or FSDP2
-    (inside an initialised process group of several ranks), and the optimizer (torch AdamW,
+    (inside an initialised process group of several ranks; with `shard: node` across nodes, HSDP,
+    the ranks per node read from torchrun's `LOCAL_WORLD_SIZE`), and the optimizer (torch AdamW,
     torchao low-bit AdamW, or CPU-offloaded).
 
     `device`: where the model trains (default: where its parameters are; a model on meta is

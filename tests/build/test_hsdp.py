@@ -52,7 +52,7 @@ def _train(rank: int, config: Config) -> dict[str, object]:
     run = apply(model, config, device="cpu")
     gen = torch.Generator().manual_seed(1234 + rank)
     batch = torch.randint(0, spec.vocab, (config.micro_batch, config.seq_len), generator=gen)
-    losses = [run.train_step([batch]).item() for _ in range(2)]
+    losses = [run.train_step([batch] * config.grad_accum).item() for _ in range(2)]
     layout, full = {}, {}
     for name, p in run.model.named_parameters():
         assert isinstance(p, DTensor), name
