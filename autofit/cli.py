@@ -582,11 +582,14 @@ def export(
 
 
 def _print_launch(result: Any, fmt: str, path: Path) -> None:
-    """The launch command (`<your_train.py>` standing for the user's script) and what that is,
-    with a command that runs the shipped example where autofit runs from its sources."""
-    from autofit.export import launch_command, launch_note
+    """The launch commands (`<your_train.py>` standing for the user's script; on several nodes
+    each node's and the SLURM one, `autofit.export.launch_lines`) and what the script is, with a
+    command that runs the shipped example where autofit runs from its sources."""
+    from autofit.export import launch_lines, launch_note
 
-    out.print(f"launch: {launch_command(result, fmt, path)}", soft_wrap=True, markup=False)
+    for line in launch_lines(result, fmt, path):
+        where = f" ({line.where})" if line.where else ""
+        out.print(f"launch{where}: {line.command}", soft_wrap=True, markup=False)
     out.print(f"  {launch_note(result, fmt, path)}", soft_wrap=True, markup=False)
 
 

@@ -1,7 +1,11 @@
 """The winner as files other tools read: an `autofit` YAML plan, an Accelerate config, or
 `transformers.TrainingArguments` JSON, each for the path the trials measured: the plain module on
 one GPU (`distributed_type: NO`), DDP replicas (`MULTI_GPU`) or FSDP2 laid out as torchtitan
-(`FSDP`, `fsdp_version: 2`), as `autofit.config.sharding_for(wrap, n_gpus)` decides.
+(`FSDP`, `fsdp_version: 2`), as `autofit.config.sharding_for(wrap, n_gpus)` decides; across nodes
+with `shard: node`, HSDP on the mesh of `autofit.config.mesh_shape` (Accelerate's
+`parallelism_config`). `launch_lines` is the one rule for the commands that start training: one
+line on one node; on several, torchrun with c10d rendezvous on each node and the `srun` line that
+starts it on every node of a SLURM job.
 
 Every format is rendered in full and parsed back before anything touches the disk; the file is
 then written to a temporary name in the same folder and moved into place (`os.replace`), so a
@@ -30,6 +34,7 @@ from autofit.config import (
     Config,
     Sharding,
     fp32_trainable,
+    mesh_shape,
     sharding_for,
     wrap_group_size,
 )
@@ -65,6 +70,8 @@ def plan_document(plan: Any) -> dict[str, Any]:
         "hardware": {
             "description": plan.hardware.describe(),
             "n_gpus": plan.hardware.n_gpus,
+            "nodes": plan.hardware.nodes,
+            "gpus_per_node": plan.hardware.gpus_per_node,
             "capacity_bytes": plan.hardware.capacity_bytes,
             "device": plan.device,
         },
@@ -189,17 +196,38 @@ def plan_sharding(doc: dict[str, Any]) -> Sharding:
     return sharding_for(doc["config"]["wrap"], int(doc["hardware"]["n_gpus"]))
 
 
-PATH_TITLES = {
-    Sharding.NONE: "one GPU, plain module",
-    Sharding.DDP: "DDP",
-    Sharding.FSDP2: "FSDP2",
-}
+def plan_nodes(doc: dict[str, Any]) -> tuple[int, int]:
+    """(nodes, GPUs per node) of the plan's hardware (one node for a plan written before nodes)."""
+    hw = doc["hardware"]
+    n = int(hw["n_gpus"])
+    nodes = max(int(hw.get("nodes") or 1), 1)
+    return nodes, int(hw.get("gpus_per_node") or n // nodes)
+
+
+def plan_mesh(doc: dict[str, Any]) -> tuple[int, int] | None:
+    """The FSDP2 mesh the run builds, (replicas, shard degree) by `mesh_shape`; None when the
+    plan is not FSDP2."""
+    if plan_sharding(doc) is not Sharding.FSDP2:
+        return None
+    nodes, per_node = plan_nodes(doc)
+    return mesh_shape(doc["config"].get("shard", "all"), int(doc["hardware"]["n_gpus"]), per_node)
+
+
+def path_title(doc: dict[str, Any]) -> str:
+    mesh = plan_mesh(doc)
+    if mesh is not None and mesh[0] > 1:
+        return "HSDP"
+    return {Sharding.NONE: "one GPU, plain module", Sharding.DDP: "DDP", Sharding.FSDP2: "FSDP2"}[
+        plan_sharding(doc)
+    ]
 
 
 def measured_path(doc: dict[str, Any]) -> list[str]:
     """Comment lines naming the path the trials measured, which `autofit.apply` builds."""
     cfg = doc["config"]
     n = int(doc["hardware"]["n_gpus"])
+    nodes, per_node = plan_nodes(doc)
+    gpus = f"{n} GPUs ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} GPUs"
     sharding = plan_sharding(doc)
     mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
     if sharding is Sharding.NONE:
@@ -209,7 +237,7 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
         ]
     elif sharding is Sharding.DDP:
         lines = [
-            f"# Measured path: PyTorch DDP replicas on {n} GPUs, gradients all-reduced from DDP's "
+            f"# Measured path: PyTorch DDP replicas on {gpus}, gradients all-reduced from DDP's "
             "buckets (gradient_as_bucket_view)."
         ]
         if cfg.get("lora_rank", 0):
@@ -234,10 +262,17 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
         else:
             units = f"units of the token embeddings, {layers} and [final norm, LM head]; the root "
             units += "unit holds the rest"
-        lines = [
-            f"# Measured path: FSDP2 on {n} GPU{'s' if n > 1 else ''} laid out as torchtitan: "
-            f"{units}."
-        ]
+        replicas, shards = plan_mesh(doc) or (1, n)
+        if replicas > 1:
+            lines = [
+                f"# Measured path: HSDP, FSDP2 on a 2-D (dp_replicate, dp_shard) mesh of {gpus}: "
+                f"each parameter sharded over the {shards} GPU{'s' if shards > 1 else ''} of a "
+                f"node and replicated on each of the {replicas} nodes (gradients reduce-scattered "
+                f"in a node, then all-reduced across nodes), laid out as torchtitan: {units}."
+            ]
+        else:
+            where = f"{n} GPU{'s' if n > 1 else ''}" if nodes == 1 else gpus
+            lines = [f"# Measured path: FSDP2 on {where} laid out as torchtitan: {units}."]
         extra = []
         if cfg["offload"] == "params":
             extra.append("Params offloaded to CPU (CPUOffloadPolicy)")
@@ -291,10 +326,12 @@ def _env_text(doc: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in env.items())
 
 
-def render_autofit(doc: dict[str, Any]) -> str:
+def render_autofit(doc: dict[str, Any], path: Path | None = None) -> str:
     head = _header(doc, "autofit plan")
     head.append("# Read it back with autofit.load_plan(path); apply with autofit.apply(model, "
                 "plan.best.config).")  # fmt: skip
+    if path is not None and plan_nodes(doc)[0] > 1:
+        head += _launch_comments(doc, "autofit", path)
     return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=100)
 
 
@@ -304,6 +341,7 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     """
     cfg = doc["config"]
     n = int(doc["hardware"]["n_gpus"])
+    nodes, _ = plan_nodes(doc)
     wrap = cfg["wrap"]
     sharding = plan_sharding(doc)
     mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
@@ -320,6 +358,11 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
         "same_network": True,
         "use_cpu": False,
     }
+    if nodes > 1 and sharding is not Sharding.NONE:
+        # `num_processes` counts every node's; each node's `accelerate launch` names its own
+        # `--machine_rank` and node 0's `--main_process_ip` (launch_lines), torchrun's static
+        # rendezvous (Accelerate 1.15 takes `rdzv_backend` from its command line, not this file)
+        base.update(num_machines=nodes, main_process_port=RDZV_PORT)
     if cfg.get("compile"):
         # Accelerate's own compile of repeated blocks (each decoder layer), as autofit measured
         base["dynamo_config"] = {
@@ -350,7 +393,39 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     }
     if wrap == "model":
         del base["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
+    hsdp = accelerate_hsdp(doc)
+    if hsdp:
+        base["parallelism_config"] = hsdp
     return base
+
+
+def accelerate_hsdp(doc: dict[str, Any]) -> dict[str, int]:
+    """Accelerate's `parallelism_config` section for HSDP (its config file's keys, which
+    `accelerate launch` hands to `ParallelismConfig` as PARALLELISM_CONFIG_* variables): the
+    replicas and shard degree of `plan_mesh`. Empty for a 1-D mesh, and for one GPU per node,
+    which Accelerate refuses (`dp_shard_size == 1` with replicas: "pure DP")."""
+    mesh = plan_mesh(doc)
+    if mesh is None or mesh[0] == 1 or mesh[1] == 1:
+        return {}
+    return {
+        "parallelism_config_dp_replicate_size": mesh[0],
+        "parallelism_config_dp_shard_size": mesh[1],
+        "parallelism_config_tp_size": 1,
+        "parallelism_config_cp_size": 1,
+    }
+
+
+def hsdp_env(doc: dict[str, Any]) -> dict[str, str]:
+    """The environment `accelerate launch` sets from `accelerate_hsdp`, which an `Accelerator`
+    made without a `parallelism_config` (HF Trainer's, from TrainingArguments JSON, which cannot
+    hold a `ParallelismConfig` object) reads instead."""
+    hsdp = accelerate_hsdp(doc)
+    if not hsdp:
+        return {}
+    return {
+        "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+        **{k.upper(): str(v) for k, v in hsdp.items()},
+    }
 
 
 def _accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
@@ -386,6 +461,17 @@ def _accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
             )
             + " The Accelerator only launches, sets up the process group autofit.apply uses, "
             "and logs."
+        )
+    mesh = plan_mesh(doc)
+    if mesh is not None and mesh[0] > 1:
+        notes.append(
+            "# HSDP: autofit.apply builds the measured (dp_replicate, dp_shard) mesh itself from "
+            "torchrun's LOCAL_WORLD_SIZE (accelerate launch runs torchrun)"
+            + (
+                "; parallelism_config gives the Accelerator's own mesh the same shape."
+                if accelerate_hsdp(doc)
+                else "; Accelerate has no HSDP with one GPU per node, so no parallelism_config."
+            )
         )
     if cfg["wrap"].startswith("every-"):
         notes.append(
@@ -443,12 +529,12 @@ def _loss_and_compile_notes(cfg: dict[str, Any]) -> list[str]:
 
 
 def render_accelerate(doc: dict[str, Any], side: Path, target: Path | None = None) -> str:
-    head = _header(doc, f"Accelerate config ({PATH_TITLES[plan_sharding(doc)]})")
+    head = _header(doc, f"Accelerate config ({path_title(doc)})")
     head += _accelerate_notes(doc, side)
     head.append(f"# Quantization/LoRA and everything above: {side.name} "
                 "(autofit.load_plan + autofit.apply).")  # fmt: skip
     target = target if target is not None else side.with_name(side.name.replace(".autofit", ""))
-    head.append(f"# Launch: {launch_command(doc, 'accelerate', target)}")
+    head += _launch_comments(doc, "accelerate", target)
     return "\n".join(head) + "\n" + yaml.safe_dump(accelerate_config(doc), sort_keys=False)
 
 
@@ -507,23 +593,92 @@ TRAIN_SCRIPT = "<your_train.py>"
 EXAMPLE_SCRIPTS = {"accelerate": "accelerate_train.py"}  # other formats: train_with_plan.py
 
 
-def launch_command(plan: Any, format: str, path: str | Path, script: str = TRAIN_SCRIPT) -> str:
-    """The command that launches training with this export: `python` for a one-GPU plain-module
-    plan (no process group needed), `torchrun`/`accelerate launch` for DDP and FSDP2. `script` is
-    the training script (the placeholder `<your_train.py>` unless named); the CUDA allocator
-    setting is set only for a CUDA plan."""
+RDZV_PORT = 29500
+"""The rendezvous port of a multi-node launch (torchrun's and Accelerate's default)."""
+SLURM_FIRST_NODE = "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)"
+"""The first node of a SLURM job, expanded by the batch script's shell: the rendezvous host."""
+SLURM_NODE_RANK = r"\$SLURM_NODEID"
+"""The node's rank inside `srun ... bash -c "..."`: escaped so each task's shell expands it."""
+
+
+@dataclass(frozen=True)
+class LaunchLine:
+    command: str
+    where: str = ""  # "" on one node; else which nodes run it and what its variables stand for
+
+
+def launch_lines(
+    plan: Any, format: str, path: str | Path, script: str = TRAIN_SCRIPT
+) -> list[LaunchLine]:
+    """The commands that launch training with this export (the one rule the exports and the CLI
+    print). One node: `python` for a one-GPU plain-module plan (no process group needed),
+    `torchrun`/`accelerate launch` for DDP and FSDP2. Several nodes: the command each node runs
+    (torchrun with c10d rendezvous at node 0, or `accelerate launch` with its machine rank), then
+    the `srun` line that runs it once on every node of a SLURM job. `script` is the training
+    script (the placeholder `<your_train.py>` unless named); the CUDA allocator setting is set
+    only for a CUDA plan; a trainer export of an HSDP plan sets the `PARALLELISM_CONFIG_*`
+    variables its Accelerator reads (`hsdp_env`)."""
     doc = plan if isinstance(plan, dict) else plan_document(plan)
     n = int(doc["hardware"]["n_gpus"])
-    env = _env_text(doc)
+    nodes, per_node = plan_nodes(doc)
+    env_vars = " ".join(f"{k}={v}" for k, v in hsdp_env(doc).items()) if format == "trainer" else ""
+    env = " ".join(t for t in (_env_text(doc), env_vars) if t)
     env = f"{env} " if env else ""
     p = Path(path)
-    runner = "python" if plan_sharding(doc) is Sharding.NONE else f"torchrun --nproc-per-node {n}"
     if format == "accelerate":
-        return f"{env}accelerate launch --config_file {p} {script} --plan {side_path(p)}"
-    if format == "trainer":
-        return (f"{env}{runner} {script}  # TrainingArguments(**json.load("
-                f"open('{p}'))); autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
-    return f"{env}{runner} {script} --plan {p}"
+        tail = f"{script} --plan {side_path(p)}"
+    elif format == "trainer":
+        tail = (f"{script}  # TrainingArguments(**json.load(open('{p}'))); "
+                f"autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
+    else:
+        tail = f"{script} --plan {p}"
+    if nodes <= 1:
+        if format == "accelerate":
+            return [LaunchLine(f"{env}accelerate launch --config_file {p} {tail}")]
+        single = plan_sharding(doc) is Sharding.NONE
+        runner = "python" if single else f"torchrun --nproc-per-node {n}"
+        return [LaunchLine(f"{env}{runner} {tail}")]
+    srun = f"srun --nodes={nodes} --ntasks-per-node=1 --gpus-per-node={per_node}"
+    if format == "accelerate":
+
+        def accelerate(rank: str, host: str) -> str:
+            return (
+                f"accelerate launch --config_file {p} --num_machines {nodes} --machine_rank {rank}"
+                f" --main_process_ip {host} --main_process_port {RDZV_PORT} {tail}"
+            )
+
+        node = accelerate("$NODE_RANK", "$MASTER_ADDR")
+        slurm = f'bash -c "{accelerate(SLURM_NODE_RANK, SLURM_FIRST_NODE)}"'
+        names = f"NODE_RANK: 0 to {nodes - 1}, MASTER_ADDR: node 0's address"
+    else:
+
+        def torchrun(host: str, job: str) -> str:
+            return (
+                f"torchrun --nnodes={nodes} --nproc-per-node={per_node} --rdzv-backend=c10d "
+                f"--rdzv-endpoint={host}:{RDZV_PORT} --rdzv-id={job} {tail}"
+            )
+
+        node, slurm = (
+            torchrun("$MASTER_ADDR", "$JOB_ID"),
+            torchrun(SLURM_FIRST_NODE, "$SLURM_JOB_ID"),
+        )
+        names = "MASTER_ADDR: node 0's address, JOB_ID: any id the nodes share"
+    return [
+        LaunchLine(f"{env}{node}", f"on each of the {nodes} nodes; {names}"),
+        LaunchLine(f"{env}{srun} {slurm}", "under SLURM, from the batch script: one task per node"),
+    ]
+
+
+def launch_command(plan: Any, format: str, path: str | Path, script: str = TRAIN_SCRIPT) -> str:
+    """The first of `launch_lines`: the whole command on one node, each node's on several."""
+    return launch_lines(plan, format, path, script)[0].command
+
+
+def _launch_comments(doc: dict[str, Any], format: str, path: Path) -> list[str]:
+    return [
+        f"# Launch{f' ({line.where})' if line.where else ''}: {line.command}"
+        for line in launch_lines(doc, format, path)
+    ]
 
 
 def example_script(format: str) -> Path | None:
@@ -606,14 +761,14 @@ def export_plan(plan: Any, format: str, path: str | Path) -> list[Path]:
     target = Path(path).expanduser()
     outputs: list[tuple[Path, str]] = []
     if fmt == "autofit":
-        outputs.append((target, render_autofit(doc)))
+        outputs.append((target, render_autofit(doc, target)))
     else:
         side = side_path(target)
         if fmt == "accelerate":
             text = render_accelerate(doc, side, target)
         else:
             text = json.dumps(trainer_arguments(doc), indent=2) + "\n"
-        outputs += [(target, text), (side, render_autofit(doc))]
+        outputs += [(target, text), (side, render_autofit(doc, side))]
     from autofit.checks import check_file_writable
 
     for out_path, text in outputs:

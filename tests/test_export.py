@@ -360,3 +360,148 @@ def test_loss_and_compile_reach_what_each_format_can_say(qlora_plan, tmp_path):
     assert "dynamo_config" not in yaml.safe_load(apath.read_text())
     assert "over chunks of tokens" in apath.read_text()
     assert load_plan(side).best.config == best and best.loss == "chunked"
+
+
+# ----- several nodes ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def on_hardware(plan: Any, gpus: str, **changes: Any) -> Iterator[Any]:
+    """The plan as if made for `gpus` (NxKxNAME), its winner's knobs changed."""
+    import dataclasses
+
+    request = plan.request
+    plan.request = dataclasses.replace(request, hardware=resolve_hardware(gpus))
+    try:
+        with winner(plan, **changes) as best:
+            yield best
+    finally:
+        plan.request = request
+
+
+def _accelerate_launch(config: Any, machine_rank: int) -> tuple[Any, dict[str, str]]:
+    """What `accelerate launch --config_file config` (Accelerate's own parser) hands torchrun on
+    node `machine_rank` of a multi-node launch, with the environment it sets."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    argv = ["--config_file", str(config), "--machine_rank", str(machine_rank),
+            "--main_process_ip", "10.0.0.1", "train.py"]  # fmt: skip
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv))
+    return args, prepare_multi_gpu_env(args)
+
+
+def _bash_parses(command: str) -> None:
+    import subprocess
+
+    subprocess.run(["bash", "-n", "-c", command], check=True)
+
+
+def test_a_two_node_hsdp_plan_exports_hsdp_and_the_multi_node_launch_lines(qlora_plan, tmp_path):
+    from autofit.export import launch_lines
+
+    with on_hardware(qlora_plan, "2x8xh100-80gb", wrap="layer", shard="node") as best:
+        path, side = export_plan(qlora_plan, "accelerate", tmp_path / "accelerate.yaml")
+        tpath, tside = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
+        (apath,) = export_plan(qlora_plan, "autofit", tmp_path / "plan.yaml")
+        files = [("accelerate", path), ("trainer", tpath), ("autofit", apath)]
+        lines = {f: launch_lines(qlora_plan, f, p) for f, p in files}
+        scripted = [line for f, p in files for line in launch_lines(qlora_plan, f, p, "train.py")]
+    # the plan carries the knob and the nodes; autofit.apply reads the knob back
+    assert load_plan(side).best.config == best == load_plan(apath).best.config
+    assert best.shard == "node"
+    doc = yaml.safe_load(apath.read_text())
+    assert doc["hardware"]["nodes"] == 2 and doc["hardware"]["gpus_per_node"] == 8
+    assert "Measured path: HSDP" in path.read_text() and "2 nodes x 8" in apath.read_text()
+
+    # Accelerate's own launcher reads HSDP and the machines from the file
+    args, env = _accelerate_launch(path, machine_rank=1)
+    assert args.use_fsdp and args.num_processes == 16
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "8", 1)
+    assert args.rdzv_endpoint == "10.0.0.1:29500"
+    assert env["FSDP_VERSION"] == "2" and env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
+    assert env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "2"
+    assert env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "8"
+
+    # each node's command, then SLURM's: torchrun with c10d rendezvous at node 0
+    rdzv = "--nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint="
+    node, slurm = lines["autofit"]
+    assert f"torchrun {rdzv}$MASTER_ADDR:29500 --rdzv-id=$JOB_ID <your_train.py> --plan " in (
+        node.command
+    )
+    assert "srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 torchrun " in slurm.command
+    assert f"{rdzv}$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500" in (
+        slurm.command
+    )
+    assert "--rdzv-id=$SLURM_JOB_ID" in slurm.command and "SLURM" in slurm.where
+    node, slurm = lines["accelerate"]
+    assert "--num_machines 2 --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR" in (
+        node.command
+    )
+    assert 'bash -c "accelerate launch' in slurm.command
+    assert r"--machine_rank \$SLURM_NODEID" in slurm.command  # each task's own node rank
+    for line in scripted:  # a shell reads them (the script named: <your_train.py> is no name)
+        _bash_parses(line.command)
+        assert line.command.startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ")
+    text = path.read_text() + apath.read_text()
+    assert text.count("# Launch (") == 4  # both lines in the accelerate file and the plan
+
+    # TrainingArguments JSON cannot hold a ParallelismConfig: the launch sets what Accelerate reads
+    _training_arguments(tpath)
+    assert all("PARALLELISM_CONFIG_DP_REPLICATE_SIZE=2 " in line.command for line in
+               lines["trainer"])  # fmt: skip
+    assert "PARALLELISM_CONFIG" not in lines["autofit"][0].command
+    assert load_plan(tside).best.config.shard == "node"
+
+
+def test_accelerates_parallelism_config_reads_the_trainer_launch_environment(
+    qlora_plan, monkeypatch
+):
+    from accelerate.parallelism_config import ParallelismConfig
+
+    from autofit.export import hsdp_env
+
+    with on_hardware(qlora_plan, "2x8xh100-80gb", wrap="layer", shard="node"):
+        env = hsdp_env(_document(qlora_plan))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pc = ParallelismConfig()
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size, pc.cp_size) == (2, 8, 1, 1)
+    assert pc.dp_dim_names == ["dp_replicate", "dp_shard"]  # HSDP, as autofit.apply builds it
+
+
+def _document(plan: Any) -> dict[str, Any]:
+    from autofit.export import plan_document
+
+    return plan_document(plan)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "shard", "hsdp"),
+    [("2x8xh100-80gb", "all", False), ("4x1xh100-80gb", "node", False)],
+    ids=["flat-fsdp2", "one-gpu-per-node"],
+)
+def test_multi_node_plans_without_accelerate_hsdp(qlora_plan, tmp_path, gpus, shard, hsdp):
+    """Flat FSDP2 across nodes is Accelerate's default mesh; HSDP with one GPU a node is a mesh
+    Accelerate refuses (`dp_shard_size == 1`), which autofit.apply builds itself."""
+    with on_hardware(qlora_plan, gpus, wrap="layer", shard=shard):
+        path, _ = export_plan(qlora_plan, "accelerate", tmp_path / "accelerate.yaml")
+        cmd = launch_command(qlora_plan, "trainer", tmp_path / "args.json")
+    data = yaml.safe_load(path.read_text())
+    assert ("parallelism_config" in data) is hsdp and data["num_machines"] > 1
+    assert "PARALLELISM_CONFIG" not in cmd and "--nnodes=" in cmd
+    if shard == "node":
+        assert "Accelerate has no HSDP with one GPU per node" in path.read_text()
+
+
+def test_a_one_node_plans_exports_have_no_multi_node_settings(qlora_plan, tmp_path):
+    from autofit.export import launch_lines
+
+    with winner(qlora_plan, wrap="layer", shard="node"):  # one node: the same mesh as `all`
+        path, _ = export_plan(qlora_plan, "accelerate", tmp_path / "accelerate.yaml")
+        (apath,) = export_plan(qlora_plan, "autofit", tmp_path / "plan.yaml")
+        lines = launch_lines(qlora_plan, "autofit", apath)
+    data = yaml.safe_load(path.read_text())
+    assert data["num_machines"] == 1 and "parallelism_config" not in data
+    assert "main_process_port" not in data
+    assert "HSDP" not in path.read_text() and "# Launch (" not in apath.read_text()
+    assert [line.where for line in lines] == [""]
+    assert lines[0].command.endswith(f"torchrun --nproc-per-node 2 <your_train.py> --plan {apath}")

@@ -352,6 +352,20 @@ def test_the_cli_prints_the_launch_command_and_what_the_script_is(tmp_path):
     assert "2 CPU processes (gloo)" in result.output and "(pcie)" not in result.output
 
 
+def test_the_cli_prints_each_nodes_and_the_slurm_launch_of_a_two_node_plan(tmp_path):
+    space = tmp_path / "hsdp.yaml"
+    space.write_text("seq_len: 64\nknobs: {micro_batch: [2], wrap: [layer], shard: [node]}\n")
+    out = tmp_path / "plan.yaml"
+    args = ["plan", "-m", "llama-debug", "-g", "2x8xh100-80gb", "--seq-len", "64", "--no-trials"]
+    result = runner.invoke(app, [*args, "--space", str(space), "--export", str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "launch (on each of the 2 nodes; MASTER_ADDR: node 0's address" in text
+    assert "torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d" in text
+    assert "launch (under SLURM, from the batch script: one task per node): " in text
+    assert "srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=8 torchrun" in text
+
+
 # ----- --help and the two timeouts ----------------------------------------------------------------
 def test_knob_flags_list_their_allowed_values_and_defaults():
     result = runner.invoke(app, ["estimate", "--help"], env={"COLUMNS": "400"})

@@ -5,13 +5,15 @@ materialise, quantize and shard, then the optimizer: the trial builds its random
 with exactly these steps, and `autofit.apply` runs them on a user's model, so a user's run is
 what was measured. How the model is held follows `sharding_for(wrap, world size)`: the plain
 module on one GPU (`wrap: none`), DDP replicas on several, FSDP2 laid out as torchtitan does
-otherwise.
+otherwise, on the mesh of `autofit.config.mesh_shape(shard, world size, ranks per node)` (HSDP
+with `shard: node` across several nodes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ from autofit.build.checkpoint import apply_checkpointing
 from autofit.build.compile import apply_compile
 from autofit.build.ddp import apply_ddp
 from autofit.build.dtypes import autocast_dtype, base_dtype, train_dtype
-from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh
+from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh, shard_degree
 from autofit.build.lora import apply_lora
 from autofit.build.loss import apply_loss
 from autofit.build.model import build_meta_model, has_meta, materialize, model_parts
@@ -148,13 +150,18 @@ def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
 
 
 def prepare(
-    model: nn.Module, config: Config, device: torch.device, world: int
+    model: nn.Module,
+    config: Config,
+    device: torch.device,
+    world: int,
+    local_world: int | None = None,
 ) -> tuple[nn.Module, Sharding]:
     """dtypes, LoRA, checkpointing, `torch.compile` of each decoder layer (`compile: true`; after
     checkpointing, before sharding, as torchtitan), then unit by unit: materialise (if on meta),
     quantize one projection at a time, shard; then the rest. A rank holds its shards plus the
     projection being quantized; only with `wrap: model` (every layer in the root unit, sharded last)
-    does a quantized base exist whole on each rank before it is sharded."""
+    does a quantized base exist whole on each rank before it is sharded. `local_world`: ranks per
+    node (default `world`: one node)."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
     sharding = sharding_for(config.wrap, world)
@@ -162,15 +169,17 @@ def prepare(
     apply_compile(model, config)
     parts = model_parts(model)
 
-    def build_layers(layers: list[nn.Module]) -> None:
-        if config.quant == "none":
-            return  # left on meta: `fully_shard` first, so only shards are ever allocated
-        for layer in layers:
-            quantize_layer(layer, config.quant, device)
-            materialize(layer, device)
-
     if sharding is Sharding.FSDP2:
-        apply_fsdp(model, parts, config, make_mesh(device.type, world), before_unit=build_layers)
+        mesh = make_mesh(device.type, config.shard, world, local_world or world)
+
+        def build_layers(layers: list[nn.Module]) -> None:
+            if config.quant == "none":
+                return  # left on meta: `fully_shard` first, so only shards are ever allocated
+            for layer in layers:
+                quantize_layer(layer, config.quant, device, shard_degree(mesh))
+                materialize(layer, device)
+
+        apply_fsdp(model, parts, config, mesh, before_unit=build_layers)
         materialize(model, device)
         return model, sharding
     for layer in parts.layers:
@@ -200,6 +209,26 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+LOCAL_WORLD_ENV = "LOCAL_WORLD_SIZE"
+"""Ranks on this node, as torchrun sets it (so do `accelerate launch` and the trials, which run
+torchrun): the shard dimension of `shard: node`."""
+
+
+def _local_world(config: Config, world: int) -> int:
+    """Ranks per node for the mesh: torchrun's `LOCAL_WORLD_SIZE`; without it, one node. A
+    `shard: node` config on several ranks needs it: without it HSDP would silently be flat FSDP."""
+    text = os.environ.get(LOCAL_WORLD_ENV, "").strip()
+    if text:
+        return int(text)
+    if config.shard == "node" and world > 1 and config.wrap != "none":
+        raise ValueError(
+            f"shard=node (HSDP: shard within a node, replicate across nodes) needs the ranks per "
+            f"node, which autofit reads from {LOCAL_WORLD_ENV}; it is not set. Launch with "
+            f"torchrun (or accelerate launch), or set {LOCAL_WORLD_ENV} to the ranks on each node."
+        )
+    return world
+
+
 def apply(
     model: nn.Module,
     config: Config,
@@ -209,7 +238,8 @@ def apply(
 ) -> Applied:
     """Apply `config` to a user's model as trials do: LoRA, checkpointing, compile (each decoder
     layer, compiled on its first forward), quantization, then the plain module, DDP or FSDP2
-    (inside an initialised process group of several ranks), and the optimizer (torch AdamW,
+    (inside an initialised process group of several ranks; with `shard: node` across nodes, HSDP,
+    the ranks per node read from torchrun's `LOCAL_WORLD_SIZE`), and the optimizer (torch AdamW,
     torchao low-bit AdamW, or CPU-offloaded).
 
     `device`: where the model trains (default: where its parameters are; a model on meta is
@@ -224,7 +254,8 @@ def apply(
         )
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    built, sharding = prepare(model, config, dev, _world())
+    world = _world()
+    built, sharding = prepare(model, config, dev, world, _local_world(config, world))
     optimizer = build_optimizer(
         built, config, dev.type, keep_gradients=sharding is Sharding.DDP, lr=lr
     )

@@ -6,6 +6,10 @@ bf16-mixed: fp32 (trainable) params sharded, gathered in bf16, gradients reduced
 `[norm, head]` is not resharded after forward: backward needs it first (torchtitan's default),
 nor is the root. With `wrap: model` every decoder layer lives in the root unit. A tied LM head
 shares the embedding's weight, so both stay in the root unit.
+
+`shard: node` is HSDP on a 2-D mesh (`make_mesh`), which `fully_shard` reads as `dp_replicate` x
+`dp_shard`: each parameter `(Replicate(), Shard(0))`, gathered and reduce-scattered within a node,
+its gradient shard then all-reduced across nodes.
 """
 
 from __future__ import annotations
@@ -24,13 +28,30 @@ from torch.distributed.fsdp import (
 
 from autofit.build.dtypes import compute_dtype, reduce_dtype, train_dtype
 from autofit.build.model import ModelParts
-from autofit.config import Config, wrap_units
+from autofit.config import Config, mesh_shape, wrap_units
 from autofit.recipe import QUANT_TENSOR_CLASS, base_stays_whole
 
+SHARD_DIM = "dp_shard"
+REPLICATE_DIM = "dp_replicate"
 
-def make_mesh(device_type: str, world_size: int) -> DeviceMesh:
-    """The 1-D data-parallel mesh FSDP2 shards over (one rank on one GPU)."""
-    return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
+
+def make_mesh(device_type: str, shard: str, world_size: int, local_world_size: int) -> DeviceMesh:
+    """The data-parallel mesh FSDP2 shards over (one rank on one GPU), of `mesh_shape`'s
+    (replicas, shard degree): 1-D `("dp_shard",)` for one replica; else torchtitan's 2-D
+    `("dp_replicate", "dp_shard")` mesh, which `fully_shard` reads as HSDP. `init_device_mesh`
+    lays ranks out row-major, so each shard group is `local_world_size` consecutive ranks: one
+    node under torchrun, whose ranks on a node are consecutive."""
+    replicas, degree = mesh_shape(shard, world_size, local_world_size)
+    if replicas == 1:
+        return init_device_mesh(device_type, (degree,), mesh_dim_names=(SHARD_DIM,))
+    return init_device_mesh(
+        device_type, (replicas, degree), mesh_dim_names=(REPLICATE_DIM, SHARD_DIM)
+    )
+
+
+def shard_degree(mesh: DeviceMesh) -> int:
+    """Ranks a parameter is sharded over: the `dp_shard` dimension (the whole of a 1-D mesh)."""
+    return mesh[SHARD_DIM].size() if mesh.ndim > 1 else mesh.size()
 
 
 def mp_policy(config: Config) -> MixedPrecisionPolicy:
@@ -68,7 +89,7 @@ def apply_fsdp(
     def shard(modules: nn.Module | list[nn.Module], reshard: bool | None) -> None:
         group = modules if isinstance(modules, list) else [modules]
         params = [p for m in group for p in m.parameters()]
-        ignored = unshardable_params(params, mesh.size()) or None
+        ignored = unshardable_params(params, shard_degree(mesh)) or None
         fully_shard(modules, reshard_after_forward=reshard, ignored_params=ignored, **kwargs)
 
     if not parts.tied:
@@ -89,13 +110,14 @@ def apply_fsdp(
     return model
 
 
-def unshardable_params(params: Iterable[nn.Parameter], world: int) -> set[nn.Parameter]:
+def unshardable_params(params: Iterable[nn.Parameter], shards: int) -> set[nn.Parameter]:
     """Those of `params` FSDP2 must leave alone (`ignored_params`): they stay whole on every GPU.
 
     Quantized base weights per `autofit.recipe.base_stays_whole` (torchao `Int8Tensor` always,
-    `NF4Tensor` on a one-rank mesh, where it loses nothing but CPU offload).
+    `NF4Tensor` on a one-rank shard dimension, where it loses nothing but CPU offload); `shards`:
+    the mesh's `shard_degree`.
     """
-    whole = {cls for quant, cls in QUANT_TENSOR_CLASS.items() if base_stays_whole(quant, world)}
+    whole = {cls for quant, cls in QUANT_TENSOR_CLASS.items() if base_stays_whole(quant, shards)}
     return {p for p in params if type(p.data).__name__ in whole}
 
 

@@ -22,11 +22,15 @@ from autofit.build.model import decoder_projections, materialize
 _FROZEN = TORCH_DTYPES[recipe.FROZEN_DTYPE]  # what a base weight is quantized from
 
 
-def quantize_layer(layer: nn.Module, quant: str, device: torch.device | None = None) -> nn.Module:
+def quantize_layer(
+    layer: nn.Module, quant: str, device: torch.device | None = None, shards: int = 1
+) -> nn.Module:
     """Quantize the projection weights of one decoder layer in place (`decoder_projections`: the
     layer's linear projections, the set the estimator counts), one projection at a time: a
     projection still on meta is materialised (on `device`) just before it is quantized, so the
-    transient full-precision copy is one weight, not the layer."""
+    transient full-precision copy is one weight, not the layer. `shards`: the ranks FSDP2 will
+    shard each weight over (the mesh's `dp_shard` size; 1 when nothing shards it), which NF4's
+    blocks are sized for (`autofit.build.nf4.nf4_block_sizes`)."""
     if quant not in ("none", "nf4", "int8"):
         raise ValueError(f"unknown quant {quant!r}")
     if quant == "none":
@@ -35,24 +39,17 @@ def quantize_layer(layer: nn.Module, quant: str, device: torch.device | None = N
         if mod.weight.is_meta:
             materialize(mod, device or torch.device("cpu"), prefix=name)
         if quant == "nf4":
-            _to_nf4(mod)
+            _to_nf4(mod, shards)
         else:
             _to_int8(mod)
     return layer
 
 
-def _to_nf4(linear: nn.Linear) -> None:
+def _to_nf4(linear: nn.Linear, shards: int) -> None:
     from autofit.build.nf4 import to_shardable_nf4
 
     weight = linear.weight.detach().to(_FROZEN)
-    linear.weight = nn.Parameter(to_shardable_nf4(weight, _world_size()), requires_grad=False)
-
-
-def _world_size() -> int:
-    """Ranks FSDP2 may shard over; NF4 blocks are sized so each rank's chunk is whole blocks."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    linear.weight = nn.Parameter(to_shardable_nf4(weight, shards), requires_grad=False)
 
 
 def _to_int8(linear: nn.Linear) -> None:

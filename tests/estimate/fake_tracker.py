@@ -119,7 +119,7 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    mesh = make_mesh("cpu", world)  # made outside the fake mode
+    mesh = make_mesh("cpu", cfg.shard, world, world)  # one node; made outside the fake mode
     # The builder's steps before sharding run on the meta device outside the fake mode (peft's
     # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
     # builder's order (autofit/build/apply.py `prepare`, unquantized: shard, then materialise).
