@@ -22,7 +22,7 @@ from autofit.space import Space
 from autofit.trials.result import TrialResult
 
 
-@dataclass
+@dataclass(slots=True)  # a space makes a few hundred thousand: no __dict__ each
 class Candidate:
     """One configuration with its napkin estimate and, if it ran, its measured trial."""
 
