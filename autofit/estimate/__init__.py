@@ -219,7 +219,7 @@ def step_time(
     }
     # The all-gathers and the reductions each hide behind the same work, but across nodes they
     # share one NIC per GPU: a step lasts at least as long as the network is busy.
-    short = network - sum(times.values())
+    short = network - sum(times.values()) if network else 0.0
     if short > 0:
         times["communication"] += short
         inter += short

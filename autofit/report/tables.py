@@ -128,7 +128,8 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
     console.print(table)
     if est.host_bytes:
         console.print(
-            f"Host RAM for offloaded state: {fmt_bytes(est.host_bytes)} of "
+            f"Host RAM for offloaded state{' per node' if hw.nodes > 1 else ''}: "
+            f"{fmt_bytes(est.host_bytes)} of "
             f"{fmt_bytes(est.host_capacity_bytes)}"
         )
     verdict = "[green]fits[/]" if est.within_capacity else "[red]does not fit[/]"
