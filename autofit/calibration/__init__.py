@@ -123,7 +123,7 @@ def memory_terms(est: Estimate) -> tuple[float, ...]:
     """The napkin's memory terms of an estimate, in `PEAK_TERMS` order."""
     b = est.breakdown
     cfg = est.config
-    host = float(est.host_bytes) / max(est.n_gpus, 1)
+    host = float(est.host_bytes) / max(est.host_ranks, 1)  # per GPU: one node's host
     dynamic = float(b.get("activations", 0) + b.get("logits_loss", 0))
     return (
         *(float(b.get(k, 0)) for k in BREAKDOWN_KEYS),

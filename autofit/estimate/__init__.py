@@ -12,7 +12,7 @@ from operator import attrgetter
 from typing import Any
 
 from autofit.arch import Structure, structure_of
-from autofit.config import Config, Sharding, sharding_for, wrap_units
+from autofit.config import Config, Sharding, mesh_shape, sharding_for, wrap_units
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
@@ -20,7 +20,16 @@ from autofit.estimate.speed import TIME_KEYS
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 
-__all__ = ["BREAKDOWN_KEYS", "MEMORY_ERROR", "TIME_KEYS", "Estimate", "estimate", "estimate_many"]
+__all__ = [
+    "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "TIME_KEYS", "Estimate", "estimate",
+    "estimate_many",
+]  # fmt: skip
+
+LINK_KEYS = ("intra", "inter", "network_busy")
+"""`Estimate.communication_by_link`: the exposed `communication` seconds of collectives inside a
+node (`intra`, on the GPUs' link) and of those that span nodes (`inter`, on the network), which
+sum to it, and the seconds per step the network carries collectives before any overlap
+(`network_busy`: how much of the step the NICs are busy)."""
 
 MEMORY_ERROR = 0.10
 """The napkin peak's stated error, |estimated / measured - 1|: the bound `bench/accuracy.py` holds
@@ -29,9 +38,11 @@ line (`autofit.plan.PRUNE_TOLERANCE`); a calibration without measurements of its
 its band."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Estimate:
-    """What the napkin predicts for one config on one piece of hardware (per GPU)."""
+    """What the napkin predicts for one config on one piece of hardware (per GPU). Its dicts are
+    shared with the estimates of a batch that have the same peak or step time (`estimate_many`):
+    read them, or copy before changing one (as `autofit.calibration` does)."""
 
     config: Config
     peak_bytes: int  # predicted torch.cuda.max_memory_reserved on the busiest GPU
@@ -42,13 +53,16 @@ class Estimate:
     breakdown: dict[str, int]  # bytes by part at the peak moment
     peak_phase: str  # "forward" (end of forward), "optimizer" (step), "gather" (root all-gather)
     overhead: dict[str, int]  # allocator slack and CUDA context
-    host_bytes: int  # host RAM for offloaded parts, all ranks together
+    host_bytes: int  # host RAM for offloaded parts, all ranks of one node (each has its host)
     host_capacity_bytes: int
     step_time_s: float
     tokens_per_s: float
     time_breakdown: dict[str, float] = field(default_factory=dict)
     n_gpus: int = 1
     sharding: str = "fsdp2"  # how the run holds the model: none (plain module), ddp, fsdp2
+    # the napkin's `communication` by link (`LINK_KEYS`); all `intra` on one node
+    communication_by_link: dict[str, float] = field(default_factory=dict)
+    host_ranks: int = 1  # the GPUs whose offloaded state `host_bytes` holds: one node's
 
     @property
     def fits(self) -> bool:
@@ -78,6 +92,8 @@ class Estimate:
             "time_breakdown": dict(self.time_breakdown),
             "n_gpus": self.n_gpus,
             "sharding": self.sharding,
+            "communication_by_link": dict(self.communication_by_link),
+            "host_ranks": self.host_ranks,
         }
 
 
@@ -104,56 +120,46 @@ def estimate_many(
     so each group of terms is computed once per distinct value of the knobs it reads (memory:
     `autofit.estimate.peak.Peaks`; the step time once per value of every knob but `loss`)."""
     n = max(hardware.n_gpus, 1)
+    per_node = min(max(hardware.gpus_per_node, 1), n)
     s = structure_of(model)
-    peaks = Peaks(model, n, device)
-    step_times: dict[Any, tuple[dict[str, float], float]] = {}  # and their sum
+    peaks = Peaks(model, n, device, per_node)
+    step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
     parts_memo: dict[Any, Any] = {}  # `step_time`'s parts, per value of the knobs each reads
     capacity = hardware.smallest_gpu.memory_bytes
     usable = mem.usable_bytes(capacity, device)
     host_cap = hardware.host_ram_bytes
     host_usable = mem.usable_host_bytes(host_cap)
-    out = []
+    capacity_int, usable_int = int(capacity), int(usable)
+    out: list[Estimate] = []
+    # a space has a few hundred thousand configs: names bound once, fields given in order
+    append, peak_of, timed_of = out.append, peaks.of, step_times.get
     for config in configs:
-        peak = peaks.of(config)
+        peak = peak_of(config)
         host = peak.host
         fits = peak.reserved <= usable and (host <= host_usable if host else True)
         key = _TIMED_KNOBS(config)
-        timed = step_times.get(key)
+        timed = timed_of(key)
         if timed is None:
             if len(step_times) >= MEMO_SIZE:
                 step_times.clear()
-            times = step_time(s, hardware, config, peak.trainable, peak.shard, parts_memo)
-            timed = step_times[key] = times, sum(times.values())
-        times, step = timed
+            times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts_memo)
+            timed = step_times[key] = times, sum(times.values()), links
+        times, step, links = timed
         tokens = config.micro_batch * config.grad_accum * n * config.seq_len
-        out.append(
-            Estimate(
-                config=config,
-                peak_bytes=peak.reserved,
-                peak_allocated_bytes=peak.allocated,
-                capacity_bytes=int(capacity),
-                usable_bytes=int(usable),
-                within_capacity=bool(fits),
-                breakdown=peak.breakdown.copy(),
-                peak_phase=peak.phase,
-                overhead=peak.overhead.copy(),
-                host_bytes=int(host),
-                host_capacity_bytes=int(host_cap),
-                step_time_s=step,
-                tokens_per_s=tokens / step if step > 0 else 0.0,
-                time_breakdown=times.copy(),
-                n_gpus=n,
-                sharding=peak.sharding,
-            )
-        )
+        append(Estimate(
+            config, peak.reserved, peak.allocated, capacity_int, usable_int, bool(fits),
+            peak.breakdown, peak.phase, peak.overhead, int(host), int(host_cap), step,
+            tokens / step if step > 0 else 0.0, times, n, peak.sharding, links, per_node,
+        ))  # fmt: skip
     return out
 
 
 def step_time(
     s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int,
     memo: dict[Any, Any] | None = None,
-) -> dict[str, float]:  # fmt: skip
-    """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step.
+) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step;
+    and the `communication` by link (`LINK_KEYS`).
 
     Per micro-step the GPU runs the matmuls (`compute`), the memory-bound kernels
     (`memory_bound`) and the dequantisation (`dequant`), and the CPU issues them: module calls and
@@ -161,8 +167,10 @@ def step_time(
     the next unit's all-gather and, with `offload: params`, its H2D copy behind that work
     (`speed.prefetched_exposed`), and the last micro-step's reduce-scatter (and gradient D2H copy)
     runs behind its backward: `_transfers` sizes them. Only the exposed parts count as
-    `communication` and `offload`. `memo` (one per hardware) keeps both parts per value of the
-    knobs they read: `estimate_many` scores a space with it.
+    `communication` and `offload`. Past one node each collective moves at its group's link
+    (`_transfers`); the exposed communication is split by link in proportion to the seconds each
+    link's collectives take. `memo` (one per hardware) keeps both parts per value of the knobs
+    they read: `estimate_many` scores a space with it.
     """
     memo = {} if memo is None else memo
     wkey = ("work", config.micro_batch, config.seq_len, config.lora_rank, config.lora_targets,
@@ -170,20 +178,21 @@ def step_time(
     work = memo.get(wkey)
     if work is None:
         work = memo[wkey] = _gpu_work(s, hardware, config)
-    tkey = ("transfers", config.wrap, config.reshard, config.quant, config.lora_rank,
+    tkey = ("transfers", config.wrap, shard, config.reshard, config.quant, config.lora_rank,
             config.lora_targets, config.offload, config.precision, config.optimizer)  # fmt: skip
     tr = memo.get(tkey)
     if tr is None:
         tr = memo[tkey] = _transfers(s, hardware, config, trainable, shard)
     compute, memory_bound, overhead, dequant, backward = work
-    gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim = tr
+    (gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim,
+     gather_net, reduce_net, reduce_busy_net) = tr  # fmt: skip
     busy = compute + memory_bound + overhead + dequant
     on_cpu = hardware.source == "cpu"
 
-    comm = offload = 0.0
+    comm = offload = gathered = 0.0
     if gather + h2d > 0:  # prefetched behind each micro-step's work
         exposed = spd.prefetched_exposed(gather + h2d, busy, units)
-        comm = config.grad_accum * exposed * gather / (gather + h2d)
+        comm = gathered = config.grad_accum * exposed * gather / (gather + h2d)
         offload = config.grad_accum * exposed * h2d / (gather + h2d)
     if not fsdp:  # DDP's bucketed all-reduce; torchao's gradient copies in backward hooks
         hide = 0.0 if on_cpu else backward
@@ -191,12 +200,15 @@ def step_time(
             comm += spd.ddp_exposed_reduce_time(reduce, hide, ddp)
         offload += max(d2h - hide, 0.0)
     elif reduce + d2h > 0:
-        # each unit's reduce-scatter, then its gradient's D2H copy (`foreach_reduce`, non-blocking
-        # into pinned memory), run behind the rest of the last micro-step's backward
+        # each unit's reduce-scatter (under HSDP then its all-reduce across the replicas), then
+        # its gradient's D2H copy (`foreach_reduce`, non-blocking into pinned memory), run behind
+        # the rest of the last micro-step's backward
         hidden = spd.prefetched_exposed(reduce + d2h, backward, 1 if on_cpu else max(units - 2, 1))
         comm += hidden * reduce / (reduce + d2h)
         offload += hidden * d2h / (reduce + d2h)
-    return {
+    inter = gathered * gather_net + (comm - gathered) * reduce_net
+    network = config.grad_accum * gather * gather_net + reduce_busy_net
+    times = {
         "compute": config.grad_accum * compute,
         "memory_bound": config.grad_accum * memory_bound,
         "overhead": config.grad_accum * (overhead + overhead_micro) + overhead_step,
@@ -205,6 +217,13 @@ def step_time(
         "offload": offload + h2d_step,
         "optimizer": optim,
     }
+    # The all-gathers and the reductions each hide behind the same work, but across nodes they
+    # share one NIC per GPU: a step lasts at least as long as the network is busy.
+    short = network - sum(times.values()) if network else 0.0
+    if short > 0:
+        times["communication"] += short
+        inter += short
+    return times, {"intra": times["communication"] - inter, "inter": inter, "network_busy": network}
 
 
 def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, ...]:
@@ -243,7 +262,18 @@ def _transfers(
     the number of units prefetching hides them behind, FSDP2's per-parameter CPU work per
     micro-step and per step, the gradient reduction (`reduce`) and D2H copy (`d2h`) of the last
     micro-step, DDP's gradient bytes (0: not DDP), whether it is FSDP2, the H2D copy after a
-    CPU optimizer step, and the optimizer step."""
+    CPU optimizer step, the optimizer step; then what crosses the network: whether the
+    all-gathers do (1.0) or not (0.0), the share of `reduce` that does, and the reduction's
+    seconds on the network before any overlap.
+
+    Each collective runs over its group of the mesh (`autofit.config.mesh_shape`, whose shard
+    degree `shard` is) at that group's bandwidth (`speed.group_bw`) with a latency per network
+    step (`speed.collective_latency`): the all-gathers and the reduce-scatter over the shard
+    dimension (every GPU under `shard: all`, so across nodes; one node's GPUs under HSDP), and
+    under HSDP the all-reduce of each 1/K gradient shard across the replicas, one GPU per node
+    (torch `_fsdp_collectives.foreach_reduce`: `dist.all_reduce(reduce_output,
+    group=all_reduce_group)` on its own stream right after each unit's reduce-scatter, so the
+    two pipeline over the units). DDP's all-reduce spans every GPU."""
     gpu = hardware.smallest_gpu
     n = max(hardware.n_gpus, 1)
     sharding = sharding_for(config.wrap, n)
@@ -251,7 +281,14 @@ def _transfers(
     # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
     # behind, so nothing overlaps there.
     on_cpu = hardware.source == "cpu"
-    latency = spd.collective_latency(on_cpu)
+    per_node = min(max(hardware.gpus_per_node, 1), n)
+    replicas = mesh_shape(config.shard, n, per_node)[0] if fsdp else 1
+    # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
+    group = shard if fsdp else n
+    group_nodes = -(-group // per_node)
+    group_bw = spd.group_bw(hardware.link_bw_gbs, hardware.inter_node_bw_gbs, group_nodes,
+                            min(group, per_node))  # fmt: skip
+    latency = spd.collective_latency(on_cpu, group_nodes - 1)
     units = len(wrap_units(config.wrap, s.layers))
     gathers, reduces = spd.fsdp_collectives(units, s.tied_embeddings, config.reshard)
     prefetch_units = 1 if on_cpu or not units else gathers - units * config.reshard
@@ -260,7 +297,7 @@ def _transfers(
     gathered = spd.comm_bytes_per_micro_step(
         s, config.quant, config.lora_rank, config.wrap, config.reshard, config.lora_targets
     )
-    gather = spd.ring_time(gathered, shard, hardware.link_bw_gbs)
+    gather = spd.ring_time(gathered, shard, group_bw)
     if fsdp and shard > 1:
         gather += gathers * latency
     h2d = 0.0
@@ -274,11 +311,24 @@ def _transfers(
         overhead_step = tensors * spd.FSDP2_PER_PARAM_S
     ddp = sharding is Sharding.DDP
     reduced = spd.reduce_bytes_per_step(trainable, config.precision, config.optimizer, ddp)
-    reduce = spd.ring_time(reduced, n, hardware.link_bw_gbs)
+    reduce = spd.ring_time(reduced, group, group_bw)
     if reduce and fsdp:
         reduce += reduces * latency
     elif reduce:  # DDP: one all-reduce per gradient bucket
+        latency = spd.collective_latency(on_cpu, 2 * (group_nodes - 1))
         reduce += -(-reduced / 2 // spd.DDP_BUCKET_BYTES) * latency
+    # HSDP: each GPU's 1/shard of the reduced gradient all-reduced (a reduce-scatter and an
+    # all-gather: 2x a ring) across the replicas, one GPU per node, on that GPU's own NIC
+    across = 0.0
+    if replicas > 1:
+        across = 2 * spd.ring_time(reduced / shard, replicas, hardware.inter_node_bw_gbs)
+        across += reduces * spd.collective_latency(on_cpu, 2 * (replicas - 1))
+    net = 1.0 if group_nodes > 1 else 0.0
+    busy_net = reduce * net + across
+    reduce_net = busy_net / (reduce + across) if reduce + across > 0 else 0.0
+    if across:  # on two streams: each unit's all-reduce runs beside the next reduce-scatter
+        chain = reduce + across if on_cpu else max(reduce, across)
+        reduce = chain + (0.0 if on_cpu else min(reduce, across) / max(reduces, 1))
     d2h = spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if config.offload != "none" else 0.0
     # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
     h2d_step = (
@@ -288,4 +338,5 @@ def _transfers(
         per_gpu, config.optimizer, config.precision, gpu.mem_bw_gbs, config.offload != "none"
     )
     return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
-            reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim)  # fmt: skip
+            reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim, net, reduce_net,
+            busy_net)  # fmt: skip

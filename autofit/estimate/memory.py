@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import autofit.recipe as recipe
 from autofit.arch import ActivationKey, LayerActivations, Structure, activations_of
-from autofit.config import Sharding, wrap_group_size
+from autofit.config import Sharding, mesh_shape, wrap_group_size
 from autofit.models import ModelSpec
 
 Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
@@ -88,9 +88,15 @@ def frozen_other_bytes(s: Structure) -> int:
     return (s.root_params + s.layers * s.layer_frozen_other_params) * BF16
 
 
-def shard_degree(sharding: Sharding, n_gpus: int) -> int:
-    """FSDP2 shards over all GPUs; the plain module and DDP replicas hold everything."""
-    return n_gpus if sharding is Sharding.FSDP2 else 1
+def shard_degree(
+    sharding: Sharding, n_gpus: int, shard: str = "all", gpus_per_node: int | None = None
+) -> int:
+    """The GPUs each FSDP2 state is split over: the shard dimension of the mesh
+    (`autofit.config.mesh_shape`: every GPU under `shard: all`, the GPUs of one node under HSDP's
+    `shard: node`); the plain module and DDP replicas hold everything."""
+    if sharding is not Sharding.FSDP2:
+        return 1
+    return mesh_shape(shard, n_gpus, gpus_per_node or n_gpus)[1]
 
 
 # ----- all-gather buffers -----------------------------------------------------------------------

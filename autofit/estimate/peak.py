@@ -38,16 +38,16 @@ MEMO_SIZE = 256
 
 
 class Peak(NamedTuple):
-    """Per GPU at the peak moment, and the offloaded state on the host (all ranks)."""
+    """Per GPU at the peak moment, and the offloaded state on the host (the ranks of one node)."""
 
     breakdown: dict[str, int]  # bytes by part (`BREAKDOWN_KEYS`)
     phase: str  # "forward", "optimizer" or "gather"
     allocated: int  # == sum(breakdown)
     overhead: dict[str, int]  # allocator slack and CUDA context
     reserved: int  # allocated + allocator slack
-    host: float
+    host: float  # offloaded to one node's host RAM, all its ranks
     trainable: int  # trainable parameters (all GPUs)
-    shard: int  # the FSDP2 shard degree (1: replicas or the plain module)
+    shard: int  # the FSDP2 shard degree (1: replicas or the plain module; K under HSDP)
     sharding: str  # `Sharding`'s value
 
 
@@ -56,15 +56,20 @@ EAGER_KNOBS = attrgetter(*(f.name for f in fields(Config) if f.name != "compile"
 
 
 class Peaks:
-    """Peak memory of configs of `model` on `n` GPUs of `device`, each group of terms computed
-    once per distinct value of the knobs it reads (memos of one batch of configs: nothing
-    outlives it)."""
+    """Peak memory of configs of `model` on `n` GPUs of `device`, `gpus_per_node` of them in each
+    node (default: one node), each group of terms computed once per distinct value of the knobs
+    it reads (memos of one batch of configs: nothing outlives it)."""
 
-    def __init__(self, model: ModelSpec, n: int, device: str) -> None:
+    def __init__(
+        self, model: ModelSpec, n: int, device: str, gpus_per_node: int | None = None
+    ) -> None:
         s = structure_of(model)
         self.device = device
+        per_node = min(gpus_per_node or n, n)
+        # on one node `shard: node` is the same mesh as `all` (`mesh_shape`): one memo entry
+        self._hsdp = per_node < n
         self._peaks: dict[Any, Peak] = {}
-        self._model_state = lru_cache(maxsize=None)(partial(_model_state, s, n, device))
+        self._model_state = lru_cache(maxsize=None)(partial(_model_state, s, n, per_node, device))
         self._activations = lru_cache(maxsize=None)(partial(_activations, model, s))
 
     def of(self, config: Config) -> Peak:
@@ -78,8 +83,8 @@ class Peaks:
 
     def _peak(self, c: Config) -> Peak:
         m = self._model_state(
-            c.wrap, c.reshard, c.quant, c.lora_rank, c.lora_targets, c.precision, c.optimizer,
-            c.offload, c.grad_accum > 1,
+            c.wrap, c.shard if self._hsdp else "all", c.reshard, c.quant, c.lora_rank,
+            c.lora_targets, c.precision, c.optimizer, c.offload, c.grad_accum > 1,
         )  # fmt: skip
         a = self._activations(
             c.micro_batch, c.seq_len, c.lora_rank, c.checkpointing, m.autocast, c.lora_targets,
@@ -100,13 +105,15 @@ class _ModelState(NamedTuple):
 
 
 def _model_state(
-    s: Structure, n: int, device: str, wrap: str, reshard: bool, quant: str, lora: int,
-    targets: mem.Targets, precision: str, optimizer: str, offload: str, accumulates: bool,
+    s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, reshard: bool,
+    quant: str, lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
+    accumulates: bool,
 ) -> _ModelState:  # fmt: skip
     """The model state of a config: its persistent state, its gathered parameters (through
-    autocast's copies, which its precision and sharding decide) and the moments after forward."""
-    st = _states(s, n, device, wrap, quant, lora, targets, precision, optimizer, offload,
-                 accumulates)  # fmt: skip
+    autocast's copies, which its precision and sharding decide) and the moments after forward.
+    `mesh` is the `shard` knob; `per_node` the GPUs of a node (`n` on one node)."""
+    st = _states(s, n, per_node, device, wrap, mesh, quant, lora, targets, precision, optimizer,
+                 offload, accumulates)  # fmt: skip
     autocast = uses_autocast(precision, optimizer, st.sharding)
     g = _gathered(s, n, device, wrap, reshard, quant, lora, targets, autocast)
     return _ModelState(st, g, autocast, *_later(st, g, device))
@@ -187,17 +194,19 @@ class _States(NamedTuple):
     opt_temp: float  # the optimizer step's temporaries
     accum: float  # gradients kept across micro-steps
     buckets: float  # DDP's all-reduce buckets
-    host: float  # offloaded to the host, all ranks
+    host: float  # offloaded to one node's host, all its ranks
 
 
 def _states(
-    s: Structure, n: int, device: str, wrap: str, quant: str, lora: int,
-    targets: mem.Targets, precision: str, optimizer: str, offload: str, accumulates: bool,
+    s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
+    lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
+    accumulates: bool,
 ) -> _States:  # fmt: skip
-    """Persistent state per GPU (weights, gradients, optimizer), what offload moves to the host,
-    and the gradients alive during forward."""
+    """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
+    dimension (`mem.shard_degree`), what offload moves to a node's host (its `per_node` ranks'
+    share), and the gradients alive during forward."""
     sharding = sharding_for(wrap, n)
-    shard = mem.shard_degree(sharding, n)
+    shard = mem.shard_degree(sharding, n, mesh, per_node)
     trainable = mem.trainable_params(s, lora, targets)
     pb = mem.master_bytes(precision, optimizer)
     if lora:
@@ -218,12 +227,12 @@ def _states(
         # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host;
         # parameters FSDP2 leaves whole stay on the GPU.
         kept = projections if whole else 0.0
-        host = (base - kept + weights + grads + opt) * n
+        host = (base - kept + weights + grads + opt) * per_node
         base, weights, grads, opt = kept, 0.0, 0.0, 0.0
     elif offload == "optimizer":
         # torchao CPUOffloadOptimizer: states + an fp32 param copy + grads on the host; device
         # grads are freed as soon as they are copied off (offload_gradients).
-        host = (opt + trainable * (mem.FP32 + mem.FP32) / shard) * n
+        host = (opt + trainable * (mem.FP32 + mem.FP32) / shard) * per_node
         opt = 0.0
 
     # Gradients alive during forward. FSDP2 with grad_accum > 1 skips the reduce-scatter on all

@@ -122,6 +122,11 @@ PCIE_EFFICIENCY = 0.8
 # NCCL within one node: tens of microseconds for small messages (nccl-tests' small-size rows);
 # assumed 20 us.
 NCCL_LATENCY_S = 20e-6
+# Per inter-node step of a ring collective, on top of the above: NCCL's own latency model,
+# `hwLat[NET][Ring][Simple]` = 9.6 us per network hop against 3.4 us per NVLink hop
+# (NVIDIA/nccl src/graph/tuning.cc, `ncclTopoTuneModel`: a ring all-gather or reduce-scatter over
+# `nNodes` nodes pays `nNodes - 1` of them, an all-reduce `2 (nNodes - 1)`).
+NET_STEP_LATENCY_S = 9.6e-6
 # gloo between the two CPU processes of a CPU trial on this project's 2-core machine, measured
 # (`python bench/gloo_latency.py`): 0.6-0.8 ms per `all_gather_into_tensor`, 1.0-1.5 ms per
 # `reduce_scatter_tensor` of 256 to 65,536 values. 1 ms.
@@ -447,9 +452,29 @@ def reduce_bytes_per_step(trainable: int, precision: str, optimizer: str, ddp: b
     return trainable * DTYPE_BYTES[reduce_dtype(precision)]
 
 
-def collective_latency(on_cpu: bool) -> float:
-    """Seconds one collective call costs besides its bytes: gloo on CPU trials, else NCCL."""
-    return GLOO_LATENCY_S if on_cpu else NCCL_LATENCY_S
+def collective_latency(on_cpu: bool, inter_steps: int = 0) -> float:
+    """Seconds one collective call costs besides its bytes: gloo on CPU trials, else NCCL, plus
+    `NET_STEP_LATENCY_S` for each of its `inter_steps` ring steps between nodes."""
+    return (GLOO_LATENCY_S if on_cpu else NCCL_LATENCY_S) + inter_steps * NET_STEP_LATENCY_S
+
+
+def group_bw(link_bw_gbs: float, net_bw_gbs: float, nodes: int, per_node: int) -> float:
+    """GB/s (per direction) a ring collective over a group of `per_node` GPUs on each of `nodes`
+    nodes moves at, the `busbw` of NCCL's performance notes (what `ring_time` divides by).
+
+    Inside one node: the GPUs' link. Across nodes NCCL builds rail-optimised rings, one channel
+    per NIC, each crossing every node boundary once (NCCL `ncclTopoTuneModel`: ring bus bandwidth
+    = channels x per-channel inter-node speed): the group's `per_node` GPUs of a node drive their
+    `per_node` NICs at once, and each GPU still forwards its ring share over the link inside the
+    node, so min(link, per_node x network per GPU). A group of one GPU per node (HSDP's replicas)
+    has one NIC: the network alone. Measured: nccl-tests all-reduce across 3 nodes of 8 A100 with
+    4 x 200 Gb/s HDR NICs each (12.5 GB/s per GPU): 85-96 GB/s busbw, near 8 x 12.5 = 100
+    (NVIDIA/nccl-tests issue #119); NVIDIA's "46-48 GB/s per [400 Gb/s NDR] NIC" (issue #290)."""
+    if nodes <= 1:
+        return link_bw_gbs
+    if per_node <= 1:
+        return net_bw_gbs
+    return min(link_bw_gbs, per_node * net_bw_gbs)
 
 
 def fsdp_collectives(units: int, tied: bool, reshard: bool) -> tuple[int, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autofit.config import derive_grad_accum
 from autofit.estimate import estimate
@@ -95,6 +95,48 @@ def winner_reason(
             "(over the headroom line or not ok when re-run with more steps)"
         )
     return f"{text.lstrip('; ')}; {mem}."
+
+
+def mesh_comparison(ranked: list[Candidate], hardware: Hardware) -> dict[str, Any] | None:
+    """Past one node, the fastest HSDP config (`shard: node`) against the fastest flat FSDP2 one
+    (`shard: all`, sharded over every GPU) among `ranked` (best first): each one's label,
+    tokens/s, and seconds per step its collectives keep the network busy and leave exposed
+    (`Estimate.communication_by_link`), and how much faster HSDP is (negative: slower). None on
+    one node or when either kind has no config that fits."""
+    if hardware.nodes <= 1:
+        return None
+    best: dict[str, Candidate] = {}
+    for c in ranked:
+        kind = "hsdp" if c.config.shard == "node" else "fsdp" if c.config.wrap != "none" else ""
+        if kind and kind not in best:
+            best[kind] = c
+            if len(best) == 2:
+                break
+    if len(best) < 2:
+        return None
+    out: dict[str, Any] = {}
+    for kind, c in best.items():
+        links = c.estimate.communication_by_link
+        out[kind] = {
+            "label": c.config.short(),
+            "tokens_per_s": c.tokens_per_s,
+            "network_busy_s": links.get("network_busy", 0.0),
+            "network_exposed_s": links.get("inter", 0.0),
+        }
+    out["hsdp_speedup"] = out["hsdp"]["tokens_per_s"] / out["fsdp"]["tokens_per_s"] - 1.0
+    return out
+
+
+def mesh_line(comparison: dict[str, Any]) -> str:
+    """`mesh_comparison` as one sentence."""
+    h, f, gain = comparison["hsdp"], comparison["fsdp"], comparison["hsdp_speedup"]
+    return (
+        f"HSDP (shard: node) best: {h['tokens_per_s']:,.0f} tokens/s ('{h['label']}') vs flat "
+        f"FSDP best: {f['tokens_per_s']:,.0f} tokens/s ('{f['label']}'): "
+        f"{abs(gain):.1%} {'faster' if gain >= 0 else 'slower'}; network busy "
+        f"{h['network_busy_s']:.3f} s vs {f['network_busy_s']:.3f} s per step, exposed "
+        f"{h['network_exposed_s']:.3f} s vs {f['network_exposed_s']:.3f} s."
+    )
 
 
 def loss_note(best: Candidate, request: PlanRequest) -> str:

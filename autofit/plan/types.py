@@ -14,7 +14,7 @@ from autofit.estimate import Estimate
 from autofit.export import export_plan
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
-from autofit.plan.explain import tally
+from autofit.plan.explain import mesh_comparison, tally
 from autofit.plan.outcome import Outcome
 from autofit.plan.prune import allowed_bytes
 from autofit.request import PlanRequest
@@ -22,7 +22,7 @@ from autofit.space import Space
 from autofit.trials.result import TrialResult
 
 
-@dataclass
+@dataclass(slots=True)  # a space makes a few hundred thousand: no __dict__ each
 class Candidate:
     """One configuration with its napkin estimate and, if it ran, its measured trial."""
 
@@ -143,6 +143,11 @@ class Plan:
         many)]); every combination is in exactly one row (`explain.tally`)."""
         return tally(self)
 
+    def mesh_comparison(self) -> dict[str, Any] | None:
+        """Past one node: the best HSDP config against the best flat FSDP one
+        (`explain.mesh_comparison`); None on one node."""
+        return mesh_comparison(self.ranked, self.hardware)
+
     def export(self, format: str, path: str | Path) -> list[Path]:
         """Write the winner as `autofit` YAML, an `accelerate` FSDP2 config or `trainer` JSON."""
         return export_plan(self, format, path)
@@ -165,6 +170,7 @@ class Plan:
             "fitting": len(self.ranked),
             "pruned": dict(self.pruned),
             "tally": {what: n for what, n, _ in self.tally()},
+            "hsdp_vs_fsdp": self.mesh_comparison(),
             "ranked": [c.to_dict() for c in self.ranked[:20]],
             "trials": [c.to_dict() for c in self.trials],
             "storage": self.storage,

@@ -14,6 +14,7 @@ from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
 from autofit.plan import Outcome, Plan, trial_status
+from autofit.plan.explain import mesh_line
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_bytes, fmt_count, fmt_size
@@ -127,7 +128,8 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
     console.print(table)
     if est.host_bytes:
         console.print(
-            f"Host RAM for offloaded state: {fmt_bytes(est.host_bytes)} of "
+            f"Host RAM for offloaded state{' per node' if hw.nodes > 1 else ''}: "
+            f"{fmt_bytes(est.host_bytes)} of "
             f"{fmt_bytes(est.host_capacity_bytes)}"
         )
     verdict = "[green]fits[/]" if est.within_capacity else "[red]does not fit[/]"
@@ -137,6 +139,15 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         f"({', '.join(f'{k} {v:.3f}' for k, v in est.time_breakdown.items() if v)}), "
         f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
     )
+    if hw.nodes > 1:
+        links = est.communication_by_link
+        console.print(
+            f"communication exposed inside nodes {links.get('intra', 0.0):.3f} s, between nodes "
+            f"{links.get('inter', 0.0):.3f} s; the network is busy "
+            f"{links.get('network_busy', 0.0):.3f} s per step"
+            + (" (HSDP: shard: node)" if cfg.shard == "node" else ""),
+            highlight=False,
+        )
     if not est.within_capacity:
         tips = [
             "--loss chunked" if cfg.loss == "standard" else "",
@@ -154,8 +165,8 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
 
 # Knobs that make a recipe different to a reader; configs that differ only in the others
 # (reshard, offload, optimizer, precision) are folded into one row with a count of variants.
-RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "checkpointing",
-                "loss", "compile")  # fmt: skip
+RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "shard",
+                "checkpointing", "loss", "compile")  # fmt: skip
 
 
 def plan_table(plan: Plan, limit: int = 15) -> Table:
@@ -175,9 +186,10 @@ def plan_table(plan: Plan, limit: int = 15) -> Table:
     table = Table(title=title, title_justify="left", caption_justify="left")
     table.caption = "variants: other configs of the same recipe that differ only in reshard, "
     table.caption += "offload, optimizer or precision and rank lower"
+    nodes = plan.hardware.nodes > 1  # the shard knob only differs there
     cols = ["#", "tokens/s", f"peak / {fmt_size(cap)}", "quant", "lora", "mb x acc", "wrap",
-            "reshard", "ckpt", "offload", "optim", "precision", "loss", "compile",
-            "variants"]  # fmt: skip
+            *(["shard"] if nodes else []), "reshard", "ckpt", "offload", "optim", "precision",
+            "loss", "compile", "variants"]  # fmt: skip
     for col in cols:
         right = col in ("#", "tokens/s", "lora", "variants")
         table.add_column(col, justify="right" if right else "left")
@@ -192,6 +204,7 @@ def plan_table(plan: Plan, limit: int = 15) -> Table:
             str(cfg.lora_rank),
             f"{cfg.micro_batch} x {cfg.grad_accum}",
             cfg.wrap,
+            *([cfg.shard] if nodes else []),
             "yes" if cfg.reshard else "no",
             cfg.checkpointing,
             cfg.offload,
@@ -356,6 +369,9 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         f"{best.tokens_per_s:,.0f} tokens/s, peak {fmt_size(best.peak_bytes)}"
     )
     console.print(f"Why: {escape(plan.reason)}")
+    mesh = plan.mesh_comparison()
+    if mesh is not None:
+        console.print(mesh_line(mesh), markup=False, highlight=False)
     if not best.measured and hw.source != "cpu":
         console.print(
             "[dim]Estimates only. On the real GPUs, run without --no-trials to measure the top "
