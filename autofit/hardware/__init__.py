@@ -404,8 +404,8 @@ def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> Non
     (`--gpus 2xrtx3090`) on a machine without those GPUs, or far more CPU processes than cores
     (`--gpus 64 --device cpu` on 2 cores). A few more processes than cores only warn: the trials
     run, but time-share the cores, so their speeds are skewed."""
-    if device == "cpu":
-        _check_cpu_ranks(hw.n_gpus, cpu_cores(), str(gpus))
+    if device == "cpu":  # each node's processes run on its own host's cores
+        _check_cpu_ranks(hw.gpus_per_node, cpu_cores(), str(gpus))
         return
     if hw.source != "preset":
         return
@@ -414,8 +414,9 @@ def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> Non
         local, _ = probe()
     except NoDriver:
         local = []
-    matching = [g for g in local[: hw.n_gpus] if g.preset in wanted]  # trials use the first N
-    if len(matching) >= hw.n_gpus:
+    per_node = hw.gpus_per_node  # each node's part of a trial runs on that node's GPUs
+    matching = [g for g in local[:per_node] if g.preset in wanted]  # trials use the first N
+    if len(matching) >= per_node:
         return
     here = (
         f"this machine has {len(local)} GPU(s) ({', '.join(sorted({g.name for g in local}))})"
