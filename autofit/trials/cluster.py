@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 
@@ -55,8 +55,23 @@ LOOK_S = 1.0  # how often a running trial looks at its peers' heartbeats
 PART_WAIT_S = 10.0  # how long node 0 waits for the other parts' reports after its own
 
 
+RESUME = (
+    "The study keeps its finished trials: start every node's `autofit plan` again (the same "
+    "--storage and --study) to resume; the interrupted trial runs first."
+)
+
+
 class NodeLost(AutofitError):
     """Another node's planner stopped (or never came): the search cannot go on."""
+
+
+def node_lost(message: str) -> NodeLost:
+    """`NodeLost` saying `message` (a sentence, capitalised here) and how to resume."""
+    from autofit.checks import user_error
+
+    error = user_error(message[:1].upper() + message[1:], RESUME, NodeLost)
+    assert isinstance(error, NodeLost)
+    return error
 
 
 def _seconds(env: str, default: float) -> float:
@@ -101,7 +116,6 @@ class Cluster:
         self._beats = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._look: tuple[float, str | None] = (0.0, None)
 
     # ----- the channel ---------------------------------------------------------------------
     def _key(self, *parts: Any) -> str:
@@ -167,13 +181,36 @@ class Cluster:
         attrs = self._attrs() if attrs is None else attrs
         return next(filter(None, (self.lost(n, attrs) for n in self._peers())), None)
 
-    def _abort(self) -> str | None:
-        """For `run_trial`: a lost peer, looked up at most every `LOOK_S`."""
-        now = time.monotonic()
-        if now - self._look[0] >= LOOK_S:
-            with contextlib.suppress(Exception):  # the storage out of reach: look again later
-                self._look = (now, self._any_lost())
-        return self._look[1]
+    def _watch(self, seq: int) -> Callable[[], str | None]:
+        """`run_trial`'s `abort` for this node's part of launch `seq`: why to stop it (a peer
+        lost, or another node's part ended without success), looked up at most every `LOOK_S`."""
+        look: list[Any] = [0.0, None]
+
+        def abort() -> str | None:
+            now = time.monotonic()
+            if now - look[0] >= LOOK_S:
+                look[0] = now
+                with contextlib.suppress(Exception):  # the storage out of reach: look later
+                    attrs = self._attrs()
+                    look[1] = self._any_lost(attrs) or self._failed_part(seq, attrs)
+            return look[1]
+
+        return abort
+
+    def _failed_part(self, seq: int, attrs: dict[str, Any]) -> str | None:
+        for node in self._peers():
+            part = attrs.get(f"part:{self.session}:{seq}:{node}")
+            if part and part["status"] != "ok":
+                first = (part.get("message") or "no message").strip().splitlines()[0]
+                return f"node {node}'s part of it ended first ({part['status']}: {first})"
+        return None
+
+    def _report(self, seq: int, result: TrialResult) -> None:
+        """How this node's part of launch `seq` ended, for the other nodes."""
+        with contextlib.suppress(Exception):
+            self._put("part", self.session, seq, self.node_rank,
+                      value={"status": result.status, "message": result.message,
+                             "oom_of": result.oom_of})  # fmt: skip
 
     # ----- node 0 ------------------------------------------------------------------------------
     def lead(self, gpus_per_node: int) -> None:
@@ -196,7 +233,9 @@ class Cluster:
 
     def raise_if_failed(self) -> None:
         if self.failure:
-            raise NodeLost(self.failure)
+            error = NodeLost(self.failure)
+            error.hint = RESUME  # type: ignore[attr-defined]
+            raise error
 
     def run_trial(
         self,
@@ -229,21 +268,24 @@ class Cluster:
         self._wait_acks(seq)
         rdzv = Rendezvous(self.nodes, endpoint, run_id, True, self.join_s)
         result = self.launch(spec, config, nprocs=nprocs, timeout_s=timeout_s,
-                             rendezvous=rdzv, abort=self._abort, **kwargs)  # fmt: skip
+                             rendezvous=rdzv, abort=self._watch(seq), **kwargs)  # fmt: skip
+        self._report(seq, result)
         parts = self._gather_parts(seq, result)
         lost = self._any_lost()
         if lost and not result.ok:
-            self._fail(f"{lost}, during the trial of '{config.short()}' ({result.message})")
+            first = (result.message or result.status).strip().splitlines()[0]
+            detail = "" if lost in first else f" ({first})"
+            self._fail(f"{lost}, during the trial of '{config.short()}'{detail}")
         _blame(result, parts)
         return result
 
-    def _fail(self, message: str) -> None:
-        self.failure = (
-            f"{message}. A trial that spans {self.nodes} nodes needs every node's planner, so the "
-            "search stops here; the study keeps its finished trials: start every node's "
-            "`autofit plan` again to resume (this trial runs again first)."
+    def _fail(self, message: str) -> NoReturn:
+        error = node_lost(
+            f"{message}. A trial that spans {self.nodes} nodes needs every node's planner, so "
+            "the search stops here."
         )
-        raise NodeLost(self.failure)
+        self.failure = str(error)
+        raise error
 
     def _wait_acks(self, seq: int) -> None:
         deadline = time.monotonic() + self.join_s
@@ -258,7 +300,8 @@ class Cluster:
             if time.monotonic() > deadline:
                 names = ", ".join(str(n) for n in waiting)
                 self._fail(
-                    f"node(s) {names} did not join the trial within {self.join_s:g} s (is "
+                    f"node{'s' if len(waiting) > 1 else ''} {names} did not join the trial "
+                    f"within {self.join_s:g} s (is "
                     "`autofit plan` running there, on the same --storage and --study, with its "
                     f"node rank? {JOIN_ENV} sets this limit)"
                 )
@@ -298,10 +341,9 @@ class Cluster:
                 if lost:
                     failed = self._fail_leader_trials(study)
                     which = f"trial(s) {', '.join(f'#{n}' for n in failed)}" if failed else "none"
-                    raise NodeLost(
+                    raise node_lost(
                         f"{lost}. Its running trial is failed ({which}) and node "
-                        f"{self.node_rank} stops too. The study keeps its finished trials: start "
-                        "every node's `autofit plan` again to resume."
+                        f"{self.node_rank} stops too."
                     )
                 launch = attrs.get(f"launch:{self.session}")
                 if launch is not None and launch["seq"] > last:
@@ -358,12 +400,10 @@ class Cluster:
             nprocs=launch["nprocs"], device=payload.get("device", "cuda"),
             gpu_memory=payload.get("gpu_memory"), steps=payload.get("steps", 3),
             warmup=payload.get("warmup", 1), timeout_s=launch["timeout_s"], rendezvous=rdzv,
-            abort=self._abort,
+            abort=self._watch(seq),
             lock=leader.get("host") != hostname(),  # on node 0's host, its part holds the lock
         )  # fmt: skip
-        self._put("part", self.session, seq, self.node_rank,
-                  value={"status": result.status, "message": result.message,
-                         "oom_of": result.oom_of})  # fmt: skip
+        self._report(seq, result)
         return result
 
     def _fail_leader_trials(self, study: optuna.Study) -> list[int]:
@@ -394,7 +434,7 @@ def _blame(result: TrialResult, parts: dict[int, dict[str, Any]]) -> None:
             result.status, result.oom_of = "oom", part.get("oom_of")
             result.message = f"node {node}: {part.get('message', '')}"
             return
-    if result.status == "error":
+    if result.status in ("error", "timeout"):
         extra = [f"node {n}: {p['message'].splitlines()[0]}" for n, p in sorted(parts.items())
                  if p.get("status") != "ok" and p.get("message")]  # fmt: skip
         if extra:
