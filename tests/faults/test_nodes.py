@@ -255,3 +255,23 @@ def test_plan_on_nodes_refuses_what_cannot_work(no_launch, tmp_path: Path, extra
     for fragment in fragments:
         assert fragment in said["error"], said
     assert not list(tmp_path.iterdir())  # refused before any run folder or study was made
+
+
+def test_a_planner_on_another_host_is_lost_when_its_heartbeat_stands_still(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("AUTOFIT_NODE_LOST_S", "0.3")
+    storage, study = _channel(tmp_path)
+    leader = Cluster(storage, "c", 2, 0)
+    leader.lead(gpus_per_node=1)
+    beat = {"host": "elsewhere", "process": "4242:1.0", "node": 1, "n": 7, "gone": None}
+    storage.set_study_system_attr(study._study_id, f"{PREFIX}beat:{leader.session}:1", beat)
+    assert leader.lost(1) is None  # first seen: alive
+    time.sleep(0.5)
+    said = leader.lost(1)
+    assert said is not None and said.startswith("node 1's planner (process 4242 on elsewhere)")
+    assert "sent no heartbeat for" in said
+    beat["n"] = 8  # it beat again: alive, and its clock starts anew
+    storage.set_study_system_attr(study._study_id, f"{PREFIX}beat:{leader.session}:1", beat)
+    assert leader.lost(1) is None
+    leader.finish()
