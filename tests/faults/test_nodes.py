@@ -31,18 +31,21 @@ knobs:
 """
 
 
-def _node(tmp_path: Path, rank: int, *extra: str) -> list[str]:
+def _node(tmp_path: Path, rank: int, *extra: str, storage: str | None = None) -> list[str]:
     return plan_cmd(
         tmp_path, "--gpu-memory", "256MiB", "--trials", "1", "--steps", "1",
-        "--storage", f"sqlite:///{tmp_path}/s.db", "--study", "two-nodes",
+        "--storage", storage or f"sqlite:///{tmp_path}/s.db", "--study", "two-nodes",
         "--node-rank", str(rank), "--run-dir", str(tmp_path / f"run{rank}"),
         "--calibration", "off", "--json", *extra,
         gpus="2x1", space_text=ONE,
     )  # fmt: skip
 
 
-def _real_trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
-    study = optuna.load_study(study_name="two-nodes", storage=f"sqlite:///{tmp_path}/s.db")
+def _study(storage: str) -> optuna.Study:
+    return optuna.load_study(study_name="two-nodes", storage=st.open_storage(storage))
+
+
+def _real_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials() if t.user_attrs.get("outcome") == st.TRIAL]
 
 
@@ -62,7 +65,7 @@ def test_a_trial_spans_two_nodes_and_both_planners_agree(spawn, tmp_path: Path) 
     assert trial["trial"]["status"] == "ok" and trial["trial"]["nprocs"] == 2
     assert trial["trial"]["tokens_per_s"] == follower["trials"][0]["trial"]["tokens_per_s"]
     assert leader["run_dir"] == str(tmp_path / "run0") and (tmp_path / "run0").is_dir()
-    [t] = _real_trials(tmp_path)
+    [t] = _real_trials(_study(f"sqlite:///{tmp_path}/s.db"))
     assert t.state == optuna.trial.TrialState.COMPLETE
     assert not list(tmp_path.glob("autofit-trial-*"))  # both nodes' scratch folders are gone
 
@@ -91,12 +94,19 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("killed", [1, 0], ids=["kill-node-1", "kill-node-0"])
+@pytest.mark.parametrize(
+    ("killed", "store"),
+    [(1, "sqlite"), (0, "sqlite"), (1, "postgres")],
+    ids=["kill-node-1", "kill-node-0", "kill-node-1-postgres"],
+)
 def test_killed_node_fails_the_trial_on_both_and_leaves_no_process(
-    spawn, tmp_path: Path, killed: int
-) -> None:
+    request, spawn, tmp_path: Path, killed: int, store: str
+) -> None:  # type: ignore[no-untyped-def]
+    url = request.getfixturevalue("postgres") if store == "postgres" else None
+    url = url or f"sqlite:///{tmp_path}/s.db"
     env = cli_env(tmp_path, **fault_env("hang"))  # every rank hangs once it joined the group
-    nodes = [spawn(_node(tmp_path, r, "--trial-timeout", "120"), env, tmp_path) for r in (0, 1)]
+    cmds = [_node(tmp_path, r, "--trial-timeout", "120", storage=url) for r in (0, 1)]
+    nodes = [spawn(cmd, env, tmp_path) for cmd in cmds]
     wait_for(lambda: all(workers_of(p.pid) for p in nodes), 120, "both nodes' workers")
     # each rank writes its pid once it runs its rank (torch imported), then joins the group
     wait_for(lambda: len(list(tmp_path.glob("autofit-trial-*/pid.*"))) == 2, 120, "both ranks")
@@ -121,12 +131,12 @@ def test_killed_node_fails_the_trial_on_both_and_leaves_no_process(
     assert "Traceback" not in stderr
 
     wait_for(lambda: not _alive(procs), 10, "every process of both nodes to die")
-    [t] = _real_trials(tmp_path)
+    study = _study(url)
+    [t] = _real_trials(study)
     assert t.state == optuna.trial.TrialState.FAIL and "result" not in t.user_attrs
-    if killed == 1:  # node 0 recorded why; a re-run of both measures the trial again
+    if killed == 1:  # node 0 recorded why
         assert "Node 1's planner" in t.user_attrs[st.STOPPED]
-    assert st.interrupted(optuna.load_study(study_name="two-nodes",
-                                            storage=f"sqlite:///{tmp_path}/s.db"))  # fmt: skip
+    assert st.interrupted(study) == [t]  # a re-run of every node measures it again, first
 
 
 # ----- the channel alone (no trial runs): a fake launch in a thread per node ------------------
