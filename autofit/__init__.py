@@ -165,7 +165,7 @@ def plan(
 
     # everything a search needs is checked before its first trial: the hardware trials run on,
     # and the run folder it writes at the end
-    check_trial_hardware(hw, device, gpus)
+    check_trial_hardware(hw, device, gpus, per_node=True)
     rank = _node_rank(hw, node_rank, storage)
     folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
     request = PlanRequest.of(

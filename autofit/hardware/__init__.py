@@ -399,13 +399,17 @@ def trial_memory_cap(hw: Hardware, device: str, gpu_memory: str | int | None) ->
     return None
 
 
-def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> None:
+def check_trial_hardware(
+    hw: Hardware, device: str, gpus: str | Hardware, per_node: bool = False
+) -> None:
     """Refuse, before any trial runs, hardware that trials cannot run on here: a what-if preset
     (`--gpus 2xrtx3090`) on a machine without those GPUs, or far more CPU processes than cores
     (`--gpus 64 --device cpu` on 2 cores). A few more processes than cores only warn: the trials
-    run, but time-share the cores, so their speeds are skewed."""
-    if device == "cpu":  # each node's processes run on its own host's cores
-        _check_cpu_ranks(hw.gpus_per_node, cpu_cores(), str(gpus))
+    run, but time-share the cores, so their speeds are skewed. `per_node`: a plan's trials on
+    several nodes, where each node's planner starts that node's share of them on its own host."""
+    here = hw.gpus_per_node if per_node else hw.n_gpus  # the trial processes this host runs
+    if device == "cpu":
+        _check_cpu_ranks(here, cpu_cores(), str(gpus))
         return
     if hw.source != "preset":
         return
@@ -414,9 +418,8 @@ def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> Non
         local, _ = probe()
     except NoDriver:
         local = []
-    per_node = hw.gpus_per_node  # each node's part of a trial runs on that node's GPUs
-    matching = [g for g in local[:per_node] if g.preset in wanted]  # trials use the first N
-    if len(matching) >= per_node:
+    matching = [g for g in local[:here] if g.preset in wanted]  # trials use the first N
+    if len(matching) >= here:
         return
     here = (
         f"this machine has {len(local)} GPU(s) ({', '.join(sorted({g.name for g in local}))})"
