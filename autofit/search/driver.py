@@ -181,6 +181,11 @@ def _lead(
     display = SearchDisplay(console, trials, min(len(finished), trials), setting.allowed_bytes)
     if console is not None:
         _intro(display, setting, cands, name, url, folder, len(finished))
+        if cluster is not None:
+            display.say(
+                f"node 0 of {cluster.nodes}: it chooses every trial, which spans the "
+                f"{cluster.nodes} nodes (the other nodes' planners join it)"
+            )
 
     hooks = {"on_progress": display.trial_progress, "on_wait": display.waiting}
 
