@@ -104,6 +104,7 @@ def plan(
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
     calibration: str = "auto",
+    node_rank: int | None = None,
     console: Any = None,
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
@@ -119,7 +120,12 @@ def plan(
     alone (`autofit.calibration`).
 
     `gpus="4x8xh100-80gb"` plans for 4 nodes of 8 (the space's `shard: node` is HSDP there);
-    `inter_node_bandwidth` ("400Gb/s", "50GB/s") replaces the preset network between them."""
+    `inter_node_bandwidth` ("400Gb/s", "50GB/s") replaces the preset network between them.
+    Trials on several nodes (`--device cpu --gpus 2x1`, or `gpus="auto"` in a torchrun/SLURM
+    launch of several nodes) run one planner per node on one shared study (`storage` and `study`,
+    the same on every node); `node_rank` says which node this one is where the launch's
+    environment does not (`autofit.hardware.launch_world`). Node 0 chooses and starts each trial,
+    the others join it and return node 0's plan."""
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
@@ -159,7 +165,8 @@ def plan(
 
     # everything a search needs is checked before its first trial: the hardware trials run on,
     # and the run folder it writes at the end
-    check_trial_hardware(hw, device, gpus)
+    check_trial_hardware(hw, device, gpus, per_node=True)
+    rank = _node_rank(hw, node_rank, storage)
     folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
     request = PlanRequest.of(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device,
@@ -168,9 +175,49 @@ def plan(
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), storage=storage, study=study,
         run_dir=folder,
     )  # fmt: skip
-    result = search(request, console=console)
-    write_run_folder(result, folder)
+    result = search(request, console=console, node_rank=rank)
+    if rank == 0:  # node 0 writes the run folder; the others return the plan it stored
+        write_run_folder(result, folder)
     return result
+
+
+def _node_rank(hw: Any, node_rank: int | None, storage: str | None) -> int:
+    """This planner's node of `hw` for a search: `node_rank`, else the launch's environment;
+    checked against the hardware's nodes, and several nodes need a shared study."""
+    from autofit.hardware import launch_world
+
+    world = launch_world()
+    if world.nodes > 1 and world.nodes != hw.nodes:
+        raise HardwareError(
+            f"This planner runs in a launch of {world.nodes} nodes ({world.source}'s "
+            f"environment), but the hardware planned for, {hw.describe()}, has {hw.nodes} "
+            f"node(s). Give --gpus the launch's nodes (auto, or NxK... with N={world.nodes}), or "
+            "run a one-node plan outside the multi-node launch."
+        )
+    if node_rank is not None and not 0 <= node_rank < hw.nodes:
+        raise HardwareError(
+            f"--node-rank {node_rank} is not a node of {hw.describe()}: give 0 to "
+            f"{hw.nodes - 1} ({hw.nodes} node(s))."
+        )
+    if hw.nodes <= 1:
+        return 0
+    if storage is None:
+        raise AutofitError(
+            f"Trials on {hw.nodes} nodes run one `autofit plan` per node on one shared study, "
+            "so each needs to reach the same storage: add --storage URL --study NAME, the same on "
+            "every node (e.g. --storage postgresql://user:password@host/db --study my-plan; "
+            "sqlite:///path/study.db when every node's planner runs on one host), or add "
+            "--no-trials to plan from estimates alone."
+        )
+    rank = node_rank if node_rank is not None else world.node_rank if world.nodes > 1 else None
+    if rank is None:
+        raise AutofitError(
+            f"Trials on {hw.nodes} nodes run one `autofit plan` per node, and this one does not "
+            "know which node it is: no torchrun or SLURM launch of several nodes set it. Add "
+            f"--node-rank N (0 on the node that chooses the trials, 1 to {hw.nodes - 1} on the "
+            "others), or set AUTOFIT_NODE_RANK and AUTOFIT_NODES."
+        )
+    return rank
 
 
 def _lora_settings(**given: Any) -> dict[str, Any]:

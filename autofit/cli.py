@@ -507,6 +507,12 @@ def plan(
     no_calibration: bool = typer.Option(
         False, "--no-calibration", help="Ignore stored calibration and do not calibrate (= off)."
     ),
+    node_rank: int | None = typer.Option(
+        None,
+        "--node-rank",
+        help="This node of several (0 chooses the trials, the others join them), where no "
+        "torchrun/SLURM launch says it; every node's planner needs the same --storage and --study.",
+    ),
     export_path: Path | None = typer.Option(
         None, "--export", help="Write the winner to this file."
     ),
@@ -533,7 +539,7 @@ def plan(
                 inter_node_bandwidth=inter_node_bandwidth, storage=storage,
                 study=study, run_dir=run_dir, prune=not no_prune, lora_targets=lora_targets,
                 lora_dropout=lora_dropout, console=None if json_out else console,
-                calibration="off" if no_calibration else calibration,
+                calibration="off" if no_calibration else calibration, node_rank=node_rank,
             )  # fmt: skip
         written: list[Path] = []
         if export_path is not None and result.best is not None:

@@ -399,13 +399,17 @@ def trial_memory_cap(hw: Hardware, device: str, gpu_memory: str | int | None) ->
     return None
 
 
-def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> None:
+def check_trial_hardware(
+    hw: Hardware, device: str, gpus: str | Hardware, per_node: bool = False
+) -> None:
     """Refuse, before any trial runs, hardware that trials cannot run on here: a what-if preset
     (`--gpus 2xrtx3090`) on a machine without those GPUs, or far more CPU processes than cores
     (`--gpus 64 --device cpu` on 2 cores). A few more processes than cores only warn: the trials
-    run, but time-share the cores, so their speeds are skewed."""
+    run, but time-share the cores, so their speeds are skewed. `per_node`: a plan's trials on
+    several nodes, where each node's planner starts that node's share of them on its own host."""
+    here = hw.gpus_per_node if per_node else hw.n_gpus  # the trial processes this host runs
     if device == "cpu":
-        _check_cpu_ranks(hw.n_gpus, cpu_cores(), str(gpus))
+        _check_cpu_ranks(here, cpu_cores(), str(gpus))
         return
     if hw.source != "preset":
         return
@@ -414,8 +418,8 @@ def check_trial_hardware(hw: Hardware, device: str, gpus: str | Hardware) -> Non
         local, _ = probe()
     except NoDriver:
         local = []
-    matching = [g for g in local[: hw.n_gpus] if g.preset in wanted]  # trials use the first N
-    if len(matching) >= hw.n_gpus:
+    matching = [g for g in local[:here] if g.preset in wanted]  # trials use the first N
+    if len(matching) >= here:
         return
     here = (
         f"this machine has {len(local)} GPU(s) ({', '.join(sorted({g.name for g in local}))})"

@@ -13,6 +13,10 @@
 Planners on one host take turns on the devices (`autofit.trials.devlock`): a trial, or a
 verification, waits while another planner's runs, and a verification found done once the lock is
 held is not run again.
+
+Hardware of several nodes runs one planner per node on one shared study (`autofit.trials.cluster`):
+node 0 searches as above, every launch of it spanning the nodes; the others join each launch and,
+when node 0 is done, return the plan it stored.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from autofit.search.verify import (
     verify_winner,
 )
 from autofit.trials import run_trial as trials_run_trial
+from autofit.trials.cluster import Cluster
 from autofit.trials.devlock import device_lock
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_size
@@ -82,6 +87,7 @@ def search(
     console: Any = None,
     seed: int | None = None,
     run_trial: Callable[..., TrialResult] | None = None,
+    node_rank: int = 0,
     **fields: Any,
 ) -> Plan:
     """Find the fastest config that fits by measuring it; see the module docstring.
@@ -89,11 +95,12 @@ def search(
     `request`: what to plan for; or its flat keyword form as `fields` (`PlanRequest.of`: model,
     hardware, space, seq_len, ..., gpu_memory: the cap trials are held to in bytes).
     `run_trial`: the function that measures a config (default `autofit.trials.run_trial`; tests
-    may wrap it).
+    may wrap it). `node_rank`: which node of the hardware's this planner runs on (several nodes:
+    node 0 searches, the others join its trials and return its plan).
     """
     setting = Setting.from_request(request if request is not None else PlanRequest.of(**fields))
     model, hardware, budget = setting.model, setting.hardware, setting.budget
-    trials, timeout, device = budget.trials, budget.timeout, setting.device
+    device = setting.device
     check_steps(budget.steps)
     check_trial_timeout(budget.trial_timeout)
     if run_trial is None:
@@ -118,12 +125,67 @@ def search(
             load_if_exists=True,
         )  # fmt: skip
     st.check_metadata(opt_study, setting)
+    cluster = None
+    if hardware.nodes > 1:
+        cluster = Cluster(store, name, hardware.nodes, node_rank, launch=run_trial)
+        if node_rank > 0:
+            return _follow(cluster, opt_study, console, url, name)
+        cluster.lead(hardware.gpus_per_node)
+        run_trial = cluster.run_trial
+    try:
+        plan = _lead(setting, cands, calibrator, opt_study, run_trial, console, name, url,
+                     folder, cluster)  # fmt: skip
+    except BaseException as exc:
+        if cluster is not None:
+            cluster.finish(str(exc) or type(exc).__name__)
+        raise
+    if cluster is not None:
+        cluster.finish()
+    return plan
+
+
+def _follow(cluster: Cluster, study: optuna.Study, console: Any, url: str, name: str) -> Plan:
+    """A node >0: run this node's part of node 0's every launch, then its plan from the study."""
+    display = SearchDisplay(console, 0, 0, 0)
+
+    def part(seq: int, result: TrialResult) -> None:
+        head = (result.message or "").strip().splitlines()[:1]
+        display.say(f"node {cluster.node_rank}: launch {seq} of node 0 ended {result.status}"
+                    + (f" ({escape(head[0])})" if head and not result.ok else ""))  # fmt: skip
+
+    cluster.say = display.say
+    with display:
+        cluster.follow(study, part)
+        display.say(f"node 0's search is done; its plan, from study {escape(name)}:")
+    return load_study_plan(url, name)
+
+
+def _lead(
+    setting: Setting,
+    cands: Candidates,
+    calibrator: Calibrator,
+    opt_study: optuna.Study,
+    run_trial: Callable[..., TrialResult],
+    console: Any,
+    name: str,
+    url: str,
+    folder: Path,
+    cluster: Cluster | None,
+) -> Plan:
+    """The search of one node, or of node 0 of several (see the module docstring)."""
+    model, hardware, budget = setting.model, setting.hardware, setting.budget
+    trials, timeout, device = budget.trials, budget.timeout, setting.device
     calibrator.refresh(opt_study)  # a resumed study: its finished trials calibrate at once
 
     finished = [t for t in st.real_trials(opt_study) if st.finished(t)]
     display = SearchDisplay(console, trials, min(len(finished), trials), setting.allowed_bytes)
     if console is not None:
         _intro(display, setting, cands, name, url, folder, len(finished))
+        if cluster is not None:
+            display.say(
+                f"node 0 of {cluster.nodes}: it chooses every trial, which spans the "
+                f"{cluster.nodes} nodes (the other nodes' planners join it)"
+            )
 
     hooks = {"on_progress": display.trial_progress, "on_wait": display.waiting}
 
@@ -168,6 +230,7 @@ def search(
                             callbacks=[
                                 _Stopper(cands, objective, trials, start, timeout),
                                 _Recalibrate(cands, calibrator, display),
+                                *([cluster.stop_if_failed] if cluster else []),
                             ],
                             gc_after_trial=False,
                         )
@@ -175,6 +238,8 @@ def search(
                     except (ValueError, RuntimeError) as exc:
                         if not _lost_race(exc):
                             raise
+            if cluster is not None:
+                cluster.raise_if_failed()
 
         if calibrator.on:
             # this planner stopped as nothing it may try may gain: what other planners of the
@@ -192,7 +257,7 @@ def search(
 
         best = verify_winner(
             opt_study, setting, ranked, run_verification, n_verify, display.verified,
-            hold=lambda: device_lock(device, hardware.n_gpus, display.waiting),
+            hold=lambda: device_lock(device, hardware.gpus_per_node, display.waiting),
         )  # fmt: skip
     plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
                     limits=(trials, timeout, budget.trial_timeout))  # fmt: skip

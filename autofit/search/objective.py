@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 
 from autofit.config import Config
+from autofit.errors import AutofitError
 from autofit.plan import Candidate, Outcome
 from autofit.request import SearchBudget
 from autofit.search import study as st
@@ -144,11 +145,15 @@ class Objective:
             self.calibrator.record(trial, cand.config)
         if self.on_start:
             self.on_start(cand)
-        result = self.run_trial(
-            s.model, cand.config, nprocs=s.hardware.n_gpus, device=s.device,
-            gpu_memory=self.budget.gpu_memory, steps=self.budget.steps,
-            timeout_s=self.budget.trial_timeout, **self.trial_kwargs,
-        )  # fmt: skip
+        try:
+            result = self.run_trial(
+                s.model, cand.config, nprocs=s.hardware.n_gpus, device=s.device,
+                gpu_memory=self.budget.gpu_memory, steps=self.budget.steps,
+                timeout_s=self.budget.trial_timeout, **self.trial_kwargs,
+            )  # fmt: skip
+        except AutofitError as exc:  # it could not run (a node of it was lost): FAIL, no result
+            trial.set_user_attr(st.STOPPED, str(exc))
+            raise
         trial.set_user_attr("result", result.to_dict())
         if self.on_result:
             self.on_result(trial, cand, result)

@@ -5,6 +5,9 @@ past `timeout_s` is killed with every process it started and is `timeout`, anyth
 `error` with the first rank's error and the last lines of stderr. Trials on one host take turns on
 their devices (`devlock`), and every process of a trial dies with the caller however the caller
 dies (`guard`). torchrun picks its own free port (`--standalone`), so there is no port race.
+
+A trial that spans nodes (`rendezvous`) starts this node's part: torchrun joins the others through
+the c10d rendezvous node 0 hosts (`autofit.trials.cluster` says who starts what, and when).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,27 @@ POLL_S = 0.2
 DEADLINE_GRACE_S = 30.0
 WORKER_MODULE = "autofit.trials.worker"
 _KILLED = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """This node's place in a trial that spans `nodes` nodes: torchrun's c10d rendezvous at
+    `endpoint` (`host:port`, whose store node 0's torchrun hosts: `is_host`) under `run_id`;
+    every node's part must have joined within `join_timeout` seconds."""
+
+    nodes: int
+    endpoint: str
+    run_id: str
+    is_host: bool
+    join_timeout: float = 300.0
+
+    def torchrun_args(self, per_node: int) -> list[str]:
+        join = max(1, round(self.join_timeout))
+        conf = f"is_host={str(self.is_host).lower()},join_timeout={join}"
+        return [
+            f"--nnodes={self.nodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}", f"--rdzv-conf={conf}",
+        ]  # fmt: skip
 
 
 def _repo_root() -> str:
@@ -131,12 +155,18 @@ def run_trial(
     timeout_s: float = 600.0,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     on_wait: Callable[[str, str], None] | None = None,
+    rendezvous: Rendezvous | None = None,
+    abort: Callable[[], str | None] | None = None,
+    lock: bool = True,
 ) -> TrialResult:
     """Run `config` for real on `nprocs` devices; never raises for oom, timeout or error.
 
     Waits while another trial on this host holds the same devices (`on_wait(device, holder)` is
-    called first); the time limit starts when the trial does. `on_progress` gets rank 0's
-    `{"phase": "build"|"warmup"|"step", "step": k, "steps": n}` as it changes.
+    called first; `lock=False`: the caller holds them); the time limit starts when the trial does.
+    `on_progress` gets local rank 0's `{"phase": "build"|"warmup"|"step", "step": k, "steps": n}`
+    as it changes. With `rendezvous` the trial spans its nodes: `nprocs` is the devices of all of
+    them, this call starts this node's share. `abort()`, asked while the trial runs, stops it as
+    an `error` with the reason it returns (None: go on).
     """
     start = time.monotonic()
     result = TrialResult(
@@ -148,7 +178,11 @@ def run_trial(
         capacity_bytes=gpu_memory,
         sharding=str(sharding_for(config.wrap, nprocs)),
     )
-    problem = _precheck(device, nprocs)
+    nodes = rendezvous.nodes if rendezvous is not None else 1
+    per_node = nprocs // nodes
+    problem = _precheck(device, per_node)
+    if not problem and per_node * nodes != nprocs:
+        problem = f"{nprocs} devices cannot be split evenly over {nodes} nodes."
     try:
         spec = resolve_model(model)
     except AutofitError as exc:
@@ -168,11 +202,12 @@ def run_trial(
     }
     guard.sweep_orphans(WORKER_MODULE)
     guard.sweep_stale_workdirs()
-    with device_lock(device, nprocs, on_wait):
+    held = device_lock(device, per_node, on_wait) if lock else contextlib.nullcontext()
+    with held:
         start = time.monotonic()
         workdir = guard.make_workdir()
         try:
-            _launch(payload, nprocs, timeout_s, workdir, result, on_progress)
+            _launch(payload, per_node, timeout_s, workdir, result, on_progress, rendezvous, abort)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     result.wall_s = time.monotonic() - start
@@ -203,13 +238,19 @@ def _launch(
     workdir: Path,
     result: TrialResult,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    rendezvous: Rendezvous | None = None,
+    abort: Callable[[], str | None] | None = None,
 ) -> None:
+    """Run torchrun for this node's `nprocs` ranks (all of them without `rendezvous`)."""
     spec_path, out_path = workdir / "spec.json", workdir / "result.json"
     spec_path.write_text(json.dumps(payload))
+    if rendezvous is None:
+        where = ["--standalone", f"--nproc-per-node={nprocs}"]
+    else:
+        where = rendezvous.torchrun_args(nprocs)
     cmd = [
         sys.executable, guard.__file__,  # torchrun, guarded to die with this process
-        "--standalone", f"--nproc-per-node={nprocs}",
-        "--max-restarts=0", "--monitor-interval=0.2",
+        *where, "--max-restarts=0", "--monitor-interval=0.2",
         "-m", WORKER_MODULE, "--spec", str(spec_path), "--out", str(out_path),
     ]  # fmt: skip
     stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
@@ -220,7 +261,7 @@ def _launch(
             cmd, stdout=out, stderr=err, env=_env(nprocs, timeout_s), start_new_session=True
         )
         deadline = time.monotonic() + timeout_s
-        timed_out = False
+        timed_out, stopped = False, None
 
         def report_progress() -> None:
             nonlocal last_progress
@@ -241,12 +282,18 @@ def _launch(
                 if time.monotonic() > deadline:
                     timed_out = True
                     break
+                stopped = abort() if abort is not None else None
+                if stopped:
+                    break
                 report_progress()
         finally:
             _kill_tree(proc, workdir)  # also clears stragglers after a normal exit
     if timed_out:
         result.status = "timeout"
         result.message = f"The trial ran past its limit of {timeout_s:g} s and was killed."
+        return
+    if stopped:
+        result.status, result.message = "error", f"The trial was stopped: {stopped}"
         return
     if out_path.is_file():
         data = json.loads(out_path.read_text())

@@ -1,8 +1,11 @@
 """One rank of a trial, run by `worker.py` (the torchrun entry) once the rank is guarded.
 
 Each rank builds the model, runs warm-up then measured steps, and writes `OUT.json.rank<R>.json`
-(status, message and, for an OOM, whether the GPU or the host ran out); rank 0 also writes
+(status, message and, for an OOM, whether the GPU or the host ran out); local rank 0 also writes
 `OUT.json`, the whole result with peaks reduced over ranks, and `progress.json` after each step.
+On a trial that spans nodes each node's local rank 0 writes them (into its own planner's scratch
+folder), with the same group-wide figures: c10d numbers the ranks in the order their nodes joined,
+so global rank 0 may be on any node, and every node's planner reads a whole result of its own.
 
 A compiled run (`compile: true`) compiles its layers in the first warm-up step (there is always
 one): dynamo's own compile time, graph and graph-break counts are reported apart from the step
@@ -66,7 +69,7 @@ def _offer_to_oom_killer() -> None:
 
 
 class Progress:
-    """Rank 0 tells the launcher what it is doing (`progress.json`: phase, step, steps)."""
+    """Local rank 0 tells the launcher what it is doing (`progress.json`: phase, step, steps)."""
 
     def __init__(self, path: Path | None, steps: int) -> None:
         self.path, self.steps = path, steps
@@ -186,7 +189,7 @@ def run(
     step_time = statistics.median(measured)
     tokens = config.micro_batch * config.grad_accum * config.seq_len * world
     compile_report = compile_result(config, compiled, recompiled, device)
-    if rank != 0:
+    if local_rank != 0:
         return None
     return {
         **compile_report,
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     (out.parent / f"pid.{rank}").write_text(str(os.getpid()))
     rank_file = out.parent / f"{out.name}.rank{rank}.json"
     spec = json.loads(Path(args.spec).read_text())
-    progress = Progress(out.parent / PROGRESS_FILE if rank == 0 else None, spec["steps"])
+    progress = Progress(out.parent / PROGRESS_FILE if local_rank == 0 else None, spec["steps"])
     try:
         result = run(spec, rank, world, local_rank, progress)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a status

@@ -1,0 +1,441 @@
+"""Trials across nodes: one planner per node, node 0 choosing each trial, the others joining it.
+
+Every node's planner opens the same study (`--storage`, `--study`); the study's system attrs are
+the one channel between them, so whatever storage every planner reaches (PostgreSQL across hosts,
+SQLite on one) carries it. Under `autofit:cluster:` there:
+
+- `session`: node 0's search of now (`id`, nodes, devices per node, its planner); a planner of a
+  node >0 joins the session whose node 0 is alive and not done (`joined:<id>:<node>`);
+- `beat:<id>:<node>`: every planner's heartbeat, a counter it bumps every `BEAT_S` (and a last
+  word, `gone`, when it stops on an error);
+- `launch:<id>`: node 0's latest launch, `{seq, endpoint, run_id, payload, nprocs, timeout_s}`;
+  every other node acknowledges it (`ack:<id>:<seq>:<node>`) and starts its part: the same
+  torchrun, `--nnodes=N --rdzv-backend=c10d` at node 0's endpoint, where node 0 hosts the store;
+- `part:<id>:<seq>:<node>`: how that node's part ended;
+- `done:<id>`: node 0's search ended (`ok`, `message`).
+
+Every launch of node 0 (search trials, re-runs, the winner's verification) goes through
+`Cluster.run_trial`. Faults: a node's planner is lost when its heartbeat stands still for `LOST_S`
+(at once when it ran on this host and its process is gone). A trial's processes die with their
+own planner (`guard`); a node whose peer is lost stops its part at once (`run_trial`'s `abort`).
+Node 0 then fails the trial (FAIL without a result, so a re-run of every planner measures it
+again) and stops the search with `NodeLost`; a node >0 whose node 0 is lost fails node 0's running
+trials in the study and stops with `NodeLost`. A node that never acknowledges a launch within
+`JOIN_S` stops the search the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, NoReturn
+
+import optuna
+
+from autofit.config import Config
+from autofit.errors import AutofitError
+from autofit.models import ModelSpec, resolve_model
+from autofit.trials.guard import alive, hostname, identity
+from autofit.trials.launcher import Rendezvous
+from autofit.trials.launcher import run_trial as launch_trial
+from autofit.trials.result import TrialResult
+
+PREFIX = "autofit:cluster:"
+BEAT_S = 1.0
+LOST_ENV, LOST_S = "AUTOFIT_NODE_LOST_S", 15.0  # a heartbeat that stood still this long: lost
+JOIN_ENV, JOIN_S = "AUTOFIT_NODE_JOIN_S", 300.0  # the most a launch waits for every node
+POLL_S = 0.25
+LOOK_S = 1.0  # how often a running trial looks at its peers' heartbeats
+PART_WAIT_S = 10.0  # how long node 0 waits for the other parts' reports after its own
+
+
+RESUME = (
+    "The study keeps its finished trials: start every node's `autofit plan` again (the same "
+    "--storage and --study) to resume; the interrupted trial runs first."
+)
+
+
+class NodeLost(AutofitError):
+    """Another node's planner stopped (or never came): the search cannot go on."""
+
+
+def node_lost(message: str) -> NodeLost:
+    """`NodeLost` saying `message` (a sentence, capitalised here) and how to resume."""
+    from autofit.checks import user_error
+
+    error = user_error(message[:1].upper() + message[1:], RESUME, NodeLost)
+    assert isinstance(error, NodeLost)
+    return error
+
+
+def _seconds(env: str, default: float) -> float:
+    try:
+        return float(os.environ.get(env) or default)
+    except ValueError:
+        return default
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (torchrun's store binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def endpoint_host() -> str:
+    """Where the other nodes reach node 0's rendezvous: `MASTER_ADDR`, or this host's name."""
+    return os.environ.get("MASTER_ADDR") or hostname()
+
+
+class Cluster:
+    """One node's end of the channel (see the module docstring)."""
+
+    def __init__(
+        self,
+        storage: optuna.storages.BaseStorage,
+        study_name: str,
+        nodes: int,
+        node_rank: int,
+        launch: Callable[..., TrialResult] = launch_trial,
+    ) -> None:
+        """`launch`: what starts this node's part of a trial (`autofit.trials.run_trial`)."""
+        self.storage, self.nodes, self.node_rank = storage, nodes, node_rank
+        self.launch = launch
+        self.study_id = storage.get_study_id_from_name(study_name)
+        self.say: Callable[[str], None] = lambda _text: None
+        self.session = ""
+        self.failure: str | None = None  # why the search must stop (a node lost)
+        self.lost_s, self.join_s = _seconds(LOST_ENV, LOST_S), _seconds(JOIN_ENV, JOIN_S)
+        self._seen: dict[int, tuple[Any, float]] = {}  # node -> (beat, when it last changed)
+        self._beats = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- the channel ---------------------------------------------------------------------
+    def _key(self, *parts: Any) -> str:
+        return PREFIX + ":".join(str(p) for p in parts)
+
+    def _attrs(self) -> dict[str, Any]:
+        attrs = self.storage.get_study_system_attrs(self.study_id)
+        return {k[len(PREFIX) :]: v for k, v in attrs.items() if k.startswith(PREFIX)}
+
+    def _put(self, *key: Any, value: Any) -> None:
+        self.storage.set_study_system_attr(self.study_id, self._key(*key), value)
+
+    def _me(self) -> dict[str, Any]:
+        return {"host": hostname(), "process": identity(), "node": self.node_rank}
+
+    def _beat(self, gone: str | None = None) -> None:
+        self._beats += 1
+        self._put("beat", self.session, self.node_rank,
+                  value={**self._me(), "n": self._beats, "gone": gone})  # fmt: skip
+
+    def start_heartbeat(self) -> None:
+        self._beat()
+
+        def loop() -> None:
+            while not self._stop.wait(BEAT_S):
+                with contextlib.suppress(Exception):  # a lost beat is sent again on the next
+                    self._beat()
+
+        self._thread = threading.Thread(target=loop, name="autofit-node-beat", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeat(self, gone: str | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if gone:
+            with contextlib.suppress(Exception):
+                self._beat(gone)
+
+    def lost(self, node: int, attrs: dict[str, Any] | None = None) -> str | None:
+        """Why node `node`'s planner is lost, or None while it lives (or has not begun)."""
+        attrs = self._attrs() if attrs is None else attrs
+        beat = attrs.get(f"beat:{self.session}:{node}")
+        if beat is None:
+            return None
+        who = f"node {node}'s planner (process {beat['process'].split(':')[0]} on {beat['host']})"
+        if beat.get("gone"):
+            return f"{who} stopped: {beat['gone']}"
+        if beat["host"] == hostname() and not alive(beat["process"]):
+            return f"{who} is gone (killed, or it crashed)"
+        now, last = time.monotonic(), self._seen.get(node)
+        if last is None or last[0] != beat["n"]:
+            self._seen[node] = (beat["n"], now)
+            return None
+        if now - last[1] > self.lost_s:
+            return f"{who} sent no heartbeat for {now - last[1]:.0f} s (killed, or its host lost)"
+        return None
+
+    def _peers(self) -> list[int]:
+        return [n for n in range(self.nodes) if n != self.node_rank]
+
+    def _any_lost(self, attrs: dict[str, Any] | None = None) -> str | None:
+        attrs = self._attrs() if attrs is None else attrs
+        return next(filter(None, (self.lost(n, attrs) for n in self._peers())), None)
+
+    def _watch(self, seq: int) -> Callable[[], str | None]:
+        """`run_trial`'s `abort` for this node's part of launch `seq`: why to stop it (a peer
+        lost, or another node's part ended without success), looked up at most every `LOOK_S`."""
+        look: list[Any] = [0.0, None]
+
+        def abort() -> str | None:
+            now = time.monotonic()
+            if now - look[0] >= LOOK_S:
+                look[0] = now
+                with contextlib.suppress(Exception):  # the storage out of reach: look later
+                    attrs = self._attrs()
+                    look[1] = self._any_lost(attrs) or self._failed_part(seq, attrs)
+            return look[1]
+
+        return abort
+
+    def _failed_part(self, seq: int, attrs: dict[str, Any]) -> str | None:
+        for node in self._peers():
+            part = attrs.get(f"part:{self.session}:{seq}:{node}")
+            if part and part["status"] != "ok":
+                first = (part.get("message") or "no message").strip().splitlines()[0]
+                return f"node {node}'s part of it ended first ({part['status']}: {first})"
+        return None
+
+    def _report(self, seq: int, result: TrialResult) -> None:
+        """How this node's part of launch `seq` ended, for the other nodes."""
+        with contextlib.suppress(Exception):
+            self._put("part", self.session, seq, self.node_rank,
+                      value={"status": result.status, "message": result.message,
+                             "oom_of": result.oom_of})  # fmt: skip
+
+    # ----- node 0 ------------------------------------------------------------------------------
+    def lead(self, gpus_per_node: int) -> None:
+        """Open a new session (this search) and start the heartbeat."""
+        self.session = uuid.uuid4().hex[:12]
+        session = {"id": self.session, "nodes": self.nodes, "gpus_per_node": gpus_per_node}
+        self._put("session", value={**session, "leader": self._me()})
+        self.start_heartbeat()
+
+    def finish(self, error: str | None = None) -> None:
+        """Node 0's search ended: tell the other nodes (and what went wrong, if it did)."""
+        with contextlib.suppress(Exception):
+            self._put("done", self.session, value={"ok": error is None, "message": error or ""})
+        self.stop_heartbeat(error)
+
+    def stop_if_failed(self, study: optuna.Study, _trial: Any = None) -> None:
+        """An `optimize` callback: no further trial once a node is lost."""
+        if self.failure:
+            study.stop()
+
+    def raise_if_failed(self) -> None:
+        if self.failure:
+            error = NodeLost(self.failure)
+            error.hint = RESUME  # type: ignore[attr-defined]
+            raise error
+
+    def run_trial(
+        self,
+        model: str | ModelSpec,
+        config: Config,
+        *,
+        nprocs: int = 1,
+        timeout_s: float = 600.0,
+        **kwargs: Any,
+    ) -> TrialResult:
+        """`autofit.trials.run_trial` across the nodes: announce, wait for every node's ack,
+        launch this node's part as the rendezvous host, gather the other parts' reports."""
+        self.raise_if_failed()
+        attrs = self._attrs()
+        lost = self._any_lost(attrs)
+        if lost:
+            self._fail(f"{lost}, before the trial started")
+        seq = int((attrs.get(f"launch:{self.session}") or {}).get("seq", 0)) + 1
+        spec = resolve_model(model)
+        endpoint = f"{endpoint_host()}:{free_port()}"
+        run_id = f"autofit-{self.session}-{seq}"
+        payload = {
+            "model": asdict(spec), "config": config.to_dict(),
+            **{k: kwargs[k] for k in ("device", "gpu_memory", "steps", "warmup") if k in kwargs},
+        }  # fmt: skip
+        self._put("launch", self.session, value={
+            "seq": seq, "endpoint": endpoint, "run_id": run_id, "payload": payload,
+            "nprocs": nprocs, "timeout_s": timeout_s, "join_timeout": self.join_s,
+        })  # fmt: skip
+        self._wait_acks(seq)
+        rdzv = Rendezvous(self.nodes, endpoint, run_id, True, self.join_s)
+        result = self.launch(spec, config, nprocs=nprocs, timeout_s=timeout_s,
+                             rendezvous=rdzv, abort=self._watch(seq), **kwargs)  # fmt: skip
+        self._report(seq, result)
+        parts = self._gather_parts(seq, result)
+        lost = self._any_lost()
+        if lost and not result.ok:
+            first = (result.message or result.status).strip().splitlines()[0]
+            detail = "" if lost in first else f" ({first})"
+            self._fail(f"{lost}, during the trial of '{config.short()}'{detail}")
+        _blame(result, parts)
+        return result
+
+    def _fail(self, message: str) -> NoReturn:
+        error = node_lost(
+            f"{message}. A trial that spans {self.nodes} nodes needs every node's planner, so "
+            "the search stops here."
+        )
+        self.failure = str(error)
+        raise error
+
+    def _wait_acks(self, seq: int) -> None:
+        deadline = time.monotonic() + self.join_s
+        while True:
+            attrs = self._attrs()
+            waiting = [n for n in self._peers() if f"ack:{self.session}:{seq}:{n}" not in attrs]
+            if not waiting:
+                return
+            lost = self._any_lost(attrs)
+            if lost:
+                self._fail(f"{lost}, before the trial started")
+            if time.monotonic() > deadline:
+                names = ", ".join(str(n) for n in waiting)
+                self._fail(
+                    f"node{'s' if len(waiting) > 1 else ''} {names} did not join the trial "
+                    f"within {self.join_s:g} s (is "
+                    "`autofit plan` running there, on the same --storage and --study, with its "
+                    f"node rank? {JOIN_ENV} sets this limit)"
+                )
+            time.sleep(POLL_S)
+
+    def _gather_parts(self, seq: int, result: TrialResult) -> dict[int, dict[str, Any]]:
+        deadline = time.monotonic() + (PART_WAIT_S if not result.ok else 2 * POLL_S)
+        parts: dict[int, dict[str, Any]] = {}
+        while True:
+            attrs = self._attrs()
+            parts = {n: attrs[k] for n in self._peers()
+                     if (k := f"part:{self.session}:{seq}:{n}") in attrs}  # fmt: skip
+            if len(parts) == len(self._peers()) or time.monotonic() > deadline:
+                return parts
+            if self._any_lost(attrs):
+                return parts
+            time.sleep(POLL_S)
+
+    # ----- nodes > 0 ---------------------------------------------------------------------------
+    def follow(self, study: optuna.Study, on_part: Callable[[int, TrialResult], None]) -> None:
+        """Join node 0's session, run this node's part of each launch until node 0 is done.
+        Raises `NodeLost` when node 0's planner is lost (its running trials failed first) or
+        node 0's search stopped on an error."""
+        self._join()
+        self.say(f"node {self.node_rank} of {self.nodes}: joined node 0's search")
+        self.start_heartbeat()
+        last, gone = 0, None
+        try:
+            while True:
+                attrs = self._attrs()
+                done = attrs.get(f"done:{self.session}")
+                if done is not None:
+                    if not done["ok"]:
+                        raise NodeLost(f"Node 0's search stopped: {done['message']}")
+                    return
+                lost = self.lost(0, attrs)
+                if lost:
+                    failed = self._fail_leader_trials(study)
+                    which = f"trial(s) {', '.join(f'#{n}' for n in failed)}" if failed else "none"
+                    raise node_lost(
+                        f"{lost}. Its running trial is failed ({which}) and node "
+                        f"{self.node_rank} stops too."
+                    )
+                launch = attrs.get(f"launch:{self.session}")
+                if launch is not None and launch["seq"] > last:
+                    last = launch["seq"]
+                    on_part(last, self._part(launch))
+                    continue
+                time.sleep(POLL_S)
+        except BaseException as exc:
+            gone = str(exc) or type(exc).__name__
+            raise
+        finally:
+            self.stop_heartbeat(gone)
+
+    def _join(self) -> None:
+        """Wait for a session of node 0 that is not done and whose planner lives (on this host:
+        its process runs; elsewhere: its heartbeat moves), and join it."""
+        deadline = time.monotonic() + self.join_s
+        first: dict[str, int] = {}  # session -> the first heartbeat of its node 0 seen
+        while time.monotonic() <= deadline:
+            attrs = self._attrs()
+            session = attrs.get("session")
+            if session and session["nodes"] != self.nodes:
+                raise NodeLost(
+                    f"Node 0 plans for {session['nodes']} nodes and this node for {self.nodes}: "
+                    "give every node's `autofit plan` the same --gpus."
+                )
+            sid = (session or {}).get("id")
+            beat = attrs.get(f"beat:{sid}:0")
+            if sid and beat and f"done:{sid}" not in attrs and not beat.get("gone"):
+                if beat["host"] == hostname():
+                    live = alive(beat["process"])
+                else:
+                    live = first.setdefault(sid, beat["n"]) != beat["n"]
+                if live:
+                    self.session = sid
+                    self._put("joined", sid, self.node_rank, value=self._me())
+                    return
+            time.sleep(POLL_S)
+        raise NodeLost(
+            f"Node 0's search did not begin within {self.join_s:g} s: start `autofit plan` on "
+            "node 0 with the same --storage and --study (and node rank 0)."
+        )
+
+    def _part(self, launch: dict[str, Any]) -> TrialResult:
+        """This node's part of node 0's launch `launch`."""
+        seq = launch["seq"]
+        self._put("ack", self.session, seq, self.node_rank, value=self._me())
+        leader = self._attrs().get(f"beat:{self.session}:0") or {}
+        payload = launch["payload"]
+        rdzv = Rendezvous(self.nodes, launch["endpoint"], launch["run_id"], False,
+                          launch["join_timeout"])  # fmt: skip
+        result = self.launch(
+            ModelSpec(**payload["model"]), Config.from_dict(payload["config"]),
+            nprocs=launch["nprocs"], device=payload.get("device", "cuda"),
+            gpu_memory=payload.get("gpu_memory"), steps=payload.get("steps", 3),
+            warmup=payload.get("warmup", 1), timeout_s=launch["timeout_s"], rendezvous=rdzv,
+            abort=self._watch(seq),
+            lock=leader.get("host") != hostname(),  # on node 0's host, its part holds the lock
+        )  # fmt: skip
+        self._report(seq, result)
+        return result
+
+    def _fail_leader_trials(self, study: optuna.Study) -> list[int]:
+        """Mark FAIL the running trials node 0's planner owned (their candidates run again when
+        every planner is started again); return their numbers."""
+        from autofit.search import study as st
+
+        session = self._attrs().get("session") or {}
+        leader = (session.get("leader") or {}).get("process")
+        storage = study._storage  # noqa: SLF001 - the compare-and-set that Study.ask uses
+        failed = []
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if (t.user_attrs.get(st.OWNER) or {}).get("process") != leader:
+                continue
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                if storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
+                    failed.append(t.number)
+        return failed
+
+
+def _blame(result: TrialResult, parts: dict[int, dict[str, Any]]) -> None:
+    """A trial that failed on node 0 because another node's part ran out of memory (or failed
+    first) says so: that node's status and message, named."""
+    if result.ok:
+        return
+    for node, part in sorted(parts.items()):
+        if part.get("status") == "oom" and result.status != "oom":
+            result.status, result.oom_of = "oom", part.get("oom_of")
+            result.message = f"node {node}: {part.get('message', '')}"
+            return
+    if result.status in ("error", "timeout"):
+        extra = [f"node {n}: {p['message'].splitlines()[0]}" for n, p in sorted(parts.items())
+                 if p.get("status") != "ok" and p.get("message")]  # fmt: skip
+        if extra:
+            result.message += "\n--- other nodes ---\n" + "\n".join(extra)
