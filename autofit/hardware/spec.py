@@ -88,7 +88,12 @@ class Hardware:
         if not self.gpus:
             return "no GPUs"
         if self.source == "cpu":  # CPU processes standing in for GPUs: no GPU link to name
-            return f"{self.n_gpus} CPU process{'es' if self.n_gpus != 1 else ''} (gloo)"
+            procs = f"{self.n_gpus} CPU process{'es' if self.n_gpus != 1 else ''} (gloo)"
+            return (
+                f"{procs} as {self.nodes} nodes of {self.gpus_per_node}"
+                if self.nodes > 1
+                else procs
+            )
         names = {g.name for g in self.gpus}
         name = names.pop() if len(names) == 1 else "mixed GPUs"
         if self.nodes > 1:

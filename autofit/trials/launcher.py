@@ -68,8 +68,18 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+# What torchrun's agent sets for the processes it starts (torch.distributed.run's documented
+# environment). A planner started by torchrun (one per node) carries them; the trial's own
+# torchrun, and its workers, must not see the planner's world.
+_LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+                 "TORCHELASTIC_ERROR_FILE")  # fmt: skip
+
+
 def _env(nprocs: int, timeout_s: float) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_repo_root(), env.get("PYTHONPATH")]))
