@@ -88,9 +88,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+RDZV_HOST_ENV = "AUTOFIT_RDZV_HOST"
+
+
 def endpoint_host() -> str:
-    """Where the other nodes reach node 0's rendezvous: `MASTER_ADDR`, or this host's name."""
-    return os.environ.get("MASTER_ADDR") or hostname()
+    """Where the other nodes reach node 0's rendezvous: `AUTOFIT_RDZV_HOST` (an address they can
+    reach), else this host's name. Not `MASTER_ADDR`: under a torchrun of the planners it names
+    the host of that launch's store, which need not be the node of `GROUP_RANK` 0."""
+    return os.environ.get(RDZV_HOST_ENV) or hostname()
 
 
 class Cluster:
