@@ -21,6 +21,7 @@ when node 0 is done, return the plan it stored.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable
@@ -155,9 +156,23 @@ def _follow(cluster: Cluster, study: optuna.Study, console: Any, url: str, name:
 
     cluster.say = display.say
     with display:
-        cluster.follow(study, part)
+        cluster.follow(part, lambda process: _fail_trials_of(study, process))
         display.say(f"node 0's search is done; its plan, from study {escape(name)}:")
     return load_study_plan(url, name)
+
+
+def _fail_trials_of(study: optuna.Study, process: str | None) -> list[int]:
+    """Mark FAIL the running trials the planner `process` (`guard.identity()`) owned: their
+    candidates run again when every planner is started again. Returns their numbers."""
+    storage = study._storage  # noqa: SLF001 - the compare-and-set that Study.ask uses
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if process is None or (t.user_attrs.get(st.OWNER) or {}).get("process") != process:
+            continue
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            if storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
+                failed.append(t.number)
+    return failed
 
 
 def _lead(

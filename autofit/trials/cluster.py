@@ -326,10 +326,15 @@ class Cluster:
             time.sleep(POLL_S)
 
     # ----- nodes > 0 ---------------------------------------------------------------------------
-    def follow(self, study: optuna.Study, on_part: Callable[[int, TrialResult], None]) -> None:
+    def follow(
+        self,
+        on_part: Callable[[int, TrialResult], None],
+        fail_trials_of: Callable[[str | None], list[int]],
+    ) -> None:
         """Join node 0's session, run this node's part of each launch until node 0 is done.
-        Raises `NodeLost` when node 0's planner is lost (its running trials failed first) or
-        node 0's search stopped on an error."""
+        Raises `NodeLost` when node 0's planner is lost (its running trials failed first, by
+        `fail_trials_of(node 0's process)`, which returns their numbers) or node 0's search
+        stopped on an error."""
         self._join()
         self.say(f"node {self.node_rank} of {self.nodes}: joined node 0's search")
         self.start_heartbeat()
@@ -344,7 +349,7 @@ class Cluster:
                     return
                 lost = self.lost(0, attrs)
                 if lost:
-                    failed = self._fail_leader_trials(study)
+                    failed = fail_trials_of(self.leader_process())
                     which = f"trial(s) {', '.join(f'#{n}' for n in failed)}" if failed else "none"
                     raise node_lost(
                         f"{lost}. Its running trial is failed ({which}) and node "
@@ -411,22 +416,10 @@ class Cluster:
         self._report(seq, result)
         return result
 
-    def _fail_leader_trials(self, study: optuna.Study) -> list[int]:
-        """Mark FAIL the running trials node 0's planner owned (their candidates run again when
-        every planner is started again); return their numbers."""
-        from autofit.search import study as st
-
+    def leader_process(self) -> str | None:
+        """`identity()` of node 0's planner in this session (None before one is known)."""
         session = self._attrs().get("session") or {}
-        leader = (session.get("leader") or {}).get("process")
-        storage = study._storage  # noqa: SLF001 - the compare-and-set that Study.ask uses
-        failed = []
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if (t.user_attrs.get(st.OWNER) or {}).get("process") != leader:
-                continue
-            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                if storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
-                    failed.append(t.number)
-        return failed
+        return (session.get("leader") or {}).get("process")
 
 
 def _blame(result: TrialResult, parts: dict[int, dict[str, Any]]) -> None:

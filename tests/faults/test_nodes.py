@@ -163,7 +163,8 @@ def test_node_0_announces_each_launch_and_the_other_node_joins_its_rendezvous(
     leader.lead(gpus_per_node=1)
     parts: list[tuple[int, str]] = []
     thread = threading.Thread(
-        target=follower.follow, args=(study, lambda seq, r: parts.append((seq, r.status)))
+        target=follower.follow,
+        args=(lambda seq, r: parts.append((seq, r.status)), lambda process: []),
     )
     thread.start()
     for steps in (1, 3):  # a trial, then a longer verification
@@ -207,7 +208,7 @@ def test_the_other_node_stops_when_node_0_stops_on_an_error(tmp_path: Path) -> N
 
     def follow() -> None:
         try:
-            follower.follow(study, lambda seq, r: None)
+            follower.follow(lambda seq, r: None, lambda process: [])
         except NodeLost as exc:
             errors.append(exc)
 
