@@ -88,11 +88,10 @@ def default_study_name(
             *([hardware.nodes, hardware.inter_node_bw_gbs] if hardware.nodes > 1 else []),
         ],
         "device": device,
-        "space": {
+        "space": {  # the values that make different runs here: on one node, `shard: all` alone
             k: list(v)
-            for k, v in space.knobs.items()
+            for k, v in space.knobs_on(hardware.nodes).items()
             if not (k in _ADDED_KNOBS and v == (getattr(Config(), k),))
-            and not (k == "shard" and hardware.nodes <= 1)  # one node: shard=node is shard=all
         },
         "seq_len": seq_len,
         "global_batch": global_batch,
