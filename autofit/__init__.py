@@ -46,14 +46,27 @@ __all__ = [
 ]
 
 
-def _config(knobs: dict[str, Any]) -> Config:
-    """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`)."""
+def _config(knobs: dict[str, Any], spec: Any = None) -> Config:
+    """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`), its
+    `train_embeddings` checked against `spec`'s vocabulary."""
     unknown = set(knobs) - set(KNOBS) - set(LORA_SETTINGS)
     if unknown:
         from autofit.config import coerce_knob
 
         coerce_knob(sorted(unknown)[0], None)  # raises a clear ConfigError
-    return Config(**knobs)
+    config = Config(**knobs)
+    if spec is not None:
+        _check_train_embeddings(config.train_embeddings, spec)
+    return config
+
+
+def _check_train_embeddings(value: str, spec: Any) -> None:
+    """`tokens:N` within the model's vocabulary: one paragraph before anything is estimated."""
+    from autofit.config import trained_tokens_error
+
+    problem = trained_tokens_error(value, spec.vocab)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def estimate(
@@ -63,13 +76,19 @@ def estimate(
     gpu_memory: str | int | None = None,
     device: str = "cuda",
     inter_node_bandwidth: str | float | None = None,
+    optimizer_impl: str = "fused",
+    expandable_segments: bool = True,
     **knobs: Any,
 ) -> Estimate:
     """Napkin estimate of one config: `autofit.estimate("llama-7b", gpus="2xrtx3090",
     quant="nf4", lora_rank=64, micro_batch=8, seq_len=2048, checkpointing="full")`. Besides the
     knobs, the LoRA settings: `lora_targets=["q_proj", "v_proj"]` (default: every linear
-    projection of the decoder blocks), `lora_dropout=0.05`, `lora_alpha=32`. Past one node
-    (`gpus="4x8xh100-80gb"`), `inter_node_bandwidth="400Gb/s"` replaces the network's preset."""
+    projection of the decoder blocks), `lora_dropout=0.05`, `lora_alpha=32`,
+    `train_embeddings="full"` (or `"tokens:N"`: the last N token ids). Past one node
+    (`gpus="4x8xh100-80gb"`), `inter_node_bandwidth="400Gb/s"` replaces the network's preset.
+    For a launch autofit did not set up: `optimizer_impl="foreach"` (torch AdamW's default, whose
+    step holds a parameter-sized temporary; autofit pins `fused`) and `expandable_segments=False`
+    (the allocator's default mode; autofit sets `expandable_segments:True`)."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model
@@ -79,7 +98,14 @@ def estimate(
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
-    return _estimate(spec, hw, _config(knobs), device=device)
+    return _estimate(
+        spec,
+        hw,
+        _config(knobs, spec),
+        device=device,
+        optimizer_impl=optimizer_impl,
+        expandable_segments=expandable_segments,
+    )
 
 
 def plan(
@@ -103,6 +129,7 @@ def plan(
     prune: bool = True,
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
+    train_embeddings: str | None = None,
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
@@ -110,9 +137,12 @@ def plan(
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
     otherwise an Optuna study runs real trials of the most promising candidates.
 
-    `lora_targets` (module names, or "all-linear") and `lora_dropout` are the LoRA settings every
-    candidate carries; given, they replace the space file's (None: the space's, whose default is
-    every linear projection of the decoder blocks and no dropout).
+    `lora_targets` (module names, or "all-linear"), `lora_dropout` and `train_embeddings`
+    ("none", "full", or "tokens:N": also train the input embeddings and LM head, all of them or
+    the rows of the last N token ids) are the LoRA settings every candidate carries; given, they
+    replace the space file's (None: the space's, whose default is every linear projection of the
+    decoder blocks, no dropout and frozen embeddings). With `train_embeddings` set, the space's
+    full fine-tunes (`lora_rank: 0`, which train the embeddings anyway) are skipped.
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -146,7 +176,9 @@ def plan(
         )
     check_steps(steps)
     check_calibration(calibration)
-    settings = _lora_settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
+    settings = _lora_settings(
+        lora_targets=lora_targets, lora_dropout=lora_dropout, train_embeddings=train_embeddings
+    )
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)
     hw = resolve_hardware(
@@ -155,6 +187,7 @@ def plan(
     sp = load_space(space)
     if settings:
         sp = sp.with_settings(**settings)
+    _check_space_embeddings(sp, spec)
     if trials == 0:
         return plan_estimates(
             PlanRequest.of(spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin,
@@ -179,6 +212,22 @@ def plan(
     if rank == 0:  # node 0 writes the run folder; the others return the plan it stored
         write_run_folder(result, folder)
     return result
+
+
+def _check_space_embeddings(sp: Any, spec: Any) -> None:
+    """A space's `train_embeddings` within the model's vocabulary, and with LoRA candidates to
+    carry it (its full fine-tunes are skipped: they train the embeddings already)."""
+    value = sp.settings.get("train_embeddings", "none")
+    if value == "none":
+        return
+    _check_train_embeddings(value, spec)
+    if not any(rank > 0 for rank in sp.knobs["lora_rank"]):
+        raise ConfigError(
+            f"train_embeddings={value} trains the input embeddings and LM head beside a frozen "
+            f"LoRA base, but space {sp.name!r} has only full fine-tunes (lora_rank: "
+            f"{list(sp.knobs['lora_rank'])}), which train them already. Give the space LoRA "
+            "ranks (lora_rank: [16, 64]), or drop train_embeddings (none) for full fine-tunes."
+        )
 
 
 def _node_rank(hw: Any, node_rank: int | None, storage: str | None) -> int:
@@ -313,7 +362,7 @@ def trial(
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     check_trial_hardware(hw, device, gpus)
-    cfg = _config(knobs)
+    cfg = _config(knobs, spec)
     if cfg.lora_targets is not None:
         from autofit.arch import structure_of
 

@@ -193,6 +193,12 @@ LORA_TARGETS = typer.Option(
 LORA_DROPOUT = typer.Option(
     None, "--lora-dropout", metavar="FLOAT", help=SETTING_HELP["lora_dropout"] + "."
 )
+TRAIN_EMBEDDINGS = typer.Option(
+    None,
+    "--train-embeddings",
+    metavar="none|full|tokens:N",
+    help=SETTING_HELP["train_embeddings"] + ".",
+)
 
 
 def _settings(**values: Any) -> dict[str, Any]:
@@ -303,6 +309,7 @@ def estimate(
     seq_len: int | None = _knob_option("seq_len"),
     lora_targets: str | None = LORA_TARGETS,
     lora_dropout: str | None = LORA_DROPOUT,
+    train_embeddings: str | None = TRAIN_EMBEDDINGS,
     gpu_memory: str | None = GPU_MEMORY,
     inter_node_bandwidth: str | None = INTER_NODE_BANDWIDTH,
     device: str = DEVICE,
@@ -311,7 +318,9 @@ def estimate(
     """Napkin estimate of one config: peak memory per GPU with a breakdown, and step time."""
     try:
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
-        knobs |= _settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
+        knobs |= _settings(
+            lora_targets=lora_targets, lora_dropout=lora_dropout, train_embeddings=train_embeddings
+        )
         with _warnings_to_stderr():
             est = autofit.estimate(
                 model, gpus, gpu_memory=gpu_memory, device=device,
@@ -351,6 +360,7 @@ def trial(
     seq_len: int | None = _knob_option("seq_len"),
     lora_targets: str | None = LORA_TARGETS,
     lora_dropout: str | None = LORA_DROPOUT,
+    train_embeddings: str | None = TRAIN_EMBEDDINGS,
     gpu_memory: str | None = GPU_MEMORY,
     device: str = DEVICE,
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps (after 1 warm-up)."),
@@ -367,7 +377,9 @@ def trial(
     timeout = _renamed("--timeout", timeout, "--trial-timeout", trial_timeout, 600.0)
     try:
         knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
-        knobs |= _settings(lora_targets=lora_targets, lora_dropout=lora_dropout)
+        knobs |= _settings(
+            lora_targets=lora_targets, lora_dropout=lora_dropout, train_embeddings=train_embeddings
+        )
         if not json_out:
             err.print(
                 f"Running a trial of {escape(model)} on {escape(gpus)} ({escape(device)}) ..."
@@ -464,6 +476,12 @@ def plan(
         metavar="FLOAT",
         help=SETTING_HELP["lora_dropout"] + "; replaces the space file's lora_dropout.",
     ),
+    train_embeddings: str | None = typer.Option(
+        None,
+        "--train-embeddings",
+        metavar="none|full|tokens:N",
+        help=SETTING_HELP["train_embeddings"] + "; replaces the space file's train_embeddings.",
+    ),
     trials: int = typer.Option(20, "--trials", help="Real trials to spend (0 = estimates only)."),
     no_trials: bool = typer.Option(False, "--no-trials", help="Estimates only: no GPU needed."),
     search_timeout: float | None = typer.Option(
@@ -538,7 +556,8 @@ def plan(
                 margin=margin, device=device, gpu_memory=gpu_memory,
                 inter_node_bandwidth=inter_node_bandwidth, storage=storage,
                 study=study, run_dir=run_dir, prune=not no_prune, lora_targets=lora_targets,
-                lora_dropout=lora_dropout, console=None if json_out else console,
+                lora_dropout=lora_dropout, train_embeddings=train_embeddings,
+                console=None if json_out else console,
                 calibration="off" if no_calibration else calibration, node_rank=node_rank,
             )  # fmt: skip
         written: list[Path] = []

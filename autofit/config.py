@@ -65,7 +65,7 @@ KNOB_HELP: dict[str, str] = {
 }
 
 # Settings of a `Config` that are not searched: the user's choice, fixed for a whole plan.
-LORA_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout")
+LORA_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout", "train_embeddings")
 
 SETTING_HELP: dict[str, str] = {
     "lora_alpha": "LoRA alpha (the adapter's scale is alpha / rank); default 2 x rank",
@@ -74,7 +74,15 @@ SETTING_HELP: dict[str, str] = {
     "linear projection of the decoder blocks)",
     "lora_dropout": "dropout on each adapted layer's input, >= 0 and < 1 (peft keeps a copy of "
     "that input, which costs memory); default 0",
+    "train_embeddings": "with LoRA, also train the input embeddings and the LM head: none "
+    "(default); full = a trainable copy of each beside the frozen original (peft "
+    "modules_to_save); tokens:N = only the rows of the last N token ids, e.g. the tokens a chat "
+    "template added (peft trainable_token_indices)",
 }
+
+# `train_embeddings` values: `none`, `full`, or `tokens:N` (the last N ids of the vocabulary).
+TRAIN_EMBEDDINGS = ("none", "full")
+TOKENS_PREFIX = "tokens:"
 
 # `lora_targets` spellings of the default: every linear projection of the decoder blocks.
 ALL_LINEAR = "all-linear"
@@ -313,7 +321,46 @@ def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
         if number is None or not math.isfinite(number) or number != int(number) or number < 1:
             return None, "not a whole number"
         return int(number), None
+    if name == "train_embeddings":
+        return _train_embeddings_problem(value)
     raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
+
+
+def _train_embeddings_problem(value: Any) -> tuple[str | None, str | None]:
+    """(`train_embeddings` normalised: `none`, `full` or `tokens:N`, None) or (None, why not)."""
+    if value is None:
+        return "none", None
+    if not isinstance(value, str):
+        return None, "not text"
+    text = "".join(value.split()).lower()  # `Tokens: 8` reads as tokens:8
+    if text in TRAIN_EMBEDDINGS:
+        return text, None
+    if text.startswith(TOKENS_PREFIX):
+        count = text[len(TOKENS_PREFIX) :]
+        if count.isascii() and count.isdigit() and int(count) >= 1:
+            return f"{TOKENS_PREFIX}{int(count)}", None
+        return None, "N must be a whole number >= 1"
+    return None, "unknown value"
+
+
+def trained_token_count(train_embeddings: str) -> int | None:
+    """N of a normalised `tokens:N` value; None for `none` and `full`."""
+    if train_embeddings.startswith(TOKENS_PREFIX):
+        return int(train_embeddings[len(TOKENS_PREFIX) :])
+    return None
+
+
+def trained_tokens_error(train_embeddings: str, vocab: int) -> str | None:
+    """The sentence for a `tokens:N` that asks for more token ids than the model's vocabulary of
+    `vocab` tokens has, or None."""
+    count = trained_token_count(train_embeddings)
+    if count is None or count <= vocab:
+        return None
+    return (
+        f"train_embeddings={train_embeddings} trains the last {count} token ids, but this "
+        f"model's vocabulary has {vocab:,} tokens. Use tokens:N with N <= {vocab} (the tokens "
+        "your chat template added), or full to train every row."
+    )
 
 
 def setting_error(name: str, value: Any, where: str = "") -> str | None:
@@ -330,6 +377,14 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
         )
     if name == "lora_alpha":
         return f"Setting 'lora_alpha'{place} must be a whole number >= 1; got {value!r}."
+    if name == "train_embeddings":
+        return (
+            f"Setting 'train_embeddings'{place} cannot be {value!r} ({why}). Allowed: none (the "
+            "default: embeddings and LM head frozen), full (a trainable copy of the input "
+            "embeddings and of the LM head beside the frozen originals, peft modules_to_save), "
+            "or tokens:N with N a whole number >= 1 (only the rows of the last N token ids, "
+            "e.g. tokens:8 for the 8 tokens a chat template added; peft trainable_token_indices)."
+        )
     return (
         f"Setting 'lora_targets'{place} cannot be {value!r}: {why}. Allowed: module names of the "
         "decoder layers, comma-separated or as a list, e.g. q_proj,v_proj (leaf names such as "
@@ -341,7 +396,8 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
 def coerce_setting(name: str, value: Any, where: str = "") -> Any:
     """Check and normalise one LoRA setting (`LORA_SETTINGS`); raise `ConfigError` naming the
     setting, the value and what is allowed. `lora_targets`: a tuple of module names, or None for
-    every linear projection (`all-linear`, `all`, an empty list); `lora_dropout`: a float."""
+    every linear projection (`all-linear`, `all`, an empty list); `lora_dropout`: a float;
+    `train_embeddings`: `none`, `full` or `tokens:N`."""
     problem = setting_error(name, value, where)
     if problem is not None:
         raise ConfigError(problem)
@@ -370,6 +426,7 @@ class Config:
     lora_alpha: int | None = None  # None: 2 x lora_rank
     lora_targets: tuple[str, ...] | None = None  # None: every linear projection of the decoder
     lora_dropout: float = 0.0
+    train_embeddings: str = "none"  # none | full | tokens:N (`LORA_SETTINGS`)
 
     def __post_init__(self) -> None:
         for name in KNOBS:
@@ -401,6 +458,8 @@ class Config:
             out["lora_targets"] = list(self.lora_targets)
         if self.lora_dropout:
             out["lora_dropout"] = self.lora_dropout
+        if self.train_embeddings != "none":
+            out["train_embeddings"] = self.train_embeddings
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -443,6 +502,8 @@ class Config:
             parts.append(f"targets={','.join(self.lora_targets)}")
         if self.is_lora and self.lora_dropout:
             parts.append(f"drop={self.lora_dropout:g}")
+        if self.train_embeddings != "none":
+            parts.append(f"emb={self.train_embeddings}")
         return " ".join(parts)
 
 
@@ -459,6 +520,14 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             "quant needs LoRA",
             f"quant={cfg.quant} needs LoRA: a quantized base cannot be fully fine-tuned. "
             "Set lora_rank > 0 (e.g. 16 or 64), or use quant=none for a full fine-tune.",
+        )
+    if cfg.train_embeddings != "none" and cfg.lora_rank == 0:
+        return (
+            "train_embeddings needs LoRA",
+            f"train_embeddings={cfg.train_embeddings} trains the input embeddings and LM head "
+            "beside a frozen LoRA base, so it needs lora_rank > 0: a full fine-tune (lora_rank "
+            "0) trains the embeddings and head already. Set lora_rank > 0 (e.g. 16 or 64), or "
+            "train_embeddings=none for a full fine-tune.",
         )
     if cfg.offload == "params" and cfg.quant == "int8":
         return (

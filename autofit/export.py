@@ -36,9 +36,12 @@ from autofit.config import (
     fp32_trainable,
     mesh_shape,
     sharding_for,
+    trained_token_count,
     wrap_group_size,
 )
 from autofit.errors import AutofitError
+from autofit.models import ModelSpec
+from autofit.recipe import embedding_peft_options, trained_embedding_modules, trained_token_ids
 
 FORMATS = ("autofit", "accelerate", "trainer")
 SCHEMA = 1
@@ -91,7 +94,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
         },
         "trial": trial.to_dict() if trial is not None else None,
         "reason": plan.reason,
-        "lora": lora_section(cfg) if cfg.is_lora else None,
+        "lora": lora_section(cfg, plan.model) if cfg.is_lora else None,
         "env": dict(ALLOC_ENV) if plan.device != "cpu" else {},  # a CUDA setting: none on CPU
         "study": {"storage": plan.storage, "name": plan.study_name},
         "trials": [
@@ -107,16 +110,24 @@ def plan_document(plan: Any) -> dict[str, Any]:
     }
 
 
-def lora_section(cfg: Config) -> dict[str, Any]:
+def lora_section(cfg: Config, model: ModelSpec | None = None) -> dict[str, Any]:
     """The LoRA part of an export, in peft's `LoraConfig` terms: `target_modules` is the list of
     module names the user chose, or peft's "all-linear" (every linear layer but the output head:
-    autofit's default, every linear projection of the decoder blocks)."""
-    return {
+    autofit's default, every linear projection of the decoder blocks). With `train_embeddings`,
+    also `modules_to_save` (and `ensure_weight_tying` for a tied head) or
+    `trainable_token_indices` of `model`'s vocabulary, as the builder passes them to peft
+    (`autofit.recipe.embedding_peft_options`, by the leaf names peft matches)."""
+    section: dict[str, Any] = {
         "rank": cfg.lora_rank,
         "alpha": cfg.alpha,
         "dropout": cfg.lora_dropout,
         "target_modules": list(cfg.lora_targets) if cfg.lora_targets is not None else ALL_LINEAR,
     }
+    if cfg.train_embeddings != "none" and model is not None:
+        section.update(
+            embedding_peft_options(cfg.train_embeddings, model.vocab, model.tied_embeddings)
+        )
+    return section
 
 
 @dataclass
@@ -274,6 +285,11 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
             where = f"{n} GPU{'s' if n > 1 else ''}" if nodes == 1 else gpus
             lines = [f"# Measured path: FSDP2 on {where} laid out as torchtitan: {units}."]
         extra = []
+        if cfg.get("train_embeddings", "none") == "full":
+            extra.append(
+                "The frozen originals beside the trainable embedding and head copies are a unit "
+                "of their own, never gathered"
+            )
         if cfg["offload"] == "params":
             extra.append("Params offloaded to CPU (CPUOffloadPolicy)")
         if mixed:
@@ -313,8 +329,35 @@ def _header(doc: dict[str, Any], what: str) -> list[str]:
             + (f", dropout {dropout:g}" if dropout else "")
             + f" on {where}."
         )
+        lines += _embedding_notes(doc)
     lines += _loss_and_compile_notes(cfg)
     return lines
+
+
+def _embedding_notes(doc: dict[str, Any]) -> list[str]:
+    """What `train_embeddings` trains, in words and in peft's terms (the `lora:` section of the
+    autofit plan holds the options themselves)."""
+    value = doc["config"].get("train_embeddings", "none")
+    if value == "none":
+        return []
+    spec = doc.get("model_spec") or {}
+    tied = bool(spec.get("tied_embeddings"))
+    head = "the LM head tied to it (one trained weight)" if tied else "the LM head"
+    count = trained_token_count(value)
+    if count is None:
+        modules = ", ".join(trained_embedding_modules(value, tied))
+        tying = ", ensure_weight_tying=True" if tied else ""
+        return [
+            f"# Trains the input embeddings and {head} too: a trainable copy beside each frozen "
+            f"original (peft modules_to_save: {modules}{tying})."
+        ]
+    vocab = int(spec.get("vocab") or 0)
+    rows = trained_token_ids(value, vocab)
+    where = f"ids {rows.start}-{rows.stop - 1}" if vocab else f"the last {count} ids"
+    return [
+        f"# Trains the rows of the last {count} token ids ({where}, e.g. a chat template's "
+        f"added tokens) of the input embeddings and {head} (peft trainable_token_indices)."
+    ]
 
 
 def _env_text(doc: dict[str, Any]) -> str:

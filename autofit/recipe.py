@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autofit.config import fp32_trainable
+from autofit.config import fp32_trainable, trained_token_count
 
 # ----- dtypes -----------------------------------------------------------------------------------
 # Named by string so this module needs no torch; `autofit.build.dtypes` maps them to torch dtypes.
@@ -98,6 +98,63 @@ def optimizer_state_bytes_per_param(optimizer: str, param_bytes: int) -> float:
     if state is None:
         return ADAM_MOMENTS * param_bytes
     return ADAM_MOMENTS * (state.value_bytes + LOW_BIT_SCALE_BYTES / state.block)
+
+
+# ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------
+EMBEDDING_MODULE = "embed_tokens"
+"""The input embedding's name in every supported HF family; the builder finds the module itself
+(`get_input_embeddings`) and exports name it in peft's terms (`modules_to_save`)."""
+
+HEAD_MODULE = "lm_head"
+"""The LM head's name in every supported HF family (`get_output_embeddings`)."""
+
+
+def trained_embedding_modules(train_embeddings: str, tied: bool) -> tuple[str, ...]:
+    """The modules `train_embeddings` trains (beside a frozen LoRA base): none, or the input
+    embedding and the LM head. A tied head shares the embedding's weight, and stays tied: one
+    trained weight, the embedding's (peft `ensure_weight_tying`: the head's trainable copy, or
+    its token rows, are the embedding's). The builder wraps exactly these (peft's
+    `modules_to_save` or `trainable_token_indices`) and the estimator counts their weights."""
+    if train_embeddings == "none":
+        return ()
+    return (EMBEDDING_MODULE,) if tied else (EMBEDDING_MODULE, HEAD_MODULE)
+
+
+def trained_token_ids(train_embeddings: str, vocab: int) -> range:
+    """The token ids (rows of each trained module's weight) that train: every id with `full`
+    (peft `modules_to_save`: a trainable copy of the whole weight), the last N with `tokens:N`
+    (peft `trainable_token_indices`: the ids a tokenizer appends for a chat template's new
+    tokens), none with `none`. N beyond the vocabulary is the caller's error to report."""
+    if train_embeddings == "none":
+        return range(0)
+    count = trained_token_count(train_embeddings)
+    if count is None:
+        return range(vocab)
+    return range(max(vocab - count, 0), vocab)
+
+
+def embedding_peft_options(
+    train_embeddings: str, vocab: int, tied: bool, names: dict[str, str] | None = None
+) -> dict[str, object]:
+    """The peft `LoraConfig` options that train what `train_embeddings` says: `full` is
+    `modules_to_save` of `trained_embedding_modules` (peft deep-copies each into a trainable
+    module beside the frozen original), with `ensure_weight_tying` for a tied head (else peft
+    0.21 copies the shared weight twice and unties them); `tokens:N` is
+    `trainable_token_indices` of `trained_token_ids` in each trained module (a tied head's rows
+    follow the embedding's: peft's list form). `names` maps `EMBEDDING_MODULE`/`HEAD_MODULE` to
+    the model's own module paths (the builder's); by default peft matches the leaf names (the
+    exports'). The builder and the exports both write these."""
+    modules = [(names or {}).get(m, m) for m in trained_embedding_modules(train_embeddings, tied)]
+    if not modules:
+        return {}
+    if trained_token_count(train_embeddings) is None:
+        if tied:
+            return {"modules_to_save": modules, "ensure_weight_tying": True}
+        return {"modules_to_save": modules}
+    ids = list(trained_token_ids(train_embeddings, vocab))
+    if tied:
+        return {"trainable_token_indices": ids}
+    return {"trainable_token_indices": {name: ids for name in modules}}
 
 
 # ----- activation checkpointing ------------------------------------------------------------------

@@ -8,6 +8,7 @@ candidate of the space carries (they are not searched):
     lora_targets: [q_proj, v_proj]   # or "q_proj,v_proj"; default all-linear
     lora_dropout: 0.05               # default 0
     lora_alpha: 32                   # default 2 x lora_rank
+    train_embeddings: full           # or tokens:N; default none (LoRA candidates only)
 
 `--space NAME` picks a shipped file, `--space path.yaml` any file. Enumeration applies the rules
 between knobs and derives `grad_accum` from the global batch, counting every skipped combination
@@ -112,8 +113,8 @@ class Space:
             "knobs": {k: list(v) for k, v in self.knobs.items()},
             "description": self.description,
         }
-        if self.settings:  # as a Config writes them: lora_targets as a list
-            out["settings"] = Config(**self.settings).settings()
+        if self.settings:  # as a (LoRA) Config writes them: lora_targets as a list
+            out["settings"] = Config(lora_rank=1, **self.settings).settings()
         return out
 
     @classmethod
@@ -362,6 +363,9 @@ class SpaceFile(BaseModel):
     lora_dropout: _setting(  # type: ignore[valid-type]
         "lora_dropout", Annotated[float, Field(ge=0, lt=1)]
     ) = 0.0
+    train_embeddings: _setting(  # type: ignore[valid-type]
+        "train_embeddings", Annotated[str, Field(pattern=r"^(none|full|tokens:[1-9][0-9]*)$")]
+    ) = "none"
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )

@@ -83,14 +83,14 @@ def main() -> None:
             continue
         est = estimate(spec, preset_hardware(world, "h100-80gb"), cfg, device="cuda")
         total = measured["Total"]
-        err = (est.peak_allocated_bytes - total) / total
+        err = (est.peak_tensor_bytes - total) / total
         rows.append(
             {
                 "model": model_name,
                 "gpus": world,
                 "config": cfg.short(),
                 "tracker_bytes": total,
-                "estimate_bytes": est.peak_allocated_bytes,
+                "estimate_bytes": est.peak_tensor_bytes,
                 "error": err,
                 "tracker": measured,
                 "tracker_peak_at": where,
@@ -101,7 +101,7 @@ def main() -> None:
         )
         print(
             f"{model_name:>11} x{world} {cfg.short():<48} tracker {total / 2**30:7.2f} GiB  "
-            f"napkin {est.peak_allocated_bytes / 2**30:7.2f} GiB  error {err:+7.1%}  "
+            f"napkin {est.peak_tensor_bytes / 2**30:7.2f} GiB  error {err:+7.1%}  "
             f"({time.perf_counter() - start:.0f} s)",
             flush=True,
         )

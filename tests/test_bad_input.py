@@ -441,6 +441,45 @@ def test_bad_lora_settings_are_refused_up_front(command, flags, fragments):
     assert_clean_failure(run(*LORA_COMMANDS[command], *flags), *fragments)
 
 
+EMBEDDINGS_ALLOWED = ["none", "full", "tokens:N"]
+
+
+@pytest.mark.parametrize("command", LORA_COMMANDS)
+@pytest.mark.parametrize(
+    ("value", "fragments"),
+    [
+        ("all", ["'train_embeddings' cannot be 'all'", *EMBEDDINGS_ALLOWED]),
+        ("tokens:0", ["'train_embeddings' cannot be 'tokens:0'", ">= 1", *EMBEDDINGS_ALLOWED]),
+        # llama-debug has 1,024 tokens: the model's vocabulary bounds N
+        ("tokens:5000", ["train_embeddings=tokens:5000", "vocabulary has 1,024 tokens",
+                         "N <= 1024"]),
+    ],
+)  # fmt: skip
+def test_bad_train_embeddings_are_refused_up_front(command, value, fragments):
+    result = run(*LORA_COMMANDS[command], "--train-embeddings", value)
+    assert_clean_failure(result, *fragments)
+
+
+@pytest.mark.parametrize("command", ["estimate", "trial"])
+def test_train_embeddings_of_a_full_fine_tune_is_refused(command):
+    args = [a if a != "8" else "0" for a in LORA_COMMANDS[command]]  # --lora-rank 0
+    result = run(*args, "--train-embeddings", "full")
+    assert_clean_failure(
+        result, "train_embeddings=full", "needs lora_rank > 0", "trains the embeddings and head "
+        "already", "train_embeddings=none for a full fine-tune"
+    )  # fmt: skip
+    data = assert_json_failure(run(*args, "--train-embeddings", "tokens:4", "--json"), "LoRA")
+    assert "lora_rank > 0" in data["error"]
+
+
+def test_train_embeddings_for_a_space_of_full_fine_tunes_is_refused():
+    result = run(*CPU_PLAN, "--train-embeddings", "full")  # tiny_space: lora_rank [0] only
+    assert_clean_failure(
+        result, "train_embeddings=full", "space 'tiny_space' has only full fine-tunes",
+        "lora_rank: [0]", "which train them already"
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("command", LORA_COMMANDS)
 def test_bad_lora_settings_under_json_are_one_object(command):
     result = run(*LORA_COMMANDS[command], "--lora-targets", "q proj", "--json")
@@ -458,6 +497,10 @@ def test_bad_lora_settings_in_a_space_file_name_the_file(tmp_path):
     result = plan_with_space_file(tmp_path, "knobs: {lora_rank: [8]}\nlora_dropout: 1.0\n")
     assert_clean_failure(
         result, f"'lora_dropout' in {tmp_path / 'space.yaml'} must be a number >= 0 and < 1"
+    )
+    result = plan_with_space_file(tmp_path, "knobs: {lora_rank: [8]}\ntrain_embeddings: rows\n")
+    assert_clean_failure(
+        result, f"'train_embeddings' in {tmp_path / 'space.yaml'} cannot be 'rows'", "tokens:N"
     )
 
 

@@ -323,3 +323,37 @@ def test_plan_lora_setting_flags_reach_every_candidate(tmp_path):
         (("q_proj", "v_proj"), 0.05)
     }
     assert "targets=q_proj,v_proj drop=0.05" in data["best"]["label"]
+
+
+def test_train_embeddings_flag_reaches_estimate_trial_and_plan(monkeypatch, tmp_path):
+    import autofit.trials
+    from autofit.trials import TrialResult
+
+    result = run("estimate", "-m", "llama-debug", "-g", "1xrtx3090", "--lora-rank", "8",
+                 "--train-embeddings", "full", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["config"]["train_embeddings"] == "full"
+    plain = run("estimate", "-m", "llama-debug", "-g", "1xrtx3090", "--lora-rank", "8", "--json")
+    assert data["peak_bytes"] > json.loads(plain.stdout)["peak_bytes"]  # the copies cost memory
+
+    def fake(spec, cfg, **kw):  # type: ignore[no-untyped-def]
+        return TrialResult(status="ok", config=cfg.to_dict(), model=spec.name, device="cpu",
+                           nprocs=1)  # fmt: skip
+
+    monkeypatch.setattr(autofit.trials, "run_trial", fake)
+    result = run("trial", "-m", "llama-debug", "-g", "1", "--device", "cpu", "--lora-rank", "8",
+                 "--train-embeddings", "tokens:4", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["config"]["train_embeddings"] == "tokens:4"
+
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs: {lora_rank: [0, 8], micro_batch: [1, 2]}\n")
+    result = run("plan", "-m", "llama-debug", "-g", "1xrtx3090", "--no-trials", "--space",
+                 str(space), "--train-embeddings", "full", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    configs = [c["config"] for c in data["ranked"]]
+    assert len(configs) == 2  # the full fine-tunes train the embeddings anyway: skipped
+    assert {(c["lora_rank"], c["train_embeddings"]) for c in configs} == {(8, "full")}
+    assert "emb=full" in data["best"]["label"]

@@ -11,6 +11,7 @@ from autofit.config import (
     KNOBS,
     LORA_SETTINGS,
     Config,
+    broken_rule,
     coerce_knob,
     derive_grad_accum,
     wrap_units,
@@ -149,10 +150,11 @@ def test_wrap_units_group_decoder_layers():
 # ----- the LoRA settings: the user's choice, not searched ---------------------------------------
 def test_lora_settings_follow_lora_alpha_in_the_config():
     names = [f.name for f in dataclasses.fields(Config)]
-    assert LORA_SETTINGS == ("lora_alpha", "lora_targets", "lora_dropout")
+    assert LORA_SETTINGS == ("lora_alpha", "lora_targets", "lora_dropout", "train_embeddings")
     assert names[len(KNOBS) :] == list(LORA_SETTINGS)
     cfg = Config()
     assert cfg.lora_targets is None and cfg.lora_dropout == 0.0  # every projection, no dropout
+    assert cfg.train_embeddings == "none"  # embeddings and head frozen
 
 
 @pytest.mark.parametrize(
@@ -233,3 +235,51 @@ def test_short_label_shows_settings_only_when_not_the_default():
     cfg = Config(lora_rank=16, lora_targets=["q_proj", "v_proj"], lora_dropout=0.05)
     assert cfg.short() == "lora r16 mb1x1 wrap=layer targets=q_proj,v_proj drop=0.05"
     assert Config(lora_rank=16).short() == "lora r16 mb1x1 wrap=layer"
+
+
+# ----- train_embeddings: the embeddings and LM head beside a LoRA base --------------------------
+@pytest.mark.parametrize(
+    ("given", "value"),
+    [
+        (None, "none"),
+        ("none", "none"),
+        (" FULL ", "full"),
+        ("tokens:8", "tokens:8"),
+        ("Tokens: 08", "tokens:8"),
+        ("tokens:1", "tokens:1"),
+    ],
+)
+def test_train_embeddings_is_normalised(given, value):
+    assert Config(lora_rank=8, train_embeddings=given).train_embeddings == value
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["all", "tokens", "tokens:", "tokens:0", "tokens:-3", "tokens:2.5", "tokens:x", 8, True],
+)
+def test_bad_train_embeddings_name_the_setting_and_what_is_allowed(given):
+    with pytest.raises(ConfigError) as info:
+        Config(lora_rank=8, train_embeddings=given)
+    text = str(info.value)
+    assert "'train_embeddings'" in text and repr(given) in text
+    assert "none" in text and "full" in text and "tokens:N" in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("value", ["full", "tokens:4"])
+def test_train_embeddings_needs_lora(value):
+    with pytest.raises(ConfigError) as info:
+        Config(lora_rank=0, train_embeddings=value)
+    text = str(info.value)
+    assert f"train_embeddings={value}" in text and "lora_rank > 0" in text
+    assert "full fine-tune" in text and "train_embeddings=none" in text
+    assert broken_rule(Config(lora_rank=8).replace(train_embeddings="none")) is None
+
+
+def test_train_embeddings_round_trips_and_shows_in_the_label():
+    cfg = Config(lora_rank=16, train_embeddings="tokens:3")
+    data = cfg.to_dict()
+    assert data["train_embeddings"] == "tokens:3"
+    assert Config.from_dict(json.loads(json.dumps(data))) == cfg
+    assert "train_embeddings" not in Config(lora_rank=16).to_dict()  # the default stays out
+    assert cfg.short() == "lora r16 mb1x1 wrap=layer emb=tokens:3"

@@ -505,3 +505,76 @@ def test_a_one_node_plans_exports_have_no_multi_node_settings(qlora_plan, tmp_pa
     assert "HSDP" not in path.read_text() and "# Launch (" not in apath.read_text()
     assert [line.where for line in lines] == [""]
     assert lines[0].command.endswith(f"torchrun --nproc-per-node 2 <your_train.py> --plan {apath}")
+
+
+# ----- train_embeddings: peft's modules_to_save / trainable_token_indices in the exports ----------
+def _peft_trained(lora: dict[str, Any], spec: Any) -> int:
+    """Parameters peft trains beside the adapters when a training script builds the `LoraConfig`
+    an export's `lora:` section names (on the meta model: no memory)."""
+    from peft import LoraConfig, get_peft_model
+
+    from autofit.build.model import build_meta_model
+
+    options = {k: lora[k] for k in ("modules_to_save", "ensure_weight_tying",
+                                    "trainable_token_indices") if k in lora}  # fmt: skip
+    config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=["q_proj"],
+                        **options)  # fmt: skip
+    model = get_peft_model(build_meta_model(spec), config)
+    return sum(
+        p.numel() for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "peft_key", "words"),
+    [
+        ("full", "modules_to_save", "a trainable copy beside each frozen original"),
+        ("tokens:8", "trainable_token_indices", "the last 8 token ids (ids 31992-31999"),
+    ],
+)
+def test_train_embeddings_reach_every_export_and_read_back(
+    qlora_plan, tmp_path, value, peft_key, words
+):
+    with winner(qlora_plan, train_embeddings=value) as best:
+        (path,) = export_plan(qlora_plan, "autofit", tmp_path / "plan.yaml")
+        accel, side = export_plan(qlora_plan, "accelerate", tmp_path / "accelerate.yaml")
+        tpath, tside = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["config"]["train_embeddings"] == value
+    lora = doc["lora"]
+    if value == "full":  # llama-7b's head is not tied: a copy of each, by the names peft matches
+        assert lora["modules_to_save"] == ["embed_tokens", "lm_head"]
+        assert "ensure_weight_tying" not in lora
+    else:
+        ids = list(range(32000 - 8, 32000))
+        assert lora["trainable_token_indices"] == {"embed_tokens": ids, "lm_head": ids}
+    assert peft_key in path.read_text() and words in path.read_text()
+    assert words in accel.read_text()  # Accelerate has no field for it: a note
+    _training_arguments(tpath)  # TrainingArguments has none either; its side file has the plan
+    for plan_file in (path, side, tside):
+        assert load_plan(plan_file).best.config == best
+    # a script that builds peft's LoraConfig from the export trains what the estimate counts
+    from autofit.arch import structure_of
+    from autofit.estimate.memory import trained_embedding_params
+
+    spec = resolve_model("llama-7b")
+    assert _peft_trained(lora, spec) == trained_embedding_params(structure_of(spec), value)
+
+
+@pytest.mark.parametrize("value", ["full", "tokens:3"])
+def test_a_tied_head_exports_one_trained_weight(value):
+    from autofit.arch import structure_of
+    from autofit.config import Config
+    from autofit.estimate.memory import trained_embedding_params
+    from autofit.export import lora_section
+
+    spec = resolve_model("qwen2-debug")  # tie_word_embeddings, as Qwen2.5-0.5B, Gemma
+    lora = lora_section(Config(lora_rank=8, train_embeddings=value), spec)
+    if value == "full":
+        assert lora["modules_to_save"] == ["embed_tokens"] and lora["ensure_weight_tying"]
+    else:
+        assert lora["trainable_token_indices"] == [1021, 1022, 1023]  # peft ties the head's
+    trained = trained_embedding_params(structure_of(spec), value)
+    # one weight: the embedding's copy (1024 x 128), or 3 of its rows; not a second for the head
+    assert trained == (1024 if value == "full" else 3) * 128
+    assert _peft_trained(lora, spec) == trained

@@ -178,6 +178,24 @@ def test_space_file_lora_targets_reach_every_candidate(tmp_path):
     assert configs[-1].short() == "lora r16 mb2x1 wrap=layer targets=q_proj,v_proj drop=0.05"
 
 
+def test_space_file_train_embeddings_reach_the_lora_candidates(tmp_path):
+    path = tmp_path / "embeddings.yaml"
+    path.write_text(LORA_SPACE + "train_embeddings: Tokens:8\n")
+    space = load_space(str(path))
+    assert space.settings == {"train_embeddings": "tokens:8"}
+    configs, skipped = space.candidates(1)
+    # the full fine-tunes (lora_rank 0) train the embeddings already: skipped, saying why
+    assert skipped["train_embeddings needs LoRA"] == 2
+    assert len(configs) == 4 and {c.lora_rank for c in configs} == {8, 16}
+    assert {c.train_embeddings for c in configs} == {"tokens:8"}
+    for cfg in configs:  # as a validated Config reads them
+        assert Config.from_dict(cfg.to_dict()) == cfg
+    data = json.loads(json.dumps(space.to_dict()))  # as a study stores it
+    assert data["settings"] == {"train_embeddings": "tokens:8"}
+    assert Space.from_dict(data).settings == space.settings
+    assert space.with_settings(train_embeddings="none").settings == {}
+
+
 def test_space_file_settings_may_be_text_and_name_alpha(tmp_path):
     text = LORA_SPACE + "lora_targets: self_attn.q_proj, self_attn.v_proj\nlora_alpha: 32\n"
     space = parse_space(yaml.safe_load(text), "inline")
@@ -219,6 +237,8 @@ def test_given_settings_replace_the_space_files():
     [
         ("lora_dropout: 1.5\n", ["Setting 'lora_dropout' in", ">= 0 and < 1", "got 1.5"]),
         ("lora_dropout: lots\n", ["Setting 'lora_dropout' in", "got 'lots'"]),
+        ("train_embeddings: tokens:0\n", ["'train_embeddings' in", "'tokens:0'", "tokens:N"]),
+        ("train_embeddings: 8\n", ["'train_embeddings' in", "cannot be 8", "full"]),
         ("lora_targets: [q proj]\n", ["'lora_targets' in", "'q proj'", "q_proj,v_proj"]),
         ("lora_targets: {q: 1}\n", ["'lora_targets' in", "all-linear"]),
         ("lora_alpha: 0\n", ["Setting 'lora_alpha' in", "whole number >= 1"]),

@@ -26,7 +26,8 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
@@ -43,11 +44,13 @@ __all__ = [
     "Projection",
     "Structure",
     "activations_of",
+    "StepEvents",
     "cache_dir",
+    "step_events_of",
     "structure_of",
 ]
 
-TRACE_VERSION = 7
+TRACE_VERSION = 8
 """Bump when what a trace or a structure read counts changes: older cache entries are ignored."""
 
 
@@ -266,11 +269,41 @@ class LayerActivations:
     root: float
     root_forward: float = 0.0  # `root` at the peak of forward alone (the loss computed, before
     # its backward): the moment FSDP2 still holds its last all-gather output
+    backward: float = 0.0  # at the peak of a layer's backward, what is alive besides what the
+    # layers kept: the gradient flowing in, the backward's transients, under checkpointing the
+    # layer recomputed (parameters' gradients apart)
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    """One micro-step of the one-layer model, per sequence, as the caching allocator sees it:
+    every tensor storage's birth `(id, bytes)` and death `(id, 0)` in order (parameters, buffers
+    and the token ids, which exist before, left out). `marks` are the indices in `log` where the
+    layer's forward begins, where it ends (the head and the loss follow), where its backward
+    begins and where it ends (the embedding's backward follows). `fixed` ids do not scale with
+    the micro-batch (autocast's weight copies, parameters' gradients); `grads` are the
+    parameters' gradients, alive until the optimizer step."""
+
+    log: tuple[tuple[int, int], ...]
+    marks: tuple[int, int, int, int]
+    fixed: frozenset[int] = frozenset()
+    grads: frozenset[int] = frozenset()
+
+    def to_list(self) -> list[Any]:
+        return [[list(e) for e in self.log], list(self.marks), sorted(self.fixed),
+                sorted(self.grads)]  # fmt: skip
+
+    @classmethod
+    def from_list(cls, data: list[Any]) -> StepEvents:
+        log, marks, fixed, grads = data
+        return cls(tuple((int(i), int(n)) for i, n in log), tuple(marks), frozenset(fixed),
+                   frozenset(grads))  # fmt: skip
 
 
 # ----- caches -------------------------------------------------------------------------------------
 _STRUCTURES: dict[ModelSpec, Structure] = {}
 _ACTIVATIONS: dict[tuple[ModelSpec, ActivationKey], LayerActivations] = {}
+_EVENTS: dict[tuple[ModelSpec, ActivationKey], StepEvents] = {}
 
 
 def structure_of(spec: ModelSpec) -> Structure:
@@ -293,20 +326,49 @@ def structure_of(spec: ModelSpec) -> Structure:
 
 def activations_of(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
     """One decoder layer of `spec` traced for `key` (memory, then disk, then a trace)."""
-    found = _ACTIVATIONS.get((spec, key))
+
+    def trace() -> LayerActivations:
+        from autofit.build.trace import trace_activations
+
+        return trace_activations(spec, key)
+
+    return _traced(
+        spec, key, "activations", _ACTIVATIONS, lambda stored: LayerActivations(*stored), trace,
+        lambda a: [a.layer, a.root, a.root_forward, a.backward],
+    )  # fmt: skip
+
+
+def step_events_of(spec: ModelSpec, key: ActivationKey) -> StepEvents:
+    """The births and deaths of one micro-step of `spec`'s one-layer model for `key` (the loss
+    standard: the layers' allocations do not depend on it), memory, then disk, then a trace."""
+    key = replace(key, loss="standard")
+
+    def trace() -> StepEvents:
+        from autofit.build.trace import step_events
+
+        return step_events(spec, key)
+
+    return _traced(spec, key, "events", _EVENTS, StepEvents.from_list, trace, StepEvents.to_list)
+
+
+def _traced(
+    spec: ModelSpec, key: ActivationKey, section: str, memo: dict[Any, Any],
+    load: Callable[[Any], Any], trace: Callable[[], Any], dump: Callable[[Any], Any],
+) -> Any:  # fmt: skip
+    """A trace result of `spec` for `key`: from `memo`, else the disk cache's `section`, else
+    `trace()` (written to the disk cache)."""
+    found = memo.get((spec, key))
     if found is not None:
         return found
     text = key.text()
-    stored = _disk(spec).get("activations", {}).get(text)
+    stored = _disk(spec).get(section, {}).get(text)
     if stored is not None:
-        found = LayerActivations(*stored)
+        found = load(stored)
     else:
         structure_of(spec).targets(key.lora_targets)  # unknown names: one clear paragraph
-        from autofit.build.trace import trace_activations
-
-        found = trace_activations(spec, key)
-        _disk_update(spec, activations={text: [found.layer, found.root, found.root_forward]})
-    _ACTIVATIONS[(spec, key)] = found
+        found = trace()
+        _disk_update(spec, **{section: {text: dump(found)}})
+    memo[(spec, key)] = found
     return found
 
 

@@ -25,11 +25,17 @@ from torch.distributed.fsdp import FSDPModule
 from autofit.build.checkpoint import apply_checkpointing
 from autofit.build.compile import apply_compile
 from autofit.build.ddp import apply_ddp
-from autofit.build.dtypes import autocast_dtype, base_dtype, train_dtype
+from autofit.build.dtypes import autocast_dtype, base_dtype, compute_dtype, train_dtype
 from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh, shard_degree
 from autofit.build.lora import apply_lora
 from autofit.build.loss import apply_loss
-from autofit.build.model import build_meta_model, has_meta, materialize, model_parts
+from autofit.build.model import (
+    build_meta_model,
+    has_meta,
+    materialize,
+    model_parts,
+    trainable_copy,
+)
 from autofit.build.optim import LR, build_optimizer
 from autofit.build.quantize import quantize_layer
 from autofit.config import Config, Sharding, sharding_for
@@ -125,11 +131,24 @@ def cast_base(model: nn.Module, config: Config) -> None:
 
 
 def cast_trainable(model: nn.Module, config: Config) -> None:
-    """After LoRA: adapters in the train dtype (peft creates them in the base weight's dtype)."""
+    """After LoRA: adapters, and the embedding and head weights `train_embeddings` trains, in the
+    train dtype (peft creates them in the base weight's dtype, or casts its adapters to fp32);
+    the original token rows peft keeps beside trained rows (for unmerging) in the frozen dtype,
+    as the weight they were read from."""
     dtype = train_dtype(config)
     for p in model.parameters():
         if p.requires_grad and p.dtype != dtype:
             p.data = p.data.to(dtype)
+    frozen = base_dtype(config)
+    for name, mod in model.named_modules():
+        if name.rsplit(".", 1)[-1] == TOKEN_ORIGINALS:
+            for key, buf in list(mod._buffers.items()):
+                if buf is not None and buf.is_floating_point():
+                    mod._buffers[key] = buf.to(frozen)
+
+
+TOKEN_ORIGINALS = "trainable_tokens_original"
+"""peft's buffers of the original values of trained token rows (`TrainableTokensLayer`)."""
 
 
 def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
@@ -139,11 +158,13 @@ def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
     (`autofit.build.trace`) on the layers it measures."""
     cast_base(model, config)
     model = apply_lora(
-        model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout
-    )
+        model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout,
+        config.train_embeddings,
+    )  # fmt: skip
     cast_trainable(model, config)
     if autocast:
         keep_lora_inputs(model)
+        embeddings_in_compute_dtype(model)
     apply_loss(model, config.loss)
     apply_checkpointing(model, config.checkpointing)
     return model
@@ -203,6 +224,25 @@ def keep_lora_inputs(model: nn.Module) -> None:
     for mod in model.modules():
         if hasattr(mod, "lora_A"):
             mod.cast_input_dtype_enabled = False
+
+
+def embeddings_in_compute_dtype(model: nn.Module) -> None:
+    """Under autocast, the trainable copy of the input embedding (`train_embeddings: full`, fp32
+    under bf16-mixed) hands the decoder its output in the compute dtype (bf16), as FSDP2's
+    `param_dtype` gathers it: an embedding lookup is not autocast, and an fp32 output would turn
+    the whole residual stream fp32 (every norm and residual add saving fp32 tensors, each
+    projection its own bf16 cast of its input) while the frozen bf16 base computes in bf16."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    copy = trainable_copy(embeddings()) if embeddings is not None else None
+    if copy is not None:
+        copy.register_forward_hook(_to_compute_dtype)
+
+
+def _to_compute_dtype(_mod: nn.Module, _args: object, out: torch.Tensor) -> torch.Tensor:
+    dtype = compute_dtype()
+    if out.dtype == torch.float32 and torch.is_autocast_enabled(out.device.type):
+        return out.to(dtype)
+    return out
 
 
 def _world() -> int:

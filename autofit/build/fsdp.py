@@ -5,7 +5,9 @@ bf16-mixed: fp32 (trainable) params sharded, gathered in bf16, gradients reduced
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`). bf16: everything bf16, no policy.
 `[norm, head]` is not resharded after forward: backward needs it first (torchtitan's default),
 nor is the root. With `wrap: model` every decoder layer lives in the root unit. A tied LM head
-shares the embedding's weight, so both stay in the root unit.
+shares the embedding's weight, so both stay in the root unit. With `train_embeddings: full`, the
+embedding and `[norm, head]` units hold peft's trainable copies, and the frozen originals beside
+them are a unit of their own that forward never gathers (`frozen_originals`).
 
 `shard: node` is HSDP on a 2-D mesh (`make_mesh`), which `fully_shard` reads as `dp_replicate` x
 `dp_shard`: each parameter `(Replicate(), Shard(0))`, gathered and reduce-scattered within a node,
@@ -27,7 +29,7 @@ from torch.distributed.fsdp import (
 )
 
 from autofit.build.dtypes import compute_dtype, reduce_dtype, train_dtype
-from autofit.build.model import ModelParts
+from autofit.build.model import ModelParts, trainable_copy
 from autofit.config import Config, mesh_shape, wrap_units
 from autofit.recipe import QUANT_TENSOR_CLASS, base_stays_whole
 
@@ -92,6 +94,9 @@ def apply_fsdp(
         ignored = unshardable_params(params, shard_degree(mesh)) or None
         fully_shard(modules, reshard_after_forward=reshard, ignored_params=ignored, **kwargs)
 
+    originals = frozen_originals(parts)
+    if originals:  # never called, so never gathered: each rank holds its shards only
+        shard(originals, True)
     if not parts.tied:
         shard(parts.embed, config.reshard)
     for unit in wrap_units(config.wrap, len(parts.layers)):
@@ -108,6 +113,19 @@ def apply_fsdp(
     # this when the argument is None).
     shard(model, None)
     return model
+
+
+def frozen_originals(parts: ModelParts) -> list[nn.Module]:
+    """The frozen embedding and LM head that peft keeps beside their trainable copies
+    (`train_embeddings: full`, `modules_to_save`), which forward never calls. They form one FSDP2
+    unit of their own, which is never gathered, so that the embedding unit and `[norm, head]` hold
+    the copies alone, as the estimator counts them (and a tied head's original, which shares the
+    embedding's weight, is in the same unit as it)."""
+    return [
+        m.original_module  # type: ignore[misc]
+        for m in (parts.embed, parts.head)
+        if m is not None and trainable_copy(m) is not None
+    ]
 
 
 def unshardable_params(params: Iterable[nn.Parameter], shards: int) -> set[nn.Parameter]:

@@ -1,10 +1,17 @@
-"""LoRA (peft) on the decoder layers' linear projections; the base stays frozen."""
+"""LoRA (peft) on the decoder layers' linear projections; the base stays frozen. With
+`train_embeddings`, peft also trains the input embedding and the LM head: a trainable copy of each
+beside the frozen original (`modules_to_save`), or only some token rows of each
+(`trainable_token_indices`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from autofit.build.model import decoder_layers, decoder_projections
+from autofit.build.model import decoder_layers, decoder_projections, model_parts
+from autofit.config import trained_tokens_error
+from autofit.recipe import EMBEDDING_MODULE, HEAD_MODULE, embedding_peft_options
 
 
 def lora_target_modules(model: nn.Module, targets: tuple[str, ...] | None) -> list[str]:
@@ -27,16 +34,49 @@ def lora_target_modules(model: nn.Module, targets: tuple[str, ...] | None) -> li
     return names
 
 
+def embedding_options(model: nn.Module, train_embeddings: str) -> dict[str, Any]:
+    """peft `LoraConfig` options that train what `train_embeddings` says
+    (`autofit.recipe.embedding_peft_options`, of `trained_embedding_modules` and
+    `trained_token_ids`), by the model's own module names (`get_input_embeddings`,
+    `get_output_embeddings`):
+
+    - `full`: `modules_to_save` of the embedding and the head (peft deep-copies each into a
+      trainable module beside the frozen original, which stays for peft's adapter switching and
+      unloading). A tied head stays tied (`ensure_weight_tying`: its copy is the embedding's);
+      without it peft 0.21 copies the shared weight twice and unties them;
+    - `tokens:N`: `trainable_token_indices` of the last N ids in the embedding and the head (peft
+      `TrainableTokensWrapper`: the rows' trainable values, merged into the frozen weight at each
+      forward); with a tied head, the embedding's rows, which peft ties the head's to.
+    """
+    if train_embeddings == "none":
+        return {}
+    parts = model_parts(model)
+    if parts.head is None:
+        raise ValueError(
+            f"train_embeddings={train_embeddings} trains the input embeddings and the LM head; "
+            f"{type(model).__name__} has no LM head (get_output_embeddings() is None)."
+        )
+    names = {mod: name for name, mod in model.named_modules() if mod in (parts.embed, parts.head)}
+    vocab = parts.embed.weight.shape[0]
+    problem = trained_tokens_error(train_embeddings, vocab)
+    if problem is not None:
+        raise ValueError(problem)
+    own = {EMBEDDING_MODULE: names[parts.embed], HEAD_MODULE: names[parts.head]}
+    return embedding_peft_options(train_embeddings, vocab, parts.tied, own)
+
+
 def apply_lora(
     model: nn.Module,
     rank: int,
     alpha: int,
     targets: tuple[str, ...] | None = None,
     dropout: float = 0.0,
+    train_embeddings: str = "none",
 ) -> nn.Module:
     """Wrap `model` with peft LoRA of `rank` and `alpha` on the projections `targets` names
     (None: every linear projection of the decoder layers, any family), with `dropout` on each
-    adapter's input (peft keeps the dropped-out copy for backward).
+    adapter's input (peft keeps the dropped-out copy for backward), and the embeddings and head
+    `train_embeddings` trains (`embedding_options`).
 
     Runs before quantization and before any weight exists (on the meta model of a trial):
     peft puts the adapters on the base weight's device, the builder materialises and initialises
@@ -47,6 +87,7 @@ def apply_lora(
         return model
     from peft import LoraConfig, get_peft_model
 
+    tied = model_parts(model).tied
     lora_config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
@@ -54,5 +95,12 @@ def apply_lora(
         target_modules=lora_target_modules(model, targets),
         bias="none",
         task_type="CAUSAL_LM",
+        **embedding_options(model, train_embeddings),
     )
-    return get_peft_model(model, lora_config)
+    model = get_peft_model(model, lora_config)
+    if tied and not model_parts(model).tied:  # pragma: no cover - peft changed its tying
+        raise ValueError(
+            f"peft untied the LM head from the input embeddings for train_embeddings="
+            f"{train_embeddings}; autofit counts one trained weight for a tied head."
+        )
+    return model

@@ -249,14 +249,24 @@ def _head_forward(loss_fn: Any, scale: float, softcap: float | None) -> Any:
         labels: torch.Tensor | None = None,
         divisor: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        bias = _head_bias(head)
         if labels is None:
-            return F.linear(hidden, head.weight, head.bias)
-        if head.bias is not None:
+            return F.linear(hidden, head.weight, bias)
+        if bias is not None:
             raise ValueError("loss=chunked/fused: an LM head with a bias is not supported")
         return loss_fn(hidden, head.weight, labels, divisor=divisor, scale=scale,
                        softcap=softcap)  # fmt: skip
 
     return forward
+
+
+def _head_bias(head: nn.Module) -> torch.Tensor | None:
+    """The LM head's bias (none in the supported families). peft's `TrainableTokensWrapper`
+    (`train_embeddings: tokens:N`) passes on `weight` alone: its frozen base layer's bias."""
+    try:
+        return head.bias
+    except AttributeError:
+        return getattr(head, "original_module", head).bias
 
 
 def _lm_forward(own_forward: Any) -> Any:

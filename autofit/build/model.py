@@ -166,8 +166,25 @@ def model_parts(model: nn.Module) -> ModelParts:
         if getattr(mod, "layers", None) is layers:
             norm = getattr(mod, "norm", None)
             break
-    tied = head is not None and head.weight is embed.weight
+    tied = head is not None and frozen_weight(head) is frozen_weight(embed)
     return ModelParts(embed=embed, layers=layers, norm=norm, head=head, tied=tied)
+
+
+def frozen_weight(module: nn.Module) -> nn.Parameter:
+    """The weight of the embedding or LM head the model was given: under peft's wrappers that
+    `train_embeddings` adds (`ModulesToSaveWrapper`, `TrainableTokensWrapper`), the frozen
+    original's (their `.weight` is the trainable copy, or a merged tensor made at each call)."""
+    return getattr(module, "original_module", module).weight
+
+
+def trainable_copy(module: nn.Module) -> nn.Module | None:
+    """The trainable copy peft's `modules_to_save` keeps beside the frozen original (the module
+    the wrapper's forward calls), or None for any other module."""
+    copies = getattr(module, "modules_to_save", None)
+    if not isinstance(copies, nn.ModuleDict) or not hasattr(module, "original_module"):
+        return None
+    active = getattr(module, "active_adapters", None) or list(copies)
+    return copies[active[0]] if active and active[0] in copies else None
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

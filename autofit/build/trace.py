@@ -35,9 +35,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from autofit.arch import ActivationKey, LayerActivations
+from autofit.arch import ActivationKey, LayerActivations, StepEvents
 from autofit.build.dtypes import TORCH_DTYPES
-from autofit.build.model import build_meta_model, materialize
+from autofit.build.model import build_meta_model, decoder_layers, materialize
 from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
@@ -47,14 +47,24 @@ _CASTS = {torch.ops.aten._to_copy.default}
 
 class _Births(TorchDispatchMode):
     """Records the storage of every tensor an op creates (weakly), which are casts of a
-    parameter (autocast's weight copies), and the peak of their live bytes after each op."""
+    parameter (autocast's weight copies), and the peak of their live bytes after each op.
+    With `series`, also the live bytes after every op, the op at which each storage was born (so
+    that storages known only later, parameters' gradients, can be taken out) and the log of
+    births and deaths in order (`log`: (id, bytes) for a birth, (id, 0) for a death), which the
+    allocator model replays (`autofit.estimate.slack`)."""
 
-    def __init__(self, kept: set[StorageWeakRef]) -> None:
+    def __init__(self, kept: set[StorageWeakRef], *, series: bool = False) -> None:
         super().__init__()
         self.kept = kept
         self.born: dict[StorageWeakRef, int] = {}
         self.weight_copies: set[StorageWeakRef] = set()
         self.peak = 0
+        self.series: list[int] | None = [] if series else None
+        self.birth_op: dict[StorageWeakRef, int] = {}
+        self.log: list[tuple[int, int]] = []
+        self.ids: dict[StorageWeakRef, int] = {}
+        self.copy_ids: set[int] = set()
+        self._next_id = 0
 
     def live(self) -> int:
         return sum(
@@ -63,7 +73,17 @@ class _Births(TorchDispatchMode):
             if not ref.expired() and ref not in self.kept and ref not in self.weight_copies
         )
 
+    def _sweep(self) -> None:
+        """Forget the storages that died since the last look (logging their deaths)."""
+        gone = [ref for ref in self.born if ref.expired()]
+        for ref in gone:
+            del self.born[ref]
+            if self.series is not None and ref in self.ids:
+                self.log.append((self.ids.pop(ref), 0))
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.series is not None:
+            self._sweep()  # deaths before this op (a Python name rebound between two ops)
         out = func(*args, **(kwargs or {}))
         copy_of_param = (
             func in _CASTS
@@ -76,10 +96,23 @@ class _Births(TorchDispatchMode):
                 ref = StorageWeakRef(storage)
                 if ref not in self.born:
                     self.born[ref] = storage.nbytes()
+                    if self.series is not None and ref not in self.kept:
+                        self.birth_op[ref] = len(self.series)
+                        self.ids[ref] = self._next_id
+                        self._next_id += 1
+                        self.log.append((self.ids[ref], storage.nbytes()))
+                        if copy_of_param:
+                            self.copy_ids.add(self.ids[ref])
                 if copy_of_param:
                     self.weight_copies.add(ref)
-        self.born = {ref: n for ref, n in self.born.items() if not ref.expired()}
-        self.peak = max(self.peak, self.live())
+        if self.series is None:
+            self.born = {ref: n for ref, n in self.born.items() if not ref.expired()}
+        else:
+            self._sweep()
+        live = self.live()
+        self.peak = max(self.peak, live)
+        if self.series is not None:
+            self.series.append(live)
         return out
 
 
@@ -123,8 +156,14 @@ def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
         layer = sum(per_kind[t] for t in types) / len(types)
     else:
         layer = per_kind[None]
+    # the layer whose backward holds the most, of each type the model has (the peak is there)
+    standard = dataclasses.replace(key, loss="standard")
+    backward = max(_layer_backward(spec, standard, kind)[0] - per_kind[kind] for kind in kinds)
     return LayerActivations(
-        layer=float(layer), root=float(max(root, 0.0)), root_forward=float(max(root_forward, 0.0))
+        layer=float(layer),
+        root=float(max(root, 0.0)),
+        root_forward=float(max(root_forward, 0.0)),
+        backward=float(max(backward, 0.0)),
     )
 
 
@@ -177,6 +216,119 @@ def _live_bytes(
                 raise RuntimeError("the trace's backward never reached the LM head's output")
         del loss
     return float(end), float(forward_peak), float(births.peak)
+
+
+def _layer_backward(spec: ModelSpec, key: ActivationKey, kind: Any) -> tuple[float, StepEvents]:
+    """`traced_step` of the one-layer model of `kind`."""
+    return traced_step(spec, key, (kind,))
+
+
+@functools.lru_cache(maxsize=64)
+def traced_step(
+    spec: ModelSpec, key: ActivationKey, kinds: tuple[Any, ...]
+) -> tuple[float, StepEvents]:
+    """The peak of live bytes in a decoder layer's backward, per sequence, and the births and
+    deaths of a whole micro-step in order (`StepEvents`, what the allocator model replays).
+
+    The model of `kinds` (one layer, or more for a check of how layers compose) runs forward and
+    its whole backward, the first layer's input made to
+    need a gradient as every layer's but the first does (a LoRA model's embedding output does not,
+    and the layer would skip its input gradient). The peak is read from the moment the layer's
+    output has its gradient on: what the layer kept for backward (the caller takes that out:
+    `per_kind`), the gradient flowing in, every transient of the layer's backward (the gradients
+    of its activations in flight, the SwiGLU and attention backward's temporaries, under
+    checkpointing the layer recomputed with all its activations) and what the layers share
+    (rotary tables). Parameters' gradients are left out: the estimator counts them from the
+    parameters (each unit's unsharded gradients, `layer_unit_grad_bytes`). The loss does not
+    change it (the loss's tensors are freed before the layer's backward begins)."""
+    overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
+    if kinds[0] is not None:
+        overrides["layer_types"] = list(kinds)
+    model = _prepare(build_meta_model(spec, spec.to_hf_config(**overrides)), key)
+    marks: dict[str, int] = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        materialize(model, torch.device("cpu"))
+        ids = torch.randint(0, spec.vocab, (1, key.seq_len))
+        params = list(model.parameters())
+        kept = {StorageWeakRef(t.untyped_storage()) for t in (*params, *model.buffers(), ids)}
+        births = _Births(kept, series=True)
+        series = births.series
+        assert series is not None
+
+        def mark(name: str) -> Any:
+            def hook(*_: Any) -> None:
+                marks.setdefault(name, len(births.log))
+                if name == "backward":
+                    marks.setdefault("backward_op", len(series))
+
+            return hook
+
+        def needs_grad(_mod: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+            return out if out.requires_grad else out.detach().requires_grad_()
+
+        def on_input(_mod: nn.Module, args: Any, kwargs: Any) -> None:
+            marks.setdefault("forward", len(births.log))
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                hidden.register_hook(mark("post"))
+
+        def on_output(_mod: nn.Module, _args: Any, out: Any) -> None:
+            marks.setdefault("mid", len(births.log))
+            hidden = out[0] if isinstance(out, tuple) else out
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                hidden.register_hook(mark("backward"))
+
+        layers = decoder_layers(model)
+        handles = [
+            model.get_input_embeddings().register_forward_hook(needs_grad),
+            layers[0].register_forward_pre_hook(on_input, with_kwargs=True),
+            layers[-1].register_forward_hook(on_output),
+        ]
+        autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
+        try:
+            with births:
+                with autocast, unpacked_sequences():
+                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                del loss
+                births._sweep()
+        finally:
+            for handle in handles:
+                handle.remove()
+        grads = [p.grad.untyped_storage() for p in params if p.grad is not None]
+        born_at = [births.birth_op.get(StorageWeakRef(g), 0) for g in grads]
+        sizes = [g.nbytes() for g in grads]
+        grad_ids = {births.ids[StorageWeakRef(g)] for g in grads if StorageWeakRef(g) in births.ids}
+    if "backward_op" not in marks:  # pragma: no cover - every layer's output is in the loss
+        raise RuntimeError("the trace's backward never reached the decoder layer's output")
+    peak = 0
+    for t in range(marks["backward_op"], len(series)):
+        grad_bytes = sum(n for b, n in zip(born_at, sizes, strict=True) if b <= t)
+        peak = max(peak, series[t] - grad_bytes)
+    end = len(births.log)
+    events = StepEvents(
+        log=tuple(births.log),
+        marks=(marks["forward"], marks["mid"], marks["backward"], marks.get("post", end)),
+        fixed=frozenset(births.copy_ids | grad_ids),
+        grads=frozenset(grad_ids),
+    )
+    return float(peak), events
+
+
+def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:
+    """The births and deaths of one micro-step of the one-layer model (`_layer_backward`), of the
+    model's last layer type, per sequence: what `autofit.estimate.slack` composes into a step."""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # HF's deprecations, not the user's
+            types = _layer_types(spec)
+            kind = types[-1] if types else None
+            return _layer_backward(spec, dataclasses.replace(key, loss="standard"), kind)[1]
+    finally:
+        fake_log.setLevel(level)
 
 
 class _LogitsGradReady(Exception):

@@ -17,6 +17,13 @@ A calibration also carries its own measured error: the leave-one-out relative er
 predictions over the trials it was fitted on (`memory_band`, `speed_band`). The search prunes with
 that band instead of the napkin's stated error (`autofit.estimate.MEMORY_ERROR`).
 
+A correction has to pay for itself: for memory and for speed apart, the fit's error on the
+study's own trials, each predicted by a fit that did not see it (leave-one-out: the prior never
+saw them either), is held against the prior's error on the same trials, in the measure the plan
+reports (median |error| of the peak, of tokens/s). A side whose fit does not do better keeps the
+prior's factors, and its band is the prior's error measured on those trials (`SideCheck`: what
+was kept and why, which the plan prints).
+
 Pure arithmetic on numpy; no torch.
 """
 
@@ -41,6 +48,7 @@ __all__ = [
     "SPEED_TERMS",
     "Calibration",
     "Observation",
+    "SideCheck",
     "fit_calibration",
     "memory_terms",
     "time_terms",
@@ -217,6 +225,59 @@ NAPKIN_MEMORY = {
 NAPKIN_SPEED = {**dict.fromkeys(TIME_FACTOR_TERMS, 1.0), **dict.fromkeys(SPEED_MODE_TERMS, 0.0)}
 
 
+PRIOR_NAMES = {
+    "none": "the napkin",
+    "stored": "this machine's stored calibration",
+    "study": "the study's earlier calibration",
+}
+
+
+@dataclass(frozen=True)
+class SideCheck:
+    """Whether the fitted correction of one side (memory or speed) paid for itself on the trials
+    it was fitted on, and so was applied. Errors are the median |relative error| over the measured
+    trials (an OOM counts only where a prediction fell below the bound it ran past), in the
+    measure the plan reports: estimated / measured - 1 of the peak, and of tokens/s."""
+
+    side: str  # memory, speed
+    applied: bool
+    prior: str  # the prior's source (`SOURCES`): what the fit was held against
+    n: int  # trials compared on
+    prior_error: float | None  # the prior's error on them
+    fitted_error: float | None  # the fit's, each trial predicted by a fit that did not see it
+    in_sample_error: float | None  # the fit's, by the fit on all of them
+    reason: str = ""  # in words, for the plan's output
+
+    @property
+    def note(self) -> str:
+        """A line for the plan's output when the correction was not applied, else ""."""
+        return "" if self.applied else self.reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "applied": self.applied,
+            "prior": self.prior,
+            "n": self.n,
+            "prior_error": self.prior_error,
+            "fitted_error": self.fitted_error,
+            "in_sample_error": self.in_sample_error,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, side: str, d: dict[str, Any]) -> SideCheck:
+        return cls(
+            side=side,
+            applied=bool(d.get("applied", True)),
+            prior=str(d.get("prior", "none")),
+            n=int(d.get("n", 0)),
+            prior_error=d.get("prior_error"),
+            fitted_error=d.get("fitted_error"),
+            in_sample_error=d.get("in_sample_error"),
+            reason=str(d.get("reason", "")),
+        )
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Factors per napkin term and a constant, for memory and for speed, with the relative error
@@ -236,10 +297,19 @@ class Calibration:
     # the prior's widths (`spreads`)
     memory_cov: Any = field(default=None, compare=False, repr=False)
     speed_cov: Any = field(default=None, compare=False, repr=False)
+    # whether each side's fitted correction paid for itself and was applied (None: not fitted)
+    memory_check: SideCheck | None = None
+    speed_check: SideCheck | None = None
 
     @property
     def is_napkin(self) -> bool:
         return self.source == "none"
+
+    @property
+    def notes(self) -> list[str]:
+        """What the plan says of a side whose correction was not applied (and why)."""
+        checks = (self.memory_check, self.speed_check)
+        return [c.note for c in checks if c is not None and c.note]
 
     # One estimate at a time (plan output) ...
     def peak_bytes(self, est: Estimate) -> float:
@@ -352,6 +422,12 @@ class Calibration:
             "speed_band": self.speed_band,
             "memory_error": self.memory_error,
             "speed_error": self.speed_error,
+            **{
+                f"{c.side}_check": c.to_dict()
+                for c in (self.memory_check, self.speed_check)
+                if c is not None
+            },
+            "notes": self.notes,
         }
 
     @classmethod
@@ -367,7 +443,14 @@ class Calibration:
             n_trials=int(d.get("n_trials", 0)),
             memory_error=d.get("memory_error"),
             speed_error=d.get("speed_error"),
+            memory_check=_check_of(d, "memory"),
+            speed_check=_check_of(d, "speed"),
         )
+
+
+def _check_of(d: dict[str, Any], side: str) -> SideCheck | None:
+    check = d.get(f"{side}_check")
+    return SideCheck.from_dict(side, check) if isinstance(check, dict) else None
 
 
 NAPKIN = Calibration()
@@ -533,21 +616,95 @@ def _problem(
                     nonneg)  # fmt: skip
 
 
-def _loo_errors(problem: _Problem, theta: np.ndarray) -> np.ndarray:
-    """Relative error of each measured row predicted by a fit that did not see it (for a bound:
-    how far below the bound it was predicted, else 0)."""
+def _loo_predictions(problem: _Problem, theta: np.ndarray) -> np.ndarray:
+    """Each row predicted by a fit that did not see it (none with fewer than two rows)."""
     n = len(problem.y)
     if n < 2:
         return np.array([])
-    errors = []
+    out = np.empty(n)
     for i in range(n):
         t = problem.rows(np.arange(n) != i).solve(theta, iters=15)
-        p = float(problem.rows(np.arange(n) == i).predict(t)[0])
-        err = p / problem.y[i] - 1
-        if problem.lower[i]:
-            err = min(err, 0.0)
-        errors.append(err)
-    return np.array(errors)
+        out[i] = float(problem.rows(np.arange(n) == i).predict(t)[0])
+    return out
+
+
+def _errors(problem: _Problem, predicted: np.ndarray) -> np.ndarray:
+    """Relative error of each row's prediction, predicted / measured - 1 (for a bound: how far
+    below the bound it was predicted, else 0): the measure of the bands."""
+    err = predicted / problem.y - 1
+    return np.where(problem.lower, np.minimum(err, 0.0), err)
+
+
+def _plan_errors(problem: _Problem, predicted: np.ndarray, side: str) -> np.ndarray:
+    """Relative errors as the plan reports them (`autofit.search.calibrated.summary`): of the peak
+    (as `_errors`, the prediction floored as `Calibration.peaks` floors it), and of tokens/s,
+    the inverse of the step time (measured step / predicted step - 1)."""
+    if side == "speed":
+        return problem.y / np.maximum(predicted, 1e-9) - 1
+    return _errors(problem, np.maximum(predicted, 1.0))
+
+
+def _median_abs(errors: np.ndarray) -> float:
+    return float(np.median(np.abs(errors)))
+
+
+def _judge(
+    problem: _Problem, theta: np.ndarray, loo: np.ndarray, prior: Calibration, side: str
+) -> SideCheck:
+    """Whether the fit `theta` of one side pays for itself on the trials it was fitted on: its
+    error on them, each trial predicted by a fit that did not see it (`loo`; the prior did not
+    see them either: the same footing), below the prior's, and its error as fitted on them all
+    not above it. The plan's measure (`_plan_errors`), over the measured trials and the OOMs
+    that a prediction put below their bound (an OOM either one held says nothing between them).
+    With one such trial nothing is left out to judge a fit by: it is applied only when the
+    prior misses that trial by more than measurement noise (within the noise no fit can tell a
+    correction from it)."""
+    name = PRIOR_NAMES.get(prior.source, prior.source)
+    what = "the peak" if side == "memory" else "tokens/s"
+    noise = MEMORY_NOISE if side == "memory" else SPEED_NOISE
+    e_prior = _plan_errors(problem, problem.predict(problem.mu), side)
+    e_fit = _plan_errors(problem, problem.predict(theta), side)
+    rows = ~problem.lower | (e_prior < 0) | (e_fit < 0)
+    e_loo = _plan_errors(problem, loo, side) if len(loo) else None
+    if e_loo is not None:
+        rows |= e_loo < 0
+    n = int(rows.sum())
+    check = {"side": side, "prior": prior.source, "n": n}
+    if n == 0:  # OOMs alone, each bound held by the prior and the fit alike
+        why = (
+            f"calibration not applied to {side}: {name} held every OOM's bound and nothing "
+            "else was measured"
+        )
+        return SideCheck(**check, applied=False, prior_error=None, fitted_error=None,
+                         in_sample_error=None, reason=why)  # fmt: skip
+    prior_err, in_sample = _median_abs(e_prior[rows]), _median_abs(e_fit[rows])
+    if n == 1 or e_loo is None:
+        applied = prior_err > noise and in_sample < prior_err
+        why = (
+            f"{name} missed the one measured trial by {prior_err:.1%} ({what}), more than "
+            f"measurement noise ({noise:.0%})"
+            if applied
+            else f"calibration not applied to {side}: {name} was within {prior_err:.1%} of the "
+            f"one measured trial ({what}), inside measurement noise ({noise:.0%})"
+        )
+        return SideCheck(**check, applied=applied, prior_error=prior_err, fitted_error=None,
+                         in_sample_error=in_sample, reason=why)  # fmt: skip
+    fitted = _median_abs(e_loo[rows])
+    applied = fitted < prior_err and in_sample <= prior_err
+    if applied:
+        why = (
+            f"{side} calibrated: median |error| of {what} over {n} measured trials "
+            f"{prior_err:.1%} ({name}) -> {fitted:.1%} (each trial left out of the fit)"
+        )
+    else:
+        why = (
+            f"calibration not applied to {side}: {name} was already within {prior_err:.1%} "
+            f"(median |error| of {what} over the study's {n} measured trials); the fitted "
+            f"correction did no better: {fitted:.1%} on each trial left out of its fit, "
+            f"{in_sample:.1%} fitted on them all"
+        )
+    return SideCheck(**check, applied=applied, prior_error=prior_err, fitted_error=fitted,
+                     in_sample_error=in_sample, reason=why)  # fmt: skip
 
 
 def _band(errors: np.ndarray, fallback: float) -> float:
@@ -557,57 +714,89 @@ def _band(errors: np.ndarray, fallback: float) -> float:
     return max(float(np.quantile(np.abs(errors), 0.9, method="higher")), MIN_BAND)
 
 
+@dataclass
+class _Side:
+    """One side of a calibration as the fit leaves it."""
+
+    theta: np.ndarray | None  # the fitted parameters where applied, else None (the prior's)
+    band: float
+    error: float | None
+    cov: Any
+    check: SideCheck | None
+
+
+def _fit_side(problem: _Problem | None, side: str, prior: Calibration) -> _Side:
+    """Fit one side and judge whether the fit pays for itself (`_judge`). Where it does: its
+    parameters, and its leave-one-out error as its band. Where it does not: the prior's
+    parameters, and the prior's own error on these trials as the band (with fewer than two
+    trials, the prior's band)."""
+    band = prior.memory_band if side == "memory" else prior.speed_band
+    error = prior.memory_error if side == "memory" else prior.speed_error
+    cov = prior.memory_cov if side == "memory" else prior.speed_cov
+    if problem is None:
+        return _Side(None, band, error, cov, None)
+    theta = problem.solve()
+    loo = _loo_predictions(problem, theta)
+    check = _judge(problem, theta, loo, prior, side)
+    if check.applied:
+        kept, errors = theta, _errors(problem, loo) if len(loo) else np.array([])
+    else:
+        kept, errors = problem.mu, np.array([])
+        if len(problem.y) >= 2:
+            errors = _errors(problem, problem.predict(problem.mu))
+    return _Side(
+        theta if check.applied else None,
+        _band(errors, band),
+        _median_abs(errors) if len(errors) else error,
+        problem.covariance(kept),
+        check,
+    )
+
+
 def fit_calibration(
     observations: Iterable[Observation], prior: Calibration | None = None
 ) -> Calibration:
     """Fit factors to the measured `observations` with `prior` (default: the napkin) as the
-    prior; see the module docstring. No informative observation: the prior itself."""
+    prior; see the module docstring. A side whose fit does not pay for itself on `observations`
+    keeps the prior's factors (`Calibration.memory_check`, `speed_check`). No informative
+    observation: the prior itself."""
     prior = prior or NAPKIN
     obs = [o for o in observations if o.informative]
     if not obs:
         return prior
     stored = prior.source != "none"
-    mem_p = _problem(obs, "memory", prior, stored)
-    spd_p = _problem(obs, "speed", prior, stored)
-    memory_cov, speed_cov = prior.memory_cov, prior.speed_cov
+    mem = _fit_side(_problem(obs, "memory", prior, stored), "memory", prior)
     memory, memory_constant = dict(prior.memory), prior.memory_constant
-    memory_band, memory_error = prior.memory_band, prior.memory_error
-    if mem_p is not None:
-        theta = mem_p.solve()
-        k = mem_p.k
-        memory = dict(zip(MEMORY_TERMS, (float(v) for v in np.exp(theta[:k])), strict=True))
+    if mem.theta is not None:
+        k = len(MEMORY_TERMS)
+        memory = dict(zip(MEMORY_TERMS, (float(v) for v in np.exp(mem.theta[:k])), strict=True))
         shares = (*OFFLOADED_TERMS, *MEMORY_MODE_TERMS)
-        memory.update(zip(shares, (float(v) for v in theta[k:-1]), strict=True))
-        memory_constant = float(theta[-1])
-        memory_cov = mem_p.covariance(theta)
-        loo = _loo_errors(mem_p, theta)
-        memory_band = _band(loo, prior.memory_band)
-        memory_error = float(np.median(np.abs(loo))) if len(loo) else memory_error
+        memory.update(zip(shares, (float(v) for v in mem.theta[k:-1]), strict=True))
+        memory_constant = float(mem.theta[-1])
+    spd = _fit_side(_problem(obs, "speed", prior, stored), "speed", prior)
     speed, speed_constant = dict(prior.speed), prior.speed_constant
-    speed_band, speed_error = prior.speed_band, prior.speed_error
-    if spd_p is not None:
-        theta = spd_p.solve()
-        ks = spd_p.k
-        speed = dict(zip(TIME_FACTOR_TERMS, (float(v) for v in np.exp(theta[:ks])), strict=True))
-        speed.update(zip(SPEED_MODE_TERMS, (float(v) for v in theta[ks:-1]), strict=True))
-        speed_constant = float(theta[-1])
-        speed_cov = spd_p.covariance(theta)
-        loo = _loo_errors(spd_p, theta)
-        speed_band = _band(loo, prior.speed_band)
-        speed_error = float(np.median(np.abs(loo))) if len(loo) else speed_error
+    if spd.theta is not None:
+        ks = len(TIME_FACTOR_TERMS)
+        speed = dict(
+            zip(TIME_FACTOR_TERMS, (float(v) for v in np.exp(spd.theta[:ks])), strict=True)
+        )
+        speed.update(zip(SPEED_MODE_TERMS, (float(v) for v in spd.theta[ks:-1]), strict=True))
+        speed_constant = float(spd.theta[-1])
     return Calibration(
         memory=memory,
         memory_constant=memory_constant,
         speed=speed,
         speed_constant=speed_constant,
-        memory_band=memory_band,
-        speed_band=speed_band,
+        memory_band=mem.band,
+        speed_band=spd.band,
         source="study",
         n_trials=prior.n_trials + len(obs),
-        memory_error=memory_error,
-        speed_error=speed_error,
-        memory_cov=memory_cov,
-        speed_cov=speed_cov,
+        memory_error=mem.error,
+        speed_error=spd.error,
+        memory_cov=mem.cov,
+        speed_cov=spd.cov,
+        memory_check=mem.check,
+        speed_check=spd.check,
     )
 
 

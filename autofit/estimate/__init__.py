@@ -6,6 +6,7 @@ of thousands of candidates per second, which is what lets the search prune befor
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
@@ -21,9 +22,14 @@ from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 
 __all__ = [
-    "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "TIME_KEYS", "Estimate", "estimate",
+    "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "OUTSIDE_KEYS", "TIME_KEYS", "Estimate",
+    "estimate",
     "estimate_many",
 ]  # fmt: skip
+
+OUTSIDE_KEYS = ("cuda_context", "nccl")
+"""`Estimate.overhead`'s parts outside PyTorch's caching allocator
+(`memory.outside_allocator_bytes`)."""
 
 LINK_KEYS = ("intra", "inter", "network_busy")
 """`Estimate.communication_by_link`: the exposed `communication` seconds of collectives inside a
@@ -48,11 +54,13 @@ class Estimate:
     peak_bytes: int  # predicted torch.cuda.max_memory_reserved on the busiest GPU
     peak_allocated_bytes: int  # predicted max_memory_allocated; == sum(breakdown)
     capacity_bytes: int
-    usable_bytes: int  # capacity minus CUDA context
-    within_capacity: bool  # peak <= usable bytes and offloaded state within host RAM; no margin
+    usable_bytes: int  # capacity less what lies outside the allocator (context, NCCL)
+    within_capacity: bool  # device bytes <= capacity, offloaded state within host RAM; no margin
     breakdown: dict[str, int]  # bytes by part at the peak moment
     peak_phase: str  # "forward" (end of forward), "optimizer" (step), "gather" (root all-gather)
-    overhead: dict[str, int]  # allocator slack and CUDA context
+    # "allocator": the caching allocator's slack (reserved - allocated); then the parts outside
+    # the allocator (`OUTSIDE_KEYS`: the CUDA context, NCCL's buffers)
+    overhead: dict[str, int]
     host_bytes: int  # host RAM for offloaded parts, all ranks of one node (each has its host)
     host_capacity_bytes: int
     step_time_s: float
@@ -74,11 +82,36 @@ class Estimate:
     def headroom_bytes(self) -> int:
         return self.usable_bytes - self.peak_bytes
 
+    @property
+    def peak_tensor_bytes(self) -> int:
+        """The allocated peak less cuBLAS's workspaces: what a tensor tracker counts
+        (FSDPMemTracker, a CPU trial's tracker), which sees tensors, not library workspaces."""
+        return self.peak_allocated_bytes - self.breakdown.get("workspace", 0)
+
+    @property
+    def allocator_slack_bytes(self) -> int:
+        """Reserved less allocated: what the caching allocator holds that no tensor uses."""
+        return self.overhead.get("allocator", 0)
+
+    @property
+    def outside_allocator_bytes(self) -> int:
+        """The CUDA context and NCCL's buffers: device memory PyTorch's allocator never sees."""
+        return sum(self.overhead.get(k, 0) for k in OUTSIDE_KEYS)
+
+    @property
+    def device_bytes(self) -> int:
+        """What fills the card at the peak (an NVML reading): reserved plus what lies outside the
+        allocator. The fit check compares it with the capacity."""
+        return self.peak_bytes + self.outside_allocator_bytes
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config.to_dict(),
             "peak_bytes": self.peak_bytes,
             "peak_allocated_bytes": self.peak_allocated_bytes,
+            "allocator_slack_bytes": self.allocator_slack_bytes,
+            "outside_allocator_bytes": self.outside_allocator_bytes,
+            "device_bytes": self.device_bytes,
             "capacity_bytes": self.capacity_bytes,
             "usable_bytes": self.usable_bytes,
             "fits": self.within_capacity,
@@ -98,14 +131,21 @@ class Estimate:
 
 
 def estimate(
-    model: ModelSpec, hardware: Hardware, config: Config, *, device: str = "cuda"
-) -> Estimate:
+    model: ModelSpec, hardware: Hardware, config: Config, *, device: str = "cuda",
+    optimizer_impl: str = "fused", expandable_segments: bool = True,
+) -> Estimate:  # fmt: skip
     """Predict peak memory per GPU and step time of `config` for `model` on `hardware`.
 
     `device="cpu"` predicts what a CPU trial measures (tensor bytes only: no CUDA context, no
-    caching-allocator slack) so CPU trials can check the same formulas.
+    caching-allocator slack) so CPU trials can check the same formulas. `optimizer_impl` and
+    `expandable_segments` describe a launch autofit did not set up (its own pin fused AdamW and
+    set `expandable_segments:True`): torch's default foreach AdamW, the allocator's default
+    segments (`estimate_many`).
     """
-    return estimate_many(model, hardware, (config,), device=device)[0]
+    return estimate_many(
+        model, hardware, (config,), device=device, optimizer_impl=optimizer_impl,
+        expandable_segments=expandable_segments,
+    )[0]  # fmt: skip
 
 
 # Every knob and setting but `loss`, which changes no FLOP nor byte moved (the LM head's matmul is
@@ -114,29 +154,42 @@ _TIMED_KNOBS = attrgetter(*(f.name for f in fields(Config) if f.name != "loss"))
 
 
 def estimate_many(
-    model: ModelSpec, hardware: Hardware, configs: Iterable[Config], *, device: str = "cuda"
-) -> list[Estimate]:
+    model: ModelSpec, hardware: Hardware, configs: Iterable[Config], *, device: str = "cuda",
+    optimizer_impl: str = "fused", expandable_segments: bool = True,
+) -> list[Estimate]:  # fmt: skip
     """`estimate` of each of `configs`, in order. The configs of a space share most knob values,
     so each group of terms is computed once per distinct value of the knobs it reads (memory:
-    `autofit.estimate.peak.Peaks`; the step time once per value of every knob but `loss`)."""
+    `autofit.estimate.peak.Peaks`; the step time once per value of every knob but `loss`).
+
+    What the launch does that autofit's own build pins: `optimizer_impl` (`memory.OPTIMIZER_IMPLS`:
+    `fused`, or `foreach`, torch's default, whose step holds a parameter-sized temporary) and
+    `expandable_segments` (the caching allocator's mode the slack is replayed with)."""
+    if optimizer_impl not in mem.OPTIMIZER_IMPLS:
+        raise ValueError(
+            f"optimizer_impl must be one of {', '.join(mem.OPTIMIZER_IMPLS)}; "
+            f"got {optimizer_impl!r}"
+        )
     n = max(hardware.n_gpus, 1)
     per_node = min(max(hardware.gpus_per_node, 1), n)
     s = structure_of(model)
-    peaks = Peaks(model, n, device, per_node)
+    gpu = hardware.smallest_gpu
+    flat = mem.outside_allocator_bytes(device, n, hardware.link)
+    hsdp = mem.outside_allocator_bytes(device, n, hardware.link, communicators=2)
+    peaks = Peaks(model, n, device, per_node,
+                  workspace=mem.workspace_bytes(device, gpu.compute_capability),
+                  outside=(flat, hsdp), optimizer_impl=optimizer_impl,
+                  expandable_segments=expandable_segments)  # fmt: skip
     step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
     parts_memo: dict[Any, Any] = {}  # `step_time`'s parts, per value of the knobs each reads
-    capacity = hardware.smallest_gpu.memory_bytes
-    usable = mem.usable_bytes(capacity, device)
+    capacity = gpu.memory_bytes
     host_cap = hardware.host_ram_bytes
     host_usable = mem.usable_host_bytes(host_cap)
-    capacity_int, usable_int = int(capacity), int(usable)
-    out: list[Estimate] = []
+    capacity_int = int(capacity)
+    rows: list[tuple[Config, Any, tuple[dict[str, float], float, dict[str, float]]]] = []
     # a space has a few hundred thousand configs: names bound once, fields given in order
-    append, peak_of, timed_of = out.append, peaks.of, step_times.get
+    append, peak_of, timed_of = rows.append, peaks.of, step_times.get
     for config in configs:
         peak = peak_of(config)
-        host = peak.host
-        fits = peak.reserved <= usable and (host <= host_usable if host else True)
         key = _TIMED_KNOBS(config)
         timed = timed_of(key)
         if timed is None:
@@ -144,13 +197,82 @@ def estimate_many(
                 step_times.clear()
             times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts_memo)
             timed = step_times[key] = times, sum(times.values()), links
-        times, step, links = timed
+        append((config, peak, timed))
+    slacks = _allocator_slacks(peaks, rows, capacity, device)
+    out: list[Estimate] = []
+    append_estimate = out.append
+    for (config, peak, (times, step, links)), slack in zip(rows, slacks, strict=True):
+        host = peak.host
+        usable = capacity - sum(peak.overhead[k] for k in OUTSIDE_KEYS)
+        reserved = peak.allocated + slack
+        fits = reserved <= usable and (host <= host_usable if host else True)
         tokens = config.micro_batch * config.grad_accum * n * config.seq_len
-        append(Estimate(
-            config, peak.reserved, peak.allocated, capacity_int, usable_int, bool(fits),
-            peak.breakdown, peak.phase, peak.overhead, int(host), int(host_cap), step,
+        overhead = dict(peak.overhead)
+        overhead["allocator"] = slack
+        append_estimate(Estimate(
+            config, reserved, peak.allocated, capacity_int, int(usable), bool(fits),
+            peak.breakdown, peak.phase, overhead, int(host), int(host_cap), step,
             tokens / step if step > 0 else 0.0, times, n, peak.sharding, links, per_node,
         ))  # fmt: skip
+    return out
+
+
+REPLAY_BUDGET_S = 0.4
+"""Seconds a batch of estimates spends replaying allocation sequences (`autofit.estimate.slack`,
+tens of milliseconds each at 7B-70B) beyond the first: the candidates nearest the capacity line
+are replayed first, the rest take the slack share of the replayed configs like them. 0 replays
+none (every slack is then `memory.allocator_overhead`'s assumed share: what a test that scores
+thousands of single configs sets)."""
+NEAR_CAPACITY = (0.5, 1.3)
+"""Allocated peaks, as shares of the usable memory, whose allocator slack decides whether they
+fit: replayed first, nearest 0.95 first."""
+
+
+def _allocator_slacks(peaks: Peaks, rows: list[Any], capacity: float, device: str) -> list[int]:
+    """The caching allocator's slack of each row's peak: a replay of its step through the
+    allocator model (`Peaks.replayed_slack`) for the configs nearest the capacity line within
+    `REPLAY_BUDGET_S`, and for the others the largest slack share (slack / allocated) among the
+    replayed configs of the same micro-batch, checkpointing, LoRA and sharding (else of all).
+    Nothing on CPU, which has no caching allocator."""
+    if device == "cpu" or not rows:
+        return [0] * len(rows)
+
+    def usable(peak: Any) -> float:
+        return max(capacity - sum(peak.overhead[k] for k in OUTSIDE_KEYS), 1.0)
+
+    def group(c: Config, peak: Any) -> tuple[Any, ...]:
+        return (c.micro_batch, c.checkpointing, c.lora_rank > 0, peak.sharding)
+
+    share = [row[1].allocated / usable(row[1]) for row in rows]
+    near = [i for i, x in enumerate(share) if NEAR_CAPACITY[0] <= x <= NEAR_CAPACITY[1]]
+    near.sort(key=lambda i: abs(share[i] - 0.95))
+    if not near:  # seed the shares with the config nearest the line
+        near = [min(range(len(rows)), key=lambda i: abs(share[i] - 0.95))]
+    slacks: list[int | None] = [None] * len(rows)
+    ratios: dict[tuple[Any, ...], float] = {}
+    budget = REPLAY_BUDGET_S
+    deadline = time.monotonic() + budget
+    for count, i in enumerate(near):
+        config, peak, _ = rows[i]
+        fresh = not peaks.has_replayed(config)
+        if fresh and (budget <= 0 or (count and time.monotonic() > deadline)):
+            continue
+        slack = peaks.replayed_slack(config).slack
+        slacks[i] = slack
+        g = group(config, peak)
+        ratios[g] = max(ratios.get(g, 0.0), slack / max(peak.allocated, 1))
+    overall = max(ratios.values()) if ratios else None
+    out = []
+    for i, found in enumerate(slacks):
+        if found is None:
+            config, peak, _ = rows[i]
+            if peaks.has_replayed(config):
+                found = peaks.replayed_slack(config).slack
+            elif overall is None:  # nothing replayed (a budget of 0): the assumed share
+                found = int(mem.allocator_overhead(peak.allocated))
+            else:
+                found = int(peak.allocated * ratios.get(group(config, peak), overall))
+        out.append(found)
     return out
 
 
@@ -174,7 +296,8 @@ def step_time(
     """
     memo = {} if memo is None else memo
     wkey = ("work", config.micro_batch, config.seq_len, config.lora_rank, config.lora_targets,
-            config.checkpointing, config.compile, config.quant)  # fmt: skip
+            config.checkpointing, config.compile, config.quant,
+            config.train_embeddings)  # fmt: skip
     work = memo.get(wkey)
     if work is None:
         work = memo[wkey] = _gpu_work(s, hardware, config)
@@ -237,6 +360,7 @@ def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, 
     micro = spd.micro_step_times(
         s, config.micro_batch * config.seq_len, config.seq_len, config.lora_rank,
         config.lora_targets, config.checkpointing, flops_per_s, bytes_per_s,
+        config.train_embeddings,
     )  # fmt: skip
     compute, memory_bound, overhead = micro["compute"], micro["memory_bound"], micro["overhead"]
     if config.compile:

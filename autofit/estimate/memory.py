@@ -11,7 +11,14 @@ from functools import lru_cache
 
 import autofit.recipe as recipe
 from autofit.arch import ActivationKey, LayerActivations, Structure, activations_of
-from autofit.config import Sharding, mesh_shape, wrap_group_size
+from autofit.config import (
+    Sharding,
+    mesh_shape,
+    trained_token_count,
+    trained_tokens_error,
+    wrap_group_size,
+)
+from autofit.errors import ConfigError
 from autofit.models import ModelSpec
 
 Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
@@ -278,6 +285,43 @@ def optimizer_temp_bytes(s: Structure, lora_rank: int, precision: str, optimizer
     return 2 * largest * master_bytes(precision, optimizer) / shard
 
 
+def head_grad_bytes(
+    s: Structure, lora_rank: int, train_embeddings: str, precision: str, optimizer: str,
+    sharding: Sharding, offload: str = "none",
+) -> float:  # fmt: skip
+    """A trained LM head's weight gradient, born in the head's backward beside its output's
+    bf16 gradient (the loss's fp32 tensors over the vocabulary freed by then): the plain
+    module's and DDP's `.grad` of the head (a full fine-tune, or `train_embeddings`; tied, the
+    shared weight's), in the trainable dtype. With gradient accumulation the earlier
+    micro-steps' `.grad` is there already and autograd's `AccumulateGrad` adds the new one into
+    it, so it is a transient beside it. The loss's trace stops at the logits' gradient, before
+    any weight gradient; FSDP2's unit gradients are counted per unit (`unit_grad_bytes`)."""
+    if sharding is Sharding.FSDP2 or offload == "params":
+        return 0.0
+    if lora_rank == 0:
+        params = s.head_params or s.embedding_params
+    elif train_embeddings != "none":
+        params = trained_module_params(s, train_embeddings)
+    else:
+        return 0.0
+    return params * grad_bytes(precision, optimizer)
+
+
+OPTIMIZER_IMPLS = ("fused", "foreach")
+"""How torch's AdamW runs its step on CUDA: `fused` (one kernel per group, no temporaries: what
+autofit's build and every export pin, `fused=True`, Trainer `optim: adamw_torch_fused`) or
+`foreach` (torch's default when `fused` is not set, HF Trainer's `adamw_torch`). An estimate of a
+launch autofit did not set up can name the latter (`bench/published.py` does)."""
+
+
+def foreach_temp_bytes(trainable: float, master: int, shard: int) -> float:
+    """The foreach AdamW step's temporary: `torch/optim/adamw.py` `_multi_tensor_adam` takes
+    `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)` over every parameter of a
+    (device, dtype) group at once, a new list as large as the (local) trainable parameters in
+    their own dtype, and frees it after `_foreach_addcdiv_`; the other updates are in place."""
+    return trainable * master / shard
+
+
 # ----- activations ------------------------------------------------------------------------------
 def activation_bytes(
     model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora_rank: int,
@@ -298,7 +342,7 @@ def activation_bytes(
     logits and loss at their peak over the vocabulary (forward, and the start of backward), as
     the `loss` knob computes them (`traced_loss`: the whole batch's logits, or one chunk's beside
     the hidden states' gradient).
-    The layer backward recomputes is `recomputed_layer_bytes`: it is never alive together with
+    The last layer's backward is `layer_backward_bytes`: it is never alive together with
     the loss's tensors (CPU trials of every family: counting both over-estimated checkpointed
     runs by 10-44%, bench/accuracy.py --families)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
@@ -364,20 +408,43 @@ def forward_gather_buffer_bytes(
     return k * gathered_layer_bytes(s, quant, lora_rank, targets)
 
 
-def recomputed_layer_bytes(
+def layer_backward_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
     autocast: bool, targets: Targets = None, dropout: float = 0.0,
 ) -> float:  # fmt: skip
-    """With checkpointing, backward recomputes one checkpointed layer at a time, all its
-    activations alive then besides what the checkpoint kept (under `selective`, the element-wise
-    tensors it recomputes): the traced layer without checkpointing less the checkpointed one.
+    """What the last decoder layer's backward holds at its peak besides the activations the
+    layers kept (`LayerActivations.backward`, traced as its own moment: the one-layer model's
+    whole backward): the gradient flowing in, the gradients of the layer's activations in flight
+    and its backward's temporaries (SwiGLU's, attention's), and under checkpointing the layer
+    recomputed with all its activations. Parameters' gradients are counted from the parameters.
     By then the loss's tensors over the vocabulary have been freed (`estimate` takes the larger
-    moment)."""
+    moment). With `every-2` the larger of a checkpointed and a kept layer's (the peak is at
+    whichever backward holds more)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
                                dropout)  # fmt: skip
     if ckpt is None:
+        return micro_batch * kept.backward
+    if checkpointing == "every-2":
+        return micro_batch * max(kept.backward, ckpt.backward)
+    return micro_batch * ckpt.backward
+
+
+NF4_DEQUANT_TRANSIENT_BYTES = 14.0
+"""Bytes per weight alive while torchao 0.18 dequantizes an NF4 weight for a matmul
+(`NF4Tensor.get_original_weight` in `linear_nf4`'s forward, and again in its backward): the
+unpacked codes, their looked-up values, the scales and the bf16 weight, freed after the matmul.
+Measured with the trials' tensor tracker on a 4096 x 1024 and an 11008 x 4096 weight: 14.02-14.05
+B per weight in forward and in backward (the same aten ops run on CUDA)."""
+
+
+def dequant_transient_bytes(s: Structure, quant: str) -> float:
+    """The working memory of dequantizing the largest NF4 projection (one matmul at a time, in a
+    layer's forward and again in its backward). int8 keeps its bf16 copy for backward instead
+    (`int8_saved_weight_bytes`) and holds nothing more (measured: 2.0 B per weight kept, 0.03 B
+    more in backward)."""
+    if quant != "nf4":
         return 0.0
-    return micro_batch * max(kept.layer - ckpt.layer, 0.0)
+    return NF4_DEQUANT_TRANSIENT_BYTES * max(p.weight_params for p in s.projections)
 
 
 def traced_loss(loss: str) -> str:
@@ -396,7 +463,7 @@ def _layer_traces(
 ) -> tuple[LayerActivations, LayerActivations | None]:  # fmt: skip
     """The traced layer without checkpointing, and checkpointed as `checkpointing` does it
     (op-level for `selective`, the whole layer otherwise; None without checkpointing): the two
-    traces `activation_bytes`, `loss_forward_bytes` and `recomputed_layer_bytes` read (memoised:
+    traces `activation_bytes`, `loss_forward_bytes` and `layer_backward_bytes` read (memoised:
     a space asks for the same few thousands of times)."""
     key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss))
     kept = activations_of(model, key)
@@ -425,19 +492,217 @@ def layers_keeping_activations(s: Structure, checkpointing: str) -> int:
     return min(kept, s.layers)
 
 
+# ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------
+# The builder trains the modules `autofit.recipe.trained_embedding_modules` names (the input
+# embedding, and the LM head unless it is tied to it), the rows `trained_token_ids` says, with
+# peft beside the frozen LoRA base (`autofit.build.lora.embedding_options`). The frozen originals
+# stay (counted with the base, `frozen_other_bytes`); the trained weights are trainable
+# parameters like the adapters (fp32 masters, gradients and optimizer state by `trainable`).
+def trained_rows(s: Structure, train_embeddings: str) -> int:
+    """Token rows trained in each trained module; `tokens:N` beyond the vocabulary is a
+    `ConfigError`."""
+    problem = trained_tokens_error(train_embeddings, s.vocab)
+    if problem is not None:
+        raise ConfigError(problem)
+    return len(recipe.trained_token_ids(train_embeddings, s.vocab))
+
+
+def trained_module_params(s: Structure, train_embeddings: str) -> int:
+    """Trained parameters of one trained module (the embedding's, or the head's: both are
+    vocab x hidden): its trained rows x its width."""
+    if train_embeddings == "none":
+        return 0
+    return trained_rows(s, train_embeddings) * (s.embedding_params // max(s.vocab, 1))
+
+
+def trained_embedding_params(s: Structure, train_embeddings: str) -> int:
+    """Trainable parameters `train_embeddings` adds to a LoRA run: `full` a trainable copy of the
+    embedding and of an untied head (Qwen-7B: 2 x 151,936 x 4,096 = 1.24 B; its README's "LoRA
+    (emb)" run measures 13.6 GB more than its LoRA run, 33.7 vs 20.1 GB at seq 256 on one A100);
+    `tokens:N` N rows of each. A tied head's trained weight is the embedding's: counted once."""
+    modules = recipe.trained_embedding_modules(train_embeddings, s.tied_embeddings)
+    return len(modules) * trained_module_params(s, train_embeddings)
+
+
+def trained_token_buffer_bytes(s: Structure, train_embeddings: str) -> float:
+    """`tokens:N`: peft keeps the original values of the trained rows as a buffer beside each
+    trained module's rows (`TrainableTokensLayer.trainable_tokens_original`, in the frozen dtype:
+    the builder casts it); a buffer is whole on every GPU (FSDP2 shards parameters only)."""
+    if trained_token_count(train_embeddings) is None:
+        return 0.0
+    return trained_embedding_params(s, train_embeddings) * BF16
+
+
+def trained_unit_grad_bytes(s: Structure, train_embeddings: str, sharding: Sharding) -> float:
+    """Under FSDP2 the embedding unit and `[norm, head]` (or, tied, the root) hold the trained
+    weights, so the unit reduced at the end of its backward has their unsharded gradients, bf16
+    from autograd and FSDP2's fp32 copy for the reduce-scatter (`unit_grad_bytes`' rule for the
+    units of the embedding and head of a full fine-tune); the largest unit sets the peak."""
+    if sharding is not Sharding.FSDP2:
+        return 0.0
+    return trained_module_params(s, train_embeddings) * (BF16 + FP32)
+
+
+def trained_head_autocast_bytes(s: Structure, train_embeddings: str, autocast: bool) -> float:
+    """Under autocast (the plain module and DDP, bf16-mixed) the head's fp32 trainable copy
+    (`full`; tied: the embedding's copy) is multiplied through autocast's cached bf16 copy, kept
+    for backward (`autocast_copy_bytes`' rule for the head of a full fine-tune). The embedding
+    lookup is not autocast. `tokens:N` merges its rows into the bf16 weight instead
+    (`trained_head_loss_bytes`)."""
+    if not autocast or train_embeddings != "full":
+        return 0.0
+    return trained_module_params(s, train_embeddings) * BF16
+
+
+def trained_largest_tensor(s: Structure, train_embeddings: str) -> int:
+    """Elements of the largest trainable tensor `train_embeddings` adds (one module's trained
+    weight): what CPU AdamW's temporaries are sized by (`optimizer_temp_bytes`)."""
+    return trained_module_params(s, train_embeddings)
+
+
+def trained_head_loss_bytes(
+    s: Structure, micro_batch: int, seq_len: int, train_embeddings: str, loss: str
+) -> tuple[float, float]:
+    """What a trained LM head adds outside the layers that a frozen one's traced loss does not
+    keep, (at the loss's peak through the start of its backward, at the peak of its forward):
+
+    - `standard`: the head's input (the final norm's bf16 output, tokens x hidden), which the
+      head's matmul saves for its weight gradient (a frozen head saves only its weight);
+    - `tokens:N`: the merged weight peft builds at each forward (`get_merged_weights`: the frozen
+      weight with the trained rows copied in, vocab x hidden in bf16), which the head's matmul
+      saves for the input gradient (`standard`), or which the chunked loss reads through its
+      forward;
+    - `chunked` (and Liger's `fused`, counted as it): the fp32 sum of the head weight's gradient,
+      vocab x hidden, from the loss's forward through its backward (`autofit.build.loss`; as
+      `head_grad_sum_bytes` for a full fine-tune)."""
+    if train_embeddings == "none":
+        return 0.0, 0.0
+    head = trained_module_params(s, "full")  # the head's whole weight, vocab x hidden
+    merged = head * BF16 if trained_token_count(train_embeddings) is not None else 0.0
+    if traced_loss(loss) == "chunked":
+        grad_sum = head * FP32
+        return grad_sum, grad_sum + merged
+    kept = micro_batch * seq_len * s.hidden * BF16 + merged
+    return kept, kept
+
+
+def trained_head_grad_bytes(
+    s: Structure, train_embeddings: str, sharding: Sharding, shard: int, precision: str,
+    optimizer: str, accumulates: bool,
+) -> float:  # fmt: skip
+    """The trained head's gradient in the last decoder layer's backward (the head's backward ran
+    first): the plain module's `.grad` in the trainable dtype. Under FSDP2, the `[norm, head]`
+    unit's reduce-scattered shard, and the reduce-scatter's input (the unit's unsharded gradients
+    in the reduce dtype), which FSDP2 keeps until the next unit's reduce-scatter
+    (`reduce_scatter_states`, torch 2.13 `_fsdp_param_group.post_backward`; measured on CPU
+    trials: +1.5 MiB at llama-debug's last layer's backward for a 1 MiB fp32 head copy on 2
+    ranks); with a tied head, the root unit's unsharded bf16 gradient, which the root reduces
+    only at the end of backward. DDP's buckets and accumulated gradients are counted whole from
+    the start of forward already."""
+    head = trained_module_params(s, train_embeddings)
+    if not head or accumulates or sharding is Sharding.DDP:
+        return 0.0
+    if sharding is Sharding.FSDP2 and s.tied_embeddings:
+        return head * BF16
+    if sharding is Sharding.FSDP2:
+        reduce_input = recipe.DTYPE_BYTES[recipe.reduce_dtype(precision)]
+        return head * (grad_bytes(precision, optimizer) / shard + reduce_input)
+    return head * grad_bytes(precision, optimizer)
+
+
+def trained_token_grad_bytes(s: Structure, train_embeddings: str) -> float:
+    """`tokens:N`: the embedding's backward makes the gradient of the whole merged weight
+    (dense, vocab x hidden, in its bf16 dtype) before peft keeps its trained rows: a transient at
+    the end of backward (beside the gradients then alive: the optimizer step's moment)."""
+    if trained_token_count(train_embeddings) is None:
+        return 0.0
+    return trained_module_params(s, "full") * BF16
+
+
 # ----- overheads --------------------------------------------------------------------------------
 def allocator_overhead(allocated: float) -> float:
-    """Caching-allocator slack, reserved minus allocated. With
-    `expandable_segments:True` fragmentation is small; PyTorch's allocator rounds blocks to 512 B
-    and grows segments by 2/20 MiB. Assumed: 5% + 256 MiB (not yet calibrated on a GPU; see
-    docs/accuracy.md)."""
+    """Caching-allocator slack, reserved minus allocated, where no allocation sequence was
+    replayed (`autofit.estimate.slack` replays one for the configs that matter, and the others
+    take the replayed configs' share): 5% + 256 MiB, assumed. Replays of 7B steps with
+    expandable segments give 1.3-6% (docs/estimator.md)."""
     return 0.05 * allocated + 256 * MiB
 
 
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""cuBLAS's workspace per (handle, stream) before Hopper: `:4096:2:16:8`, 8 MiB + 128 KiB
+(torch `aten/src/ATen/cuda/CublasHandlePool.cpp` `parseChosenWorkspaceSize`;
+`CUBLAS_WORKSPACE_CONFIG` overrides it)."""
+CUBLAS_WORKSPACE_BYTES_SM90 = 4096 * 8 * 1024
+"""The same on compute capability 9.0 (H100, H200): 32 MiB."""
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+"""cuBLASLt's own workspace per (handle, stream), 1024 KiB (`parseCUDABlasLtWorkspaceSize`,
+`CUBLASLT_WORKSPACE_SIZE`; not unified with cuBLAS's unless
+`TORCH_CUBLASLT_UNIFIED_WORKSPACE=1`)."""
+BLAS_HANDLES = 2
+"""cuBLAS handles that run a training step's matmuls on the compute stream: one per thread
+(`getCurrentCUDABlasHandle` reserves a handle from a thread-local pool window), and a step's
+matmuls run on two threads, the Python thread's forward and the autograd engine's device thread's
+backward (torch `autograd/engine.cpp`: one worker thread per device)."""
+
+
+def workspace_bytes(device: str, compute_capability: tuple[int, int] = (8, 0)) -> int:
+    """cuBLAS and cuBLASLt workspaces: allocated through PyTorch's caching allocator
+    (`getNewWorkspace`, `getNewCUDABlasLtWorkspace`), once per handle and stream and kept, so they
+    are part of the allocated (and reserved) bytes from the first matmul on; none on CPU."""
+    if device == "cpu":
+        return 0
+    cublas = (
+        CUBLAS_WORKSPACE_BYTES_SM90
+        if tuple(compute_capability) == (9, 0)
+        else (CUBLAS_WORKSPACE_BYTES)
+    )
+    return BLAS_HANDLES * (cublas + CUBLASLT_WORKSPACE_BYTES)
+
+
 CUDA_CONTEXT_BYTES = 512 * MiB
-"""CUDA context, cuBLAS workspaces and NCCL buffers outside PyTorch's allocator: ~300-600 MiB on
-Ampere/Hopper with CUDA 12 lazy loading (PyTorch CUDA semantics notes; NCCL docs). Counted against
-capacity but not in `max_memory_reserved`."""
+"""The CUDA context of a training process, outside PyTorch's allocator: the driver's state and
+the kernels loaded into device memory. With lazy module loading (PyTorch's default since 1.13,
+`CUDA_MODULE_LOADING=LAZY`) a bare context is 287 MB (pytorch/pytorch#86509, CUDA 11.7) to
+426 MiB (unslothai/unsloth-zoo#1053: torch 2.10, CUDA 13, RTX 6000 Ada); a training step then
+loads its kernels (cuBLAS GEMMs, attention, the fused optimizer, NCCL's), which is not measured
+here: 512 MiB is assumed until a GPU session measures the device-level peak
+(`bench/gpu_trials.py`)."""
+
+NCCL_CONNECTION_BYTES = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+"""NCCL's buffers for one connection of one channel, one per protocol: Simple 4 MiB
+(`DEFAULT_BUFFSIZE`, `NCCL_BUFFSIZE`), LL128 4,915,200 B (`NCCL_LL128_ELEMS_PER_THREAD` 120 x
+`NCCL_LL128_MAX_NTHREADS` 640 x `NCCL_STEPS` 8 x 8 B) and LL 524,288 B (8 lines per thread x 512
+threads x 8 steps x 16 B): NCCL `src/init.cc` `DEFAULT_*BUFFSIZE`. Allocated with cudaMalloc or
+cuMem, outside PyTorch's allocator."""
+NCCL_CHANNELS = {"nvlink": 32, "pcie": 4}
+"""Ring channels NCCL opens between the GPUs of a node: up to 32 over NVLink/NVSwitch (NCCL's
+`MAXCHANNELS`-bound ring search; 8 x H100 logs show "32 coll channels"), 2-4 over PCIe. NCCL's
+memory is linear in its channels, and a ring has two connections per GPU whatever the scale
+(NVIDIA/nccl#864, #986); a GPU holds one connection's buffers per channel (it receives on one and
+sends on the other). The upper ends: an under-estimate is the error a planner may not make."""
+
+
+def nccl_bytes(device: str, n_gpus: int, link: str, communicators: int = 1) -> int:
+    """NCCL's buffers on each GPU: channels x one connection's buffers, per communicator (the
+    process group's: FSDP2's all-gathers and reduce-scatters and DDP's all-reduce share it; HSDP
+    has a second, across the replicas). Nothing on one GPU (no collective runs) or on CPU (gloo)."""
+    if device == "cpu" or n_gpus <= 1:
+        return 0
+    return communicators * NCCL_CHANNELS.get(link, NCCL_CHANNELS["pcie"]) * NCCL_CONNECTION_BYTES
+
+
+def outside_allocator_bytes(
+    device: str, n_gpus: int = 1, link: str = "pcie", communicators: int = 1
+) -> dict[str, int]:
+    """Device memory a training process holds outside PyTorch's caching allocator, by part:
+    the CUDA context and NCCL's buffers. What runs out on a card is the reserved bytes plus
+    these (`Estimate.device_bytes`); none on CPU trials, which count tensor bytes only."""
+    if device == "cpu":
+        return {"cuda_context": 0, "nccl": 0}
+    return {
+        "cuda_context": CUDA_CONTEXT_BYTES,
+        "nccl": nccl_bytes(device, n_gpus, link, communicators),
+    }
 
 
 def cuda_context_bytes(device: str) -> int:
@@ -445,9 +710,12 @@ def cuda_context_bytes(device: str) -> int:
     return 0 if device == "cpu" else CUDA_CONTEXT_BYTES
 
 
-def usable_bytes(capacity: float, device: str) -> float:
-    """What `max_memory_reserved` may reach on a GPU of `capacity`: capacity minus context."""
-    return capacity - cuda_context_bytes(device)
+def usable_bytes(
+    capacity: float, device: str, n_gpus: int = 1, link: str = "pcie", communicators: int = 1
+) -> float:
+    """What `max_memory_reserved` may reach on a GPU of `capacity`: the capacity less what sits
+    outside the allocator (`outside_allocator_bytes`)."""
+    return capacity - sum(outside_allocator_bytes(device, n_gpus, link, communicators).values())
 
 
 HOST_RAM_USABLE = 0.8

@@ -16,11 +16,12 @@ from functools import lru_cache, partial
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from autofit.arch import Structure, structure_of
+from autofit.arch import ActivationKey, Structure, step_events_of, structure_of
 from autofit.config import Config, Sharding, sharding_for, uses_autocast
 from autofit.estimate import memory as mem
+from autofit.estimate.slack import Slack, StepShape, replay_slack
 from autofit.models import ModelSpec
-from autofit.recipe import base_stays_whole
+from autofit.recipe import DTYPE_BYTES, base_stays_whole, checkpointed_layers, reduce_dtype
 
 BREAKDOWN_KEYS = (
     "base_weights",
@@ -30,6 +31,7 @@ BREAKDOWN_KEYS = (
     "gathered_params",
     "activations",
     "logits_loss",
+    "workspace",
 )
 # Entries a batch memo keeps before it starts afresh. The configs of a space that share an entry
 # differ in `compile` or `loss`, the innermost knobs but `grad_accum`, so they come close together;
@@ -43,13 +45,18 @@ class Peak(NamedTuple):
     breakdown: dict[str, int]  # bytes by part (`BREAKDOWN_KEYS`)
     phase: str  # "forward", "optimizer" or "gather"
     allocated: int  # == sum(breakdown)
-    overhead: dict[str, int]  # allocator slack and CUDA context
+    overhead: dict[str, int]  # allocator slack, then what lies outside the allocator
     reserved: int  # allocated + allocator slack
     host: float  # offloaded to one node's host RAM, all its ranks
     trainable: int  # trainable parameters (all GPUs)
     shard: int  # the FSDP2 shard degree (1: replicas or the plain module; K under HSDP)
     sharding: str  # `Sharding`'s value
 
+
+# Replays of allocation sequences, kept for the process (each takes tens of milliseconds at 7B):
+# key -> `Slack`, cleared when full.
+_REPLAYS: dict[Any, Slack] = {}
+REPLAY_MEMO_SIZE = 4096
 
 # Every knob and setting but `compile`: what a peak depends on.
 EAGER_KNOBS = attrgetter(*(f.name for f in fields(Config) if f.name != "compile"))
@@ -61,16 +68,34 @@ class Peaks:
     it reads (memos of one batch of configs: nothing outlives it)."""
 
     def __init__(
-        self, model: ModelSpec, n: int, device: str, gpus_per_node: int | None = None
-    ) -> None:
+        self, model: ModelSpec, n: int, device: str, gpus_per_node: int | None = None,
+        *, workspace: int = 0, outside: tuple[dict[str, int], dict[str, int]] | None = None,
+        optimizer_impl: str = "fused", expandable_segments: bool = True,
+    ) -> None:  # fmt: skip
         s = structure_of(model)
         self.device = device
         per_node = min(gpus_per_node or n, n)
         # on one node `shard: node` is the same mesh as `all` (`mesh_shape`): one memo entry
         self._hsdp = per_node < n
         self._peaks: dict[Any, Peak] = {}
-        self._model_state = lru_cache(maxsize=None)(partial(_model_state, s, n, per_node, device))
+        # outside the allocator: with one communicator, and with HSDP's second (across replicas)
+        if outside is None:
+            flat = mem.outside_allocator_bytes(device, n)
+            outside = (flat, flat)
+        self._model_state = lru_cache(maxsize=None)(
+            partial(
+                _model_state, s, n, per_node, device, float(workspace), outside, optimizer_impl
+            )  # fmt: skip
+        )
         self._activations = lru_cache(maxsize=None)(partial(_activations, model, s))
+        self._workspace = float(workspace)
+        self._outside = outside
+        self._model = model
+        self._structure = s
+        self._n = n
+        self._per_node = per_node
+        self._optimizer_impl = optimizer_impl
+        self._expandable = expandable_segments
 
     def of(self, config: Config) -> Peak:
         key = EAGER_KNOBS(config)
@@ -81,16 +106,73 @@ class Peaks:
             found = self._peaks[key] = self._peak(config)
         return found
 
-    def _peak(self, c: Config) -> Peak:
-        m = self._model_state(
+    def replayed_slack(self, c: Config) -> Slack:
+        """The caching allocator's slack at `c`'s peak, from a replay of two of its steps
+        (`autofit.estimate.slack`), once per distinct value of the knobs a peak reads (and per
+        process: `_REPLAYS` keeps them across batches)."""
+        key = self._replay_key(c)
+        found = _REPLAYS.get(key)
+        if found is None:
+            if len(_REPLAYS) >= REPLAY_MEMO_SIZE:
+                _REPLAYS.clear()
+            found = _REPLAYS[key] = self._replay(c)
+        return found
+
+    def has_replayed(self, c: Config) -> bool:
+        return self._replay_key(c) in _REPLAYS
+
+    def _replay_key(self, c: Config) -> tuple[Any, ...]:
+        return (self._model, self._n, self._per_node, self.device, self._expandable,
+                self._optimizer_impl, EAGER_KNOBS(c))  # fmt: skip
+
+    def _replay(self, c: Config) -> Slack:
+        s, n = self._structure, self._n
+        m = self._state(c)
+        st = m.st
+        layers = s.layers
+        checkpointed = set(checkpointed_layers(c.checkpointing, layers))
+        policy = "selective" if c.checkpointing == "selective" else "full"
+        keys = {
+            p: ActivationKey(
+                c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast
+            )  # fmt: skip
+            for p in {"none", policy}
+        }
+        events = {p: step_events_of(self._model, k) for p, k in keys.items()}
+        per_layer = [events[policy if i in checkpointed else "none"] for i in range(layers)]
+        persistent = st.base + st.weights + st.buckets
+        fsdp = st.sharding is Sharding.FSDP2
+        unit = mem.gathered_layer_bytes(s, c.quant, c.lora_rank, c.lora_targets) if fsdp else 0.0
+        shape = StepShape(
+            layers=layers,
+            micro_batch=c.micro_batch,
+            weights_per_layer=persistent / (layers + 1),
+            weights_outside=persistent / (layers + 1),
+            opt_per_layer=st.opt / layers,
+            gathered_per_layer=unit,
+            grad_shard=1.0 / max(st.shard, 1) if n > 1 else 1.0,
+            reshard=c.reshard,
+            # the traced gradients are in the compute dtype (bf16 under FSDP2); FSDP2 reduces
+            # in `reduce_dtype`
+            reduce_ratio=DTYPE_BYTES[reduce_dtype(c.precision)] / mem.BF16,
+        )
+        return replay_slack(per_layer, shape, expandable_segments=self._expandable)
+
+    def _state(self, c: Config) -> _ModelState:
+        return self._model_state(
             c.wrap, c.shard if self._hsdp else "all", c.reshard, c.quant, c.lora_rank,
             c.lora_targets, c.precision, c.optimizer, c.offload, c.grad_accum > 1,
+            c.train_embeddings,
         )  # fmt: skip
+
+    def _peak(self, c: Config) -> Peak:
+        m = self._state(c)
         a = self._activations(
             c.micro_batch, c.seq_len, c.lora_rank, c.checkpointing, m.autocast, c.lora_targets,
-            c.lora_dropout, c.loss, c.quant,
+            c.lora_dropout, c.loss, c.quant, c.train_embeddings,
         )  # fmt: skip
-        return _forward_or_later(m, a, self.device)
+        outside = self._outside[1 if self._hsdp and c.shard == "node" else 0]
+        return _forward_or_later(m, a, self.device, self._workspace, outside)
 
 
 class _ModelState(NamedTuple):
@@ -105,21 +187,40 @@ class _ModelState(NamedTuple):
 
 
 def _model_state(
-    s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, reshard: bool,
+    s: Structure, n: int, per_node: int, device: str, workspace: float,
+    outsides: tuple[dict[str, int], dict[str, int]], optimizer_impl: str, wrap: str, mesh: str,
+    reshard: bool,
     quant: str, lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool,
+    accumulates: bool, embeddings: str = "none",
 ) -> _ModelState:  # fmt: skip
     """The model state of a config: its persistent state, its gathered parameters (through
     autocast's copies, which its precision and sharding decide) and the moments after forward.
-    `mesh` is the `shard` knob; `per_node` the GPUs of a node (`n` on one node)."""
+    `mesh` is the `shard` knob; `per_node` the GPUs of a node (`n` on one node); `embeddings`
+    the `train_embeddings` setting."""
     st = _states(s, n, per_node, device, wrap, mesh, quant, lora, targets, precision, optimizer,
-                 offload, accumulates)  # fmt: skip
+                 offload, accumulates, embeddings)  # fmt: skip
+    if (
+        optimizer_impl == "foreach"
+        and device != "cpu"
+        and optimizer == "adamw"
+        and (offload == "none")
+    ):  # a launch that leaves torch's AdamW at its default (the step runs on the GPU)
+        temp = mem.foreach_temp_bytes(st.trainable, mem.master_bytes(precision), st.shard)
+        st = st._replace(opt_temp=max(st.opt_temp, temp))
     autocast = uses_autocast(precision, optimizer, st.sharding)
-    g = _gathered(s, n, device, wrap, reshard, quant, lora, targets, autocast)
-    return _ModelState(st, g, autocast, *_later(st, g, device))
+    g = _gathered(s, n, device, wrap, reshard, quant, lora, targets, autocast, embeddings)
+    # a trained head's gradient exists from its backward on, the last layer's included
+    head_grad = mem.trained_head_grad_bytes(
+        s, embeddings, st.sharding, st.shard, precision, optimizer, accumulates
+    )
+    g = g._replace(layer_grads=g.layer_grads + head_grad)
+    outside = outsides[1 if mesh == "node" and per_node < n else 0]
+    return _ModelState(st, g, autocast, *_later(st, g, device, workspace, outside))
 
 
-def _later(st: _States, g: _Gathered, device: str) -> tuple[Peak, float]:
+def _later(
+    st: _States, g: _Gathered, device: str, workspace: float, outside: dict[str, int]
+) -> tuple[Peak, float]:
     """The larger of the moments without activations (the optimizer's on a tie), as the peak,
     and its total. Each moment's parts are in `BREAKDOWN_KEYS` order."""
     # Optimizer step: the gradients exist, activations are gone. Backward's tail (last unit's
@@ -127,20 +228,22 @@ def _later(st: _States, g: _Gathered, device: str) -> tuple[Peak, float]:
     # single-tensor AdamW's temporaries.
     optimizer = (
         st.base, st.weights, st.grads + st.accum + g.unit_grads, st.opt + st.opt_temp,
-        g.at_reduce, 0.0, 0.0,
+        g.at_reduce, 0.0, 0.0, workspace,
     )  # fmt: skip
     # The root's first all-gather under `wrap: model`: buffer and unsharded params at once, with
     # the model states but hardly any activations yet (no layer's backward has begun).
     gather = (
         st.base, st.weights, st.buckets + st.accum, st.opt, g.end_of_forward + g.root_buffer,
-        0.0, 0.0,
+        0.0, 0.0, workspace,
     )  # fmt: skip
     if sum(optimizer) >= sum(gather):
-        return _peak_at(st, "optimizer", optimizer, device), sum(optimizer)
-    return _peak_at(st, "gather", gather, device), sum(gather)
+        return _peak_at(st, "optimizer", optimizer, device, outside), sum(optimizer)
+    return _peak_at(st, "gather", gather, device, outside), sum(gather)
 
 
-def _forward_or_later(m: _ModelState, a: _Activations, device: str) -> Peak:
+def _forward_or_later(
+    m: _ModelState, a: _Activations, device: str, workspace: float, outside: dict[str, int]
+) -> Peak:
     """The peak: the end of forward, or the larger moment after it (`_later`), which forward
     wins on a tie."""
     st, g = m.st, m.g
@@ -148,8 +251,9 @@ def _forward_or_later(m: _ModelState, a: _Activations, device: str) -> Peak:
     # things that are never alive together: the loss's tensors over the vocabulary (while FSDP2
     # has resharded every layer unit after its forward: `gathered_at_loss`), then, once they are
     # freed, the last layer's backward: its unit and the prefetched one gathered (`[norm, head]`
-    # resharded after its own backward), the unit's unsharded gradients and, under
-    # checkpointing, the layer being recomputed. The larger is the forward phase.
+    # resharded after its own backward), the unit's unsharded gradients and the layer's backward
+    # working set (traced: the gradients in flight, its temporaries, under checkpointing the
+    # layer recomputed; NF4's dequantized weight). The larger is the forward phase.
     # The loss's own peak is in its forward (with FSDP2's last all-gather output still held) or
     # at the start of its backward, whichever is larger.
     gathered_at_loss, logits = g.at_loss, a.logits
@@ -158,22 +262,30 @@ def _forward_or_later(m: _ModelState, a: _Activations, device: str) -> Peak:
     forward_grads = st.buckets + st.accum
     # (gradients, gathered_params, activations, logits_loss) at either moment
     at_loss = (forward_grads, gathered_at_loss, a.kept, logits)
-    at_layer = (forward_grads + g.layer_grads, g.at_layer_backward, a.kept + a.recomputed, 0.0)
+    if st.head_grad and a.head_out_grad + st.head_grad > logits:
+        # the head's backward: its new weight gradient beside its output's gradient, larger
+        # than the loss tensors over the vocabulary that were freed before it
+        at_loss = (forward_grads + st.head_grad, gathered_at_loss, a.kept, a.head_out_grad)
+    at_layer = (forward_grads + g.layer_grads, g.at_layer_backward, a.kept + a.backward, 0.0)
     moment = at_layer if sum(at_layer) > sum(at_loss) else at_loss  # the loss's on a tie
     gradients, gathered_params, activations, logits_loss = moment
-    forward = (st.base, st.weights, gradients, st.opt, gathered_params, activations, logits_loss)
+    forward = (st.base, st.weights, gradients, st.opt, gathered_params, activations, logits_loss,
+               workspace)  # fmt: skip
     if sum(forward) >= m.later_total:
-        return _peak_at(st, "forward", forward, device)
+        return _peak_at(st, "forward", forward, device, outside)
     return m.later
 
 
-def _peak_at(st: _States, phase: str, parts: tuple[float, ...], device: str) -> Peak:
-    """The peak at `phase`, holding `parts` (in `BREAKDOWN_KEYS` order)."""
+def _peak_at(
+    st: _States, phase: str, parts: tuple[float, ...], device: str, outside: dict[str, int]
+) -> Peak:
+    """The peak at `phase`, holding `parts` (in `BREAKDOWN_KEYS` order); the allocator's slack
+    over them and what lies `outside` the allocator (the CUDA context, NCCL's buffers)."""
     breakdown = dict(zip(BREAKDOWN_KEYS, map(round, parts), strict=True))  # whole bytes
     allocated = sum(breakdown.values())
     overhead = {
         "allocator": 0 if device == "cpu" else int(mem.allocator_overhead(allocated)),
-        "cuda_context": mem.cuda_context_bytes(device),
+        **outside,
     }
     reserved = allocated + overhead["allocator"]
     return Peak(
@@ -195,19 +307,20 @@ class _States(NamedTuple):
     accum: float  # gradients kept across micro-steps
     buckets: float  # DDP's all-reduce buckets
     host: float  # offloaded to one node's host, all its ranks
+    head_grad: float = 0.0  # a trained LM head's gradient, born in the loss's backward
 
 
 def _states(
     s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
     lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool,
+    accumulates: bool, embeddings: str = "none",
 ) -> _States:  # fmt: skip
     """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
     dimension (`mem.shard_degree`), what offload moves to a node's host (its `per_node` ranks'
     share), and the gradients alive during forward."""
     sharding = sharding_for(wrap, n)
     shard = mem.shard_degree(sharding, n, mesh, per_node)
-    trainable = mem.trainable_params(s, lora, targets)
+    trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
     pb = mem.master_bytes(precision, optimizer)
     if lora:
         projections = mem.base_weight_bytes(s, quant)
@@ -216,6 +329,7 @@ def _states(
         # projections stay whole (the rule the builder's `unshardable_params` reads too).
         whole = base_stays_whole(quant, shard)
         base = projections + other / shard if whole else (projections + other) / shard
+        base += mem.trained_token_buffer_bytes(s, embeddings)  # buffers: whole on every GPU
     else:
         projections, whole, base = 0.0, False, 0.0
     weights = trainable * pb / shard
@@ -247,9 +361,20 @@ def _states(
         accum = grads  # 0 under offload=params: the gradients live on the host
     buckets = grads if sharding is Sharding.DDP else 0.0
     opt_temp = mem.optimizer_temp_bytes(s, lora, precision, optimizer, device, shard, targets)
+    if device == "cpu":  # its temporaries are sized by the largest trainable tensor
+        largest = mem.trained_largest_tensor(s, embeddings)
+        opt_temp = max(opt_temp, 2 * largest * pb / shard)
+    # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
+    # separate `.grad` tensors
+    ddp_views = sharding is Sharding.DDP and not accumulates
+    head_grad = (
+        0.0
+        if ddp_views
+        else mem.head_grad_bytes(s, lora, embeddings, precision, optimizer, sharding, offload)
+    )
     return _States(
         sharding, str(sharding), shard, trainable, base, weights, grads, opt, opt_temp, accum,
-        buckets, host,
+        buckets, host, head_grad,
     )  # fmt: skip
 
 
@@ -266,13 +391,14 @@ class _Gathered(NamedTuple):
 
 def _gathered(
     s: Structure, n: int, device: str, wrap: str, reshard: bool, quant: str, lora: int,
-    targets: mem.Targets, autocast: bool,
+    targets: mem.Targets, autocast: bool, embeddings: str = "none",
 ) -> _Gathered:  # fmt: skip
     """Unsharded parameters (and their gradients) at each moment: FSDP2's all-gathers, or the
     bf16 copies autocast makes."""
     sharding = sharding_for(wrap, n)
     gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
     copies = mem.autocast_copy_bytes(s, lora, autocast, targets)
+    copies += mem.trained_head_autocast_bytes(s, embeddings, autocast)
     at_loss = copies + mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)
     gathered += copies
     return _Gathered(
@@ -283,7 +409,11 @@ def _gathered(
         at_reduce=mem.gathered_at_reduce_bytes(s, wrap, sharding, device, gathered),
         forward_buffer=mem.forward_gather_buffer_bytes(s, quant, lora, wrap, sharding, targets),
         root_buffer=mem.root_all_gather_buffer_bytes(s, quant, lora, wrap, sharding, targets),
-        unit_grads=mem.unit_grad_bytes(s, lora, wrap, sharding, targets),
+        unit_grads=max(
+            mem.unit_grad_bytes(s, lora, wrap, sharding, targets),
+            mem.trained_unit_grad_bytes(s, embeddings, sharding),
+        )
+        + mem.trained_token_grad_bytes(s, embeddings),
         layer_grads=mem.layer_unit_grad_bytes(s, lora, wrap, sharding, targets),
     )
 
@@ -292,23 +422,36 @@ class _Activations(NamedTuple):
     kept: float  # saved by the decoder layers for backward (int8's bf16 weight copies too)
     logits: float  # outside the layers at the loss's peak
     loss_forward: float  # outside the layers at the peak of the loss's forward
-    recomputed: float  # the layer backward recomputes
+    backward: float  # the last layer's backward, besides what the layers keep
+    head_out_grad: float = 0.0  # the head output's gradient in its compute dtype (`standard`)
 
 
 def _activations(
     model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora: int, checkpointing: str,
     autocast: bool, targets: mem.Targets, dropout: float, loss: str, quant: str,
+    embeddings: str = "none",
 ) -> _Activations:  # fmt: skip
-    """Activations of one micro-batch, from the traced layer."""
+    """Activations of one micro-batch, from the traced layer (and a trained head's, which the
+    trace of the frozen one does not keep: `mem.trained_head_loss_bytes`)."""
     acts, logits = mem.activation_bytes(
         model, s, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout, loss
     )
-    recomputed = mem.recomputed_layer_bytes(
+    backward = mem.layer_backward_bytes(
         model, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout
-    )
+    ) + mem.dequant_transient_bytes(s, quant)
     if quant == "int8":
         acts += mem.int8_saved_weight_bytes(s, checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout, loss
     )
-    return _Activations(acts, logits, loss_forward, recomputed)
+    head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
+        s, micro_batch, seq_len, embeddings, loss
+    )
+    # the head's backward runs on its output's bf16 gradient, once the fp32 loss tensors over
+    # the vocabulary are freed (the chunked loss computes the head's gradient itself)
+    head_out_grad = (
+        micro_batch * seq_len * s.vocab * mem.BF16 if mem.traced_loss(loss) == "standard" else 0.0
+    )
+    return _Activations(
+        acts, logits + head_at_loss, loss_forward + head_in_forward, backward, head_out_grad
+    )

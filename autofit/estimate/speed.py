@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.arch import Structure
-from autofit.config import wrap_units
+from autofit.config import trained_token_count, wrap_units
 from autofit.estimate.memory import (
     BF16,
     FP32,
@@ -33,7 +33,13 @@ from autofit.estimate.memory import (
     head_unit_bytes,
     master_bytes,
 )
-from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
+from autofit.recipe import (
+    DTYPE_BYTES,
+    reduce_dtype,
+    state_value_bytes,
+    trainable_dtype,
+    trained_embedding_modules,
+)
 
 TIME_KEYS = (
     "compute", "memory_bound", "overhead", "dequant", "communication", "offload", "optimizer",
@@ -278,6 +284,28 @@ def cross_entropy_bytes(s: Structure, tokens: int) -> tuple[float, float]:
     )
 
 
+def trained_embedding_bytes(
+    s: Structure, tokens: int, train_embeddings: str
+) -> tuple[float, float]:
+    """Bytes the memory-bound kernels of trained embeddings move, (forward, backward), beyond a
+    frozen embedding's (the modules and rows of `autofit.recipe.trained_embedding_modules` and
+    `trained_token_ids`):
+
+    - `full`: the embedding copy's gradient, a scatter-add of tokens x hidden rows in fp32 (read
+      and write, as a full fine-tune's);
+    - `tokens:N`: peft merges the trained rows into a copy of each trained module's frozen weight
+      at every forward (`index_copy`: vocab x hidden read and written in bf16); in backward the
+      embedding's gradient is the whole merged weight's (zero-filled, then the tokens' rows
+      scatter-added), of which the trained rows are kept."""
+    if train_embeddings == "none":
+        return 0.0, 0.0
+    if trained_token_count(train_embeddings) is None:
+        return 0.0, 2.0 * FP32 * tokens * s.hidden
+    modules = len(trained_embedding_modules(train_embeddings, s.tied_embeddings))
+    weight = float(s.vocab) * s.hidden
+    return modules * 2.0 * BF16 * weight, BF16 * weight + 2.0 * BF16 * tokens * s.hidden
+
+
 def layer_module_calls(s: Structure, rank: int, targets: tuple[str, ...] | None) -> int:
     """nn.Module calls of one decoder layer's forward: the layer's own (`LAYER_MODULE_CALLS`), one
     per projection, and peft's three more per adapted projection."""
@@ -304,7 +332,7 @@ def layer_param_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None
 # ----- one micro-step, memoised -------------------------------------------------------------------
 def micro_step_times(
     s: Structure, tokens: int, seq_len: int, rank: int, targets: tuple[str, ...] | None,
-    checkpointing: str, flops_per_s: float, bytes_per_s: float,
+    checkpointing: str, flops_per_s: float, bytes_per_s: float, train_embeddings: str = "none",
 ) -> dict[str, float]:  # fmt: skip
     """Seconds of one eager micro-step on one GPU, memoised on the structure: `compute` (matmuls),
     `memory_bound` (elementwise kernels) and `overhead` (CPU-side module calls), each split as
@@ -312,9 +340,12 @@ def micro_step_times(
     (inside the decoder layers, what compile touches) and the whole; `backward` is the part of
     both that runs in backward (what a reduce-scatter or gradient copy can hide behind).
 
-    `flops_per_s` and `bytes_per_s` are the achievable throughputs (peak x efficiency)."""
+    `flops_per_s` and `bytes_per_s` are the achievable throughputs (peak x efficiency). A LoRA
+    run that trains the embeddings and head (`train_embeddings`) computes the head's weight
+    gradient and the embedding's (`trained_embedding_bytes`)."""
     memo: dict[Any, dict[str, float]] = s.__dict__.setdefault("_time_memo", {})
-    key = (tokens, seq_len, rank, targets, checkpointing, flops_per_s, bytes_per_s)
+    key = (tokens, seq_len, rank, targets, checkpointing, flops_per_s, bytes_per_s,
+           train_embeddings)  # fmt: skip
     found = memo.get(key)
     if found is not None:
         return found
@@ -331,7 +362,9 @@ def micro_step_times(
     layer_fwd_mm = fwd + lora_fwd + attn
     layer_bwd_mm = dgrad + (0.0 if frozen else wgrad) + lora_bwd + ATTN_BACKWARD_RATIO * attn
     hf, hd, hw = linear_times(tokens, s.hidden, s.vocab, flops_per_s, bytes_per_s)
-    head_bwd = hd + (0.0 if frozen else hw)
+    # a trained head (a full fine-tune's, or `train_embeddings`': a copy, or rows of the merged
+    # weight, whose gradient is the whole weight's) needs its weight gradient
+    head_bwd = hd + (0.0 if frozen and train_embeddings == "none" else hw)
 
     mem_bw = bytes_per_s  # achievable HBM bandwidth, as for the GEMMs' bytes
     ew_fwd, ew_bwd = layer_elementwise_bytes(s, tokens, rank, targets)
@@ -344,6 +377,10 @@ def micro_step_times(
     root_calls = 4 * MODULE_CALL_S  # embedding, final norm, head, loss; forward and backward
     if not frozen:  # the embedding's gradient: a scatter-add of tokens x hidden (read + write)
         root_mb_bwd += 2.0 * FP32 * tokens * s.hidden / mem_bw
+    elif train_embeddings != "none":
+        emb_fwd, emb_bwd = trained_embedding_bytes(s, tokens, train_embeddings)
+        root_mb_fwd += emb_fwd / mem_bw
+        root_mb_bwd += emb_bwd / mem_bw
 
     recompute = _recompute_share(checkpointing)
     # `selective` re-runs the layers' pointwise ops (no matmuls) in backward

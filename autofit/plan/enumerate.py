@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from autofit.estimate import estimate_many
+from autofit.estimate import estimate, estimate_many
 from autofit.plan.explain import infeasible_advice, loss_note, winner_reason
 from autofit.plan.prune import prune_reason
 from autofit.plan.rank import rank_key
@@ -86,7 +86,38 @@ def _estimate_space(
         else:
             fitting.append(cand)
     fitting.sort(key=rank_key)
+    if request.device != "cpu":
+        _replay_ranked_top(request, cal, fitting, rejected, pruned_counts)
     return fitting, rejected, pruned_counts, considered
+
+
+TOP_REPLAYED = 8
+"""The ranked top whose allocator slack is always read from a replay of its own step (a batch
+replays the configs nearest the capacity line within its budget and derives the rest's slack
+from them: `autofit.estimate.estimate_many`)."""
+
+
+def _replay_ranked_top(
+    request: PlanRequest, cal: Calibration | None, fitting: list[Candidate],
+    rejected: list[Candidate], pruned_counts: Counter[str],
+) -> None:  # fmt: skip
+    """Estimate the ranked top again, each alone (its own replay), until the top
+    `TOP_REPLAYED` are all replayed: one that no longer fits joins the rejected, in place."""
+    done: set[int] = set()
+    for _ in range(4):
+        top = [c for c in fitting[:TOP_REPLAYED] if id(c.config) not in done]
+        if not top:
+            return
+        for cand in top:
+            done.add(id(cand.config))
+            est = estimate(request.model, request.hardware, cand.config, device=request.device)
+            cand.estimate = cal.apply(est) if cal is not None else est
+            reason = prune_reason(cand.estimate, request.margin, request.hardware)
+            if reason:
+                fitting.remove(cand)
+                pruned_counts[reason] += 1
+                rejected.append(cand)
+        fitting.sort(key=rank_key)
 
 
 def plan_estimates(request: PlanRequest) -> Plan:

@@ -44,9 +44,9 @@ def headroom_line(usable: float, margin: float) -> float:
 
 def allowed_bytes(request: PlanRequest) -> float:
     """The headroom line of a request's GPUs (the smallest one's usable memory)."""
-    return headroom_line(
-        usable_bytes(request.hardware.capacity_bytes, request.device), request.margin
-    )
+    hw = request.hardware
+    usable = usable_bytes(hw.capacity_bytes, request.device, hw.n_gpus, hw.link)
+    return headroom_line(usable, request.margin)
 
 
 def host_ram_bound(est: Estimate) -> bool:

@@ -68,6 +68,11 @@ class Candidate:
             "estimate": {
                 "peak_bytes": self.estimate.peak_bytes,
                 "peak_allocated_bytes": self.estimate.peak_allocated_bytes,
+                "allocator_slack_bytes": self.estimate.allocator_slack_bytes,
+                "outside_allocator": {
+                    k: v for k, v in self.estimate.overhead.items() if k != "allocator"
+                },
+                "device_bytes": self.estimate.device_bytes,
                 "tokens_per_s": self.estimate.tokens_per_s,
                 "step_time_s": self.estimate.step_time_s,
                 "breakdown": self.estimate.breakdown,

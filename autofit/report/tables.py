@@ -102,7 +102,25 @@ BREAKDOWN_LABELS = {
     "gathered_params": "working bf16 weight copies (FSDP2 all-gathers / autocast casts)",
     "activations": "activations",
     "logits_loss": "LM head logits + loss",
+    "workspace": "cuBLAS/cuBLASLt workspaces",
 }
+
+
+def memory_levels_line(est: Estimate) -> str:
+    """The estimate's memory per GPU level by level, on two lines of under 80 columns: what
+    tensors hold, what the caching allocator reserves beyond them, what lies outside it, and
+    what fills the card."""
+    outside = " + ".join(
+        f"{label} {fmt_size(est.overhead[name])}"
+        for name, label in (("cuda_context", "CUDA context"), ("nccl", "NCCL"))
+        if est.overhead.get(name)
+    )
+    return (
+        f"  per GPU: allocated {fmt_size(est.peak_allocated_bytes)} + allocator slack "
+        f"{fmt_size(est.allocator_slack_bytes)} = reserved {fmt_size(est.peak_bytes)}\n"
+        f"  + {outside or 'nothing outside the allocator'} = device "
+        f"{fmt_size(est.device_bytes)} of {fmt_size(est.capacity_bytes)}"
+    )
 
 
 def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estimate) -> None:
@@ -118,12 +136,16 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
     table.add_column("size", justify="right")
     for key, value in est.breakdown.items():
         table.add_row(BREAKDOWN_LABELS.get(key, key), fmt_size(value))
-    table.add_row("[bold]allocated peak[/]", f"[bold]{fmt_size(est.peak_allocated_bytes)}[/]")
-    table.add_row("allocator slack (reserved - allocated)", fmt_size(est.overhead["allocator"]))
+    table.add_row("[bold]allocated peak[/] (max_memory_allocated)",
+                  f"[bold]{fmt_size(est.peak_allocated_bytes)}[/]")  # fmt: skip
+    table.add_row("allocator slack (reserved - allocated)", fmt_size(est.allocator_slack_bytes))
     table.add_row(
         "[bold]reserved peak[/] (max_memory_reserved)", f"[bold]{fmt_size(est.peak_bytes)}[/]"
     )
     table.add_row("CUDA context (outside the allocator)", fmt_size(est.overhead["cuda_context"]))
+    if est.overhead.get("nccl"):
+        table.add_row("NCCL buffers (outside the allocator)", fmt_size(est.overhead["nccl"]))
+    table.add_row("[bold]device-level peak[/] (NVML)", f"[bold]{fmt_size(est.device_bytes)}[/]")
     table.add_row("GPU capacity", fmt_size(est.capacity_bytes))
     console.print(table)
     if est.host_bytes:
@@ -134,7 +156,7 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         )
     verdict = "[green]fits[/]" if est.within_capacity else "[red]does not fit[/]"
     console.print(
-        f"{verdict}: {fmt_size(est.peak_bytes + est.overhead['cuda_context'])} of "
+        f"{verdict}: {fmt_size(est.device_bytes)} of "
         f"{fmt_size(est.capacity_bytes)}; step {est.step_time_s:.3f} s "
         f"({', '.join(f'{k} {v:.3f}' for k, v in est.time_breakdown.items() if v)}), "
         f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
@@ -338,6 +360,7 @@ def calibration_lines(plan: Plan) -> list[str]:
             f"; error band memory {cal.get('memory_band', 0):.1%}, speed "
             f"{cal.get('speed_band', 0):.1%}"
         )
+        out += [str(note) for note in cal.get("notes", [])]
     return out
 
 
@@ -368,6 +391,7 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         f"[bold green]Winner[/] ({how}): {best.config.short()}  -> "
         f"{best.tokens_per_s:,.0f} tokens/s, peak {fmt_size(best.peak_bytes)}"
     )
+    console.print(memory_levels_line(best.estimate), markup=False, highlight=False)
     console.print(f"Why: {escape(plan.reason)}")
     mesh = plan.mesh_comparison()
     if mesh is not None:

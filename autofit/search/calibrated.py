@@ -150,9 +150,11 @@ class Calibrator:
 def summary(cands: Candidates, trials: list[Candidate]) -> dict[str, Any]:
     """The plan's `calibration`: its source, the fitted factors, and the median |error| of the
     napkin and of the calibrated estimate over the measured trials (each calibrated estimate made
-    before its trial ran, from at least one measurement: a trial it had not seen)."""
+    before its trial ran, from at least one measurement: a trial it had not seen). Where there
+    are calibrated estimates, the napkin's median is over the same trials, so the two compare."""
     cal = cands.calibration
-    napkin_mem, cal_mem, napkin_speed, cal_speed = [], [], [], []
+    # per side: (napkin's error, calibrated error or None) of each measured trial
+    pairs: dict[str, list[tuple[float, float | None]]] = {"memory": [], "speed": []}
     for c in trials:
         r = c.trial
         if r is None or r.status != "ok":
@@ -160,18 +162,14 @@ def summary(cands: Candidates, trials: list[Candidate]) -> dict[str, Any]:
         # a calibrated estimate made before anything was measured is the napkin's: not counted
         calibrated = c.calibrated if c.calibrated and c.calibrated.get("source") != "none" else {}
         if r.peak_bytes:
-            napkin_mem.append(c.estimate.peak_bytes / r.peak_bytes - 1)
-            if calibrated:
-                cal_mem.append(calibrated["peak_bytes"] / r.peak_bytes - 1)
+            ours = calibrated["peak_bytes"] / r.peak_bytes - 1 if calibrated else None
+            pairs["memory"].append((c.estimate.peak_bytes / r.peak_bytes - 1, ours))
         if r.tokens_per_s:
-            napkin_speed.append(c.estimate.tokens_per_s / r.tokens_per_s - 1)
-            if calibrated:
-                cal_speed.append(calibrated["tokens_per_s"] / r.tokens_per_s - 1)
-    return {
-        "mode": cands.setting.calibration,
-        **cal.to_dict(),
-        "napkin_memory_error": median_abs(napkin_mem),
-        "calibrated_memory_error": median_abs(cal_mem),
-        "napkin_speed_error": median_abs(napkin_speed),
-        "calibrated_speed_error": median_abs(cal_speed),
-    }
+            ours = calibrated["tokens_per_s"] / r.tokens_per_s - 1 if calibrated else None
+            pairs["speed"].append((c.estimate.tokens_per_s / r.tokens_per_s - 1, ours))
+    errors: dict[str, float | None] = {}
+    for side, rows in pairs.items():
+        judged = [(napkin, ours) for napkin, ours in rows if ours is not None]
+        errors[f"napkin_{side}_error"] = median_abs(n for n, _ in judged or rows)
+        errors[f"calibrated_{side}_error"] = median_abs(o for _, o in judged if o is not None)
+    return {"mode": cands.setting.calibration, **cal.to_dict(), **errors}

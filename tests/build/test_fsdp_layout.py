@@ -8,10 +8,8 @@ Nothing is gathered, so only the layout is checked, not the numbers a forward wo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Shard
@@ -21,21 +19,9 @@ from autofit.build.model import build_meta_model, model_parts
 from autofit.config import Config
 from autofit.models import PRESETS
 
-WORLD = 2
 # llama-debug (4 layers, hidden 256) with a vocabulary of 1001: odd rows, so the two ranks' shards
 # of the embedding and the LM head differ in size.
 SPEC = dataclasses.replace(PRESETS["llama-debug"], vocab=1001)
-
-
-@pytest.fixture(params=range(WORLD), ids=lambda r: f"rank{r}")
-def rank(request: pytest.FixtureRequest) -> Iterator[int]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=request.param, world_size=WORLD, store=FakeStore())
-    try:
-        yield request.param
-    finally:
-        dist.destroy_process_group()
 
 
 def unit(module: nn.Module) -> object | None:

@@ -12,7 +12,7 @@ from autofit.config import Config
 from autofit.estimate import BREAKDOWN_KEYS, estimate, estimate_many
 from autofit.estimate import memory as mem
 from autofit.hardware import resolve_gpus, resolve_hardware
-from autofit.models import PRESETS
+from autofit.models import PRESETS, resolve_model
 from autofit.space import parse_space
 from tests.conftest import LLAMA_7B, GiB
 
@@ -70,7 +70,8 @@ def test_breakdown_sums_to_the_allocated_peak(gpus, knobs):
     assert all(v >= 0 for v in e.breakdown.values())
     assert sum(e.breakdown.values()) == e.peak_allocated_bytes
     assert e.peak_bytes == e.peak_allocated_bytes + e.overhead["allocator"]
-    assert e.usable_bytes == e.capacity_bytes - e.overhead["cuda_context"]
+    assert e.usable_bytes == e.capacity_bytes - e.overhead["cuda_context"] - e.overhead["nccl"]
+    assert e.device_bytes == e.peak_bytes + e.overhead["cuda_context"] + e.overhead["nccl"]
     assert e.within_capacity == (
         e.peak_bytes <= e.usable_bytes and e.host_bytes <= 0.8 * e.host_capacity_bytes
     )
@@ -78,7 +79,9 @@ def test_breakdown_sums_to_the_allocated_peak(gpus, knobs):
 
 def test_cpu_device_counts_tensor_bytes_only():
     e = estimate(LLAMA_7B, resolve_gpus("1xrtx3090"), Config(**QLORA), device="cpu")
-    assert e.overhead == {"allocator": 0, "cuda_context": 0}
+    assert e.overhead == {"allocator": 0, "cuda_context": 0, "nccl": 0}
+    assert e.breakdown["workspace"] == 0
+    assert e.device_bytes == e.peak_bytes
     assert e.peak_bytes == e.peak_allocated_bytes
     assert e.usable_bytes == e.capacity_bytes
 
@@ -225,6 +228,17 @@ def _grid_configs(**fixed):  # type: ignore[no-untyped-def]
             continue  # combinations the rules forbid
 
 
+@pytest.fixture
+def no_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of single-config estimates: each would replay its step through the allocator
+    model (tens of ms); these properties are of the napkin's terms, so no replay runs."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("autofit.estimate"), "REPLAY_BUDGET_S", 0.0)
+    monkeypatch.setattr(importlib.import_module("autofit.estimate.peak"), "_REPLAYS", {})
+
+
+@pytest.mark.usefixtures("no_replays")
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("gpus", HARDWARE)
 def test_larger_micro_batch_never_lowers_the_estimate(model, gpus):
@@ -232,15 +246,17 @@ def test_larger_micro_batch_never_lowers_the_estimate(model, gpus):
     checked = grew = 0
     for ckpt in ("none", "full", "every-2", "selective"):
         for cfg in _grid_configs(checkpointing=ckpt):
-            peaks = [
-                estimate(spec, hw, cfg.replace(micro_batch=mb)).peak_bytes for mb in (1, 2, 4, 8)
-            ]
+            ests = [estimate(spec, hw, cfg.replace(micro_batch=mb)) for mb in (1, 2, 4, 8)]
+            allocated = [e.peak_allocated_bytes for e in ests]
+            assert allocated == sorted(allocated), cfg.short()
+            peaks = [e.peak_bytes for e in ests]
             assert peaks == sorted(peaks), cfg.short()
             checked += 1
             grew += peaks[0] < peaks[-1]  # equal only when the optimizer-step peak dominates
     assert checked > 500 and grew > checked // 2
 
 
+@pytest.mark.usefixtures("no_replays")
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("gpus", HARDWARE)
 def test_less_checkpointing_never_lowers_the_estimate(model, gpus):
@@ -259,6 +275,7 @@ def test_less_checkpointing_never_lowers_the_estimate(model, gpus):
     assert checked > 100
 
 
+@pytest.mark.usefixtures("no_replays")
 @pytest.mark.parametrize("gpus", HARDWARE)
 def test_longer_sequences_never_lower_the_estimate(gpus):
     hw = resolve_gpus(gpus)
@@ -289,12 +306,14 @@ BATCH_SPACE = {
 }  # fmt: skip
 
 
+@pytest.mark.usefixtures("no_replays")
 @pytest.mark.parametrize("gpus, device", [("1xrtx3090", "cuda"), ("2", "cpu")])
 def test_a_batch_estimates_each_config_as_it_would_alone(gpus, device):
     """`estimate_many` computes each group of terms once per value of the knobs it reads (the
     peak once per value of every knob but `compile`, the step time of every knob but `loss`): a
     term that came to read a knob its group is not keyed by would hand one config another's
-    numbers."""
+    numbers. (Without replays: a batch derives the slack of the configs it does not replay from
+    those it does, `test_a_batch_replays_the_configs_nearest_the_capacity_line`.)"""
     hw = resolve_hardware(gpus, device=device, gpu_memory="30MiB" if device == "cpu" else None)
     configs, _ = parse_space(BATCH_SPACE, "test").candidates(hw.n_gpus, device=device)
     # in the space's order (neighbours share entries, past a memo's size), then in any order
@@ -303,3 +322,80 @@ def test_a_batch_estimates_each_config_as_it_would_alone(gpus, device):
     batch = estimate_many(spec, hw, configs, device=device)
     alone = [estimate(spec, hw, c, device=device) for c in configs]
     assert [e.to_dict() for e in batch] == [e.to_dict() for e in alone]
+
+
+def test_device_level_parts_are_counted_from_their_sources():
+    """What sits beside the tensors, by hand from each part's documented size: cuBLAS keeps an
+    8 MiB + 128 KiB workspace per handle before Hopper (32 MiB on 9.0) and cuBLASLt 1 MiB, for
+    the forward's and the autograd engine's handles (torch CublasHandlePool.cpp), inside the
+    allocator; NCCL keeps 4 MiB + 4,915,200 B + 524,288 B per channel (src/init.cc), 32 channels
+    over NVLink, outside it, and none on one GPU."""
+    one = est("llama-7b", "1xa100-80gb", lora_rank=16)
+    assert one.breakdown["workspace"] == 2 * (8 * 2**20 + 128 * 2**10 + 2**20)
+    assert one.overhead["nccl"] == 0
+    eight = est("llama-7b", "8xh100-80gb", lora_rank=16)
+    assert eight.breakdown["workspace"] == 2 * (32 * 2**20 + 2**20)
+    assert eight.overhead["nccl"] == 32 * (4 * 2**20 + 4_915_200 + 524_288)
+    assert (
+        eight.device_bytes
+        == eight.peak_bytes + eight.overhead["cuda_context"] + (eight.overhead["nccl"])
+    )
+
+
+def test_foreach_adamw_holds_a_parameter_sized_temporary_at_the_step():
+    """torch's foreach AdamW (HF Trainer's adamw_torch) takes `_foreach_sqrt` of every moment at
+    once: llama-7b full fine-tune in pure bf16 on one GPU holds 2 B per parameter more at the
+    optimizer step than fused AdamW (6,738,415,616 x 2 B)."""
+    knobs = dict(precision="bf16", checkpointing="full", wrap="none")
+    fused = est("llama-7b", "1xh200", **knobs)
+    spec, hw = resolve_model("llama-7b"), resolve_gpus("1xh200")
+    foreach = estimate(spec, hw, Config(**knobs), optimizer_impl="foreach")
+    assert fused.peak_phase == foreach.peak_phase == "optimizer"
+    assert foreach.peak_allocated_bytes - fused.peak_allocated_bytes == pytest.approx(
+        N_7B * 2, abs=4
+    )
+
+
+def test_a_batch_replays_the_configs_nearest_the_capacity_line():
+    """In a batch, the configs whose allocated peak lies near the capacity line have their step
+    replayed through the allocator model (their slack is the one `estimate` gives them alone);
+    the others take the slack share of a replayed config of their group."""
+    hw = resolve_gpus("1xrtx3090")
+    configs = [Config(lora_rank=16, quant="nf4", wrap="none", checkpointing="full",
+                      micro_batch=mb, seq_len=2048) for mb in (1, 2, 4, 8, 16)]  # fmt: skip
+    batch = estimate_many(LLAMA_7B, hw, configs)
+    alone = [estimate(LLAMA_7B, hw, c) for c in configs]
+    usable = batch[0].usable_bytes
+    near = [i for i, e in enumerate(batch) if 0.5 <= e.peak_allocated_bytes / usable <= 1.3]
+    assert near, [e.peak_allocated_bytes / usable for e in batch]
+    for i in near:
+        assert batch[i].allocator_slack_bytes == alone[i].allocator_slack_bytes
+    for e in batch:
+        assert 0 < e.allocator_slack_bytes < 0.25 * e.peak_allocated_bytes
+
+
+def test_train_embeddings_cost_their_trained_weights():
+    """llama-7b LoRA with `train_embeddings: full` trains fp32 copies of its embedding and head,
+    2 x 32,000 x 4,096 = 262,144,000 parameters (the model card's vocabulary and width) beside the
+    frozen originals: every moment of a step holds at least their weights and AdamW's two moments
+    more (12 B each), and a step is slower (the head's weight gradient, a larger optimizer step).
+    `tokens:N` trains N rows of each (and peft merges them into a bf16 copy of the head's weight
+    at each forward): far less."""
+    from autofit.estimate import speed as spd
+
+    copies = 2 * 32_000 * 4_096
+    knobs = dict(lora_rank=16, wrap="none", seq_len=2048, checkpointing="full")
+    lora = est("llama-7b", "1xh200", **knobs)
+    full = est("llama-7b", "1xh200", **knobs, train_embeddings="full")
+    rows = est("llama-7b", "1xh200", **knobs, train_embeddings="tokens:16")
+    extra = full.peak_allocated_bytes - lora.peak_allocated_bytes
+    assert extra >= 12 * copies
+    assert 0 < rows.peak_allocated_bytes - lora.peak_allocated_bytes < extra / 4
+    assert full.step_time_s > lora.step_time_s
+    s = structure_of(resolve_model("llama-7b"))
+    times = {
+        value: spd.micro_step_times(s, 2048, 2048, 16, None, "full", 7e14, 3e12, value)["compute"]
+        for value in ("none", "full")
+    }
+    full_ft = spd.micro_step_times(s, 2048, 2048, 0, None, "full", 7e14, 3e12)["compute"]
+    assert times["none"] < times["full"] < full_ft  # the head's weight gradient, not the layers'

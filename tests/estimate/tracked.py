@@ -90,17 +90,17 @@ def estimated(case: Case) -> Estimate:
 
 
 def error(case: Case, tracked_bytes: int) -> float:
-    return estimated(case).peak_allocated_bytes / tracked_bytes - 1
+    return estimated(case).peak_tensor_bytes / tracked_bytes - 1
 
 
 def problem(case: Case, traced: Traced) -> str | None:
     """Why the estimate misses this tracker peak beyond the tolerance, or None."""
     est = estimated(case)
-    err = est.peak_allocated_bytes / traced.peak_bytes - 1
+    err = est.peak_tensor_bytes / traced.peak_bytes - 1
     if abs(err - case.expected) <= SLACK and est.peak_phase == case.phase:
         return None
     return (
-        f"{case.name}: estimate {est.peak_allocated_bytes / 2**20:.1f} MiB ({est.peak_phase}, "
+        f"{case.name}: estimate {est.peak_tensor_bytes / 2**20:.1f} MiB ({est.peak_phase}, "
         f"chosen for {case.phase}) vs FSDPMemTracker {traced.peak_bytes / 2**20:.1f} MiB "
         f"({traced.where}): error {err:+.1%}, docs/accuracy.md records {case.expected:+.1%} "
         f"(+-{SLACK:.1%}); holds {case.terms}"

@@ -1,0 +1,121 @@
+"""`train_embeddings`: what the builder trains beside a LoRA base, held to what the estimate counts
+and to peft's own modules, on the three paths (the plain module, DDP, FSDP2 units).
+
+The trainable parameters are counted on the built model (`requires_grad`) and compared with the
+estimate's count; the FSDP2 layout is checked on two fake ranks in one process (as
+`test_fsdp_layout.py`); the plain module trains a few steps on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from autofit.build import apply
+from autofit.build.apply import adapt
+from autofit.build.model import build_meta_model, model_parts
+from autofit.config import Config
+from autofit.estimate.peak import Peaks
+from autofit.models import PRESETS
+
+FAMILIES = ["llama-debug", "qwen2-debug", "qwen3-debug", "gemma2-debug", "gemma3-debug",
+            "phi3-debug", "mixtral-debug"]  # fmt: skip
+VALUES = ["none", "full", "tokens:5"]
+
+
+def trained(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The trainable parameters the builder left, by name (each shared one once)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_builder_trains_as_many_parameters_as_the_estimate_counts(name, value):
+    spec = PRESETS[name]
+    config = Config(lora_rank=4, train_embeddings=value, seq_len=32)
+    model = adapt(build_meta_model(spec), config, autocast=False)  # the builder's steps, on meta
+    built = sum(p.numel() for p in trained(model).values())
+    assert built == Peaks(spec, 1, "cpu").of(config).trainable
+    if value != "none":  # and it is more than the adapters alone
+        assert built > Peaks(spec, 1, "cpu").of(config.replace(train_embeddings="none")).trainable
+
+
+@pytest.mark.parametrize("value", ["full", "tokens:5"])
+def test_trained_weights_are_in_the_trainable_dtype_beside_frozen_bf16_originals(value):
+    for precision, dtype in (("bf16-mixed", torch.float32), ("bf16", torch.bfloat16)):
+        config = Config(lora_rank=4, train_embeddings=value, precision=precision)
+        model = adapt(build_meta_model(PRESETS["llama-debug"]), config, autocast=False)
+        extra = {n: p for n, p in trained(model).items() if "lora_" not in n}
+        assert len(extra) == 2, extra  # the embedding's and the (untied) head's
+        assert all(p.dtype == dtype for p in extra.values())
+        frozen = [p for p in model.parameters() if not p.requires_grad and p.is_floating_point()]
+        assert all(p.dtype == torch.bfloat16 for p in frozen)
+        originals = [b for n, b in model.named_buffers() if "trainable_tokens_original" in n]
+        assert all(b.dtype == torch.bfloat16 for b in originals)  # peft's copy of the rows
+
+
+def small(name: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(PRESETS[name].to_hf_config())
+
+
+@pytest.mark.parametrize("value", ["full", "tokens:5"])
+@pytest.mark.parametrize("name", ["llama-debug", "qwen2-debug"])  # untied, tied head
+def test_the_plain_module_trains_them_and_a_tied_head_stays_tied(name, value):
+    run = apply(small(name), Config(lora_rank=4, wrap="none", train_embeddings=value))
+    parts = model_parts(run.model)
+    ids = torch.randint(0, PRESETS[name].vocab, (2, 32), generator=torch.Generator().manual_seed(0))
+    with run.autocast():  # the fp32 copy hands on bf16, as the frozen bf16 base computes
+        assert parts.embed(ids).dtype == torch.bfloat16
+    before = {n: p.detach().clone() for n, p in trained(run.model).items() if "lora_" not in n}
+    losses = [run.train_step([ids]).item() for _ in range(4)]
+    assert losses[-1] < losses[0]
+    after = trained(run.model)
+    assert all(not torch.equal(before[n], after[n]) for n in before)  # they train
+    if PRESETS[name].tied_embeddings:
+        assert parts.tied and len(before) == 1  # one trained weight: the head's is the embedding's
+        if value == "full":
+            assert parts.head.weight is parts.embed.weight
+    else:
+        assert len(before) == 2
+
+
+def managed(module: nn.Module) -> set[int]:
+    """ids of the (sharded) parameters the FSDP2 unit of `module` holds."""
+    assert isinstance(module, FSDPModule), type(module).__name__
+    group = fully_shard.state(module)._fsdp_param_group
+    return {id(p.sharded_param) for p in group.fsdp_params}
+
+
+@pytest.mark.parametrize("name", ["llama-debug", "qwen2-debug"])
+def test_fsdp2_units_hold_the_copies_and_the_originals_apart(rank, name):
+    config = Config(lora_rank=4, wrap="layer", train_embeddings="full")
+    run = apply(build_meta_model(PRESETS[name]), config, device="cpu")
+    parts = model_parts(run.model)
+    copies = {id(parts.embed.weight), id(parts.head.weight)}
+    originals = parts.embed.original_module, parts.head.original_module
+    # the frozen originals: one unit of their own (a tied head's shares the embedding's weight),
+    # which forward never calls, so never gathered
+    assert managed(originals[0]) == managed(originals[1]) == {id(m.weight) for m in originals}
+    assert not copies & managed(originals[0])
+    if parts.tied:  # the tied copy lives in the root unit, as a tied head does without LoRA
+        assert copies <= managed(run.model)
+    else:  # the embedding unit and [norm, head] hold the trainable copies
+        assert managed(parts.embed) == {id(parts.embed.weight)}
+        assert managed(parts.head) == {id(parts.head.weight), id(parts.norm.weight)}
+    assert all(p.requires_grad for p in (parts.embed.weight, parts.head.weight))
+
+
+def test_fsdp2_embedding_unit_holds_the_frozen_weight_and_its_trained_rows(rank):
+    config = Config(lora_rank=4, wrap="layer", train_embeddings="tokens:5")
+    run = apply(build_meta_model(PRESETS["llama-debug"]), config, device="cpu")
+    parts = model_parts(run.model)
+    for wrapper in (parts.embed, parts.head):  # peft merges the rows into the gathered weight
+        adapter = wrapper.token_adapter
+        rows = adapter.trainable_tokens_delta["default"]
+        assert managed(wrapper) >= {id(adapter.base_layer.weight), id(rows)}
+        assert rows.requires_grad and not adapter.base_layer.weight.requires_grad

@@ -1,0 +1,169 @@
+"""The napkin held to published measurements from real GPUs (bench/data/gpu-measurements).
+
+Each case is one row of `measurements.csv`, mapped onto `autofit.estimate` by `bench/published.py`
+(its module docstring gives every mapping choice and the source line it comes from) and compared
+with the row's own figure: fms-acceleration's peak `max_memory_allocated` on rank 0, Qwen's
+README "GB" (compared device-level). The rows span the paths: one GPU with the plain module
+(Qwen-7B LoRA), FSDP on one rank and on two GPUs (Mistral-7B LoRA), FSDP QLoRA on two GPUs
+(Mistral-7B NF4), an MoE over two GPUs (Mixtral LoRA), and the FSDP full fine-tune at its
+optimizer step.
+
+Tolerances are the issue's goal, not a restated formula: no row under by more than 10%
+(`TOL_UNDER`) and none over by more than 10% (`TOL_OVER`, the napkin's stated error,
+`autofit.estimate.MEMORY_ERROR`). A case whose CURRENT error (in its comment, as of 2026-11-26) is
+outside that band is `xfail(strict=True)`: when the estimator gets it inside, the XPASS fails the
+suite and the mark is removed, which makes the case a guard.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOL_UNDER = 0.10  # the goal: no row under by more than 10%
+TOL_OVER = 0.10  # the napkin's stated error (autofit.estimate.MEMORY_ERROR)
+GiB = 1024**3
+
+
+def _load_published() -> Any:
+    """bench/published.py as a module (bench/ is no package): registered in sys.modules before
+    it runs, as its dataclasses need."""
+    name = "autofit_bench_published"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "published.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+published = _load_published()
+ROWS = published.load_rows()
+
+
+def _compare(row: int, strict: bool = True) -> tuple[Any, Any]:
+    """(the row's own comparison, the estimate) of CSV data row `row`."""
+    mapped = published.map_row(row, ROWS[row], strict=strict)
+    assert isinstance(mapped, published.Mapped), mapped
+    compared, _, est = published.compare_row(mapped)
+    return compared[0], est
+
+
+def _within_goal(measured: float, estimate: float) -> None:
+    assert estimate >= measured * (1 - TOL_UNDER), (
+        f"under-estimate: {estimate:.2f} GiB vs measured {measured:.2f} "
+        f"({estimate / measured - 1:+.1%})"
+    )
+    assert estimate <= measured * (1 + TOL_OVER), (
+        f"over-estimate: {estimate:.2f} GiB vs measured {measured:.2f} "
+        f"({estimate / measured - 1:+.1%})"
+    )
+
+
+def _under(reason: str) -> Any:
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+CASES = [
+    # (row, what) -- current error in the comment / xfail reason
+    pytest.param(
+        24,
+        "Qwen-7B LoRA r64 all-linear, 1 GPU plain module, seq 256, device-level: 20.1 G",
+        marks=_under(
+            "current error -14.9% (17.11 GiB vs 20.1): device-level under by 3 GiB, "
+            "constant in seq_len, not named (docs/accuracy.md section 3)"
+        ),
+        id="qwen7b-lora-plain-s256",
+    ),
+    pytest.param(
+        55,
+        "Qwen-14B LoRA r64, 1 GPU plain module, seq 4096, device-level: 42.5 G",
+        # current error -8.9% (38.72 GiB vs 42.5): inside the goal
+        id="qwen14b-lora-plain-s4096",
+    ),
+    pytest.param(
+        185,
+        "Mistral-7B LoRA r16 q/k/v/o, FSDP on 1 GPU, mb 4 x 4096: 24.87 GiB allocated",
+        # current error -3.2% (24.08 GiB vs 24.87): inside the goal
+        id="mistral-lora-fsdp1gpu-mb4",
+    ),
+    pytest.param(
+        186,
+        "Mistral-7B LoRA r16 q/k/v/o, FSDP on 2 GPUs, mb 2 x 4096: 14.11 GiB allocated",
+        marks=_under("current error -13.7% (12.17 GiB vs 14.11): FSDP1 on 2 GPUs (named)"),
+        id="mistral-lora-fsdp2gpu-mb2",
+    ),
+    pytest.param(
+        198,
+        "Mistral-7B QLoRA (bnb NF4 + double quant) r16, FSDP on 2 GPUs, mb 2: 8.78 GiB allocated",
+        marks=_under("current error -15.3% (7.43 GiB vs 8.78): FSDP1 on 2 GPUs (named)"),
+        id="mistral-qlora-fsdp2gpu-mb2",
+    ),
+    pytest.param(
+        190,
+        "Mixtral-8x7B LoRA r16 q/k/v/o (bf16 experts), FSDP on 2 GPUs, mb 2: 53.60 GiB allocated",
+        # current error +1.9% (54.60 GiB vs 53.60): inside the goal
+        id="mixtral-lora-fsdp2gpu-mb2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("row", "what"), CASES)
+def test_estimate_within_the_goal_of_a_published_gpu_peak(row: int, what: str) -> None:
+    c, _ = _compare(row)
+    assert c.primary and c.metric in ("allocated", "device"), what
+    _within_goal(c.measured_gib, c.estimate_gib)
+
+
+FULL_FT = [
+    pytest.param(
+        173,
+        "Mistral-7B full fine-tune, pure bf16, FSDP on 1 GPU, mb 4 x 4096: 67.46 GiB allocated",
+        # current error +2.2% (68.92 GiB vs 67.46), foreach AdamW's temporary counted
+        id="mistral-full-fsdp1gpu-mb4",
+    ),
+    pytest.param(
+        174,
+        "Mistral-7B full fine-tune, pure bf16, FSDP on 2 GPUs, mb 2 x 4096: 33.74 GiB allocated",
+        # current error +4.3% (35.20 GiB vs 33.74), foreach AdamW's temporary counted
+        id="mistral-full-fsdp2gpu-mb2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("row", "what"), FULL_FT)
+def test_full_fine_tune_peaks_at_the_optimizer_step_of_a_published_run(row: int, what: str) -> None:
+    # HF's adamw_torch is torch's foreach AdamW, whose step allocates
+    # `torch._foreach_sqrt(exp_avg_sqs)`, one temporary the size of every local parameter (bf16
+    # here), where autofit runs fused AdamW: the bench maps the rows with the launch's own
+    # `optimizer_impl="foreach"`. The runs peak at that step: the figure does not move with the
+    # micro-batch (rows 173/175: 67.46 GiB at mb 4 and 8; 174/176: 33.74 at mb 2 and 4), 10.0 B
+    # per parameter per GPU. So the estimate must put the peak at the optimizer step, within the
+    # goal of the measured peak.
+    c, est = _compare(row)
+    assert est.peak_phase == "optimizer", (what, est.peak_phase)
+    _within_goal(c.measured_gib, c.estimate_gib)
+
+
+def test_rows_listed_not_fitted_keep_their_reason() -> None:
+    # Every row the yardstick does not compare is listed with a reason, none silently dropped;
+    # the count of fixed-length rows it maps is pinned so a mapping change is seen here.
+    mapped, listed = 0, {}
+    for i, row in enumerate(ROWS):
+        m = published.map_row(i, row)
+        if isinstance(m, published.Mapped):
+            mapped += 1
+        else:
+            assert m.reason and m.detail, (i, m)
+            listed[m.reason] = listed.get(m.reason, 0) + 1
+    assert mapped + sum(listed.values()) == len(ROWS) == 242
+    # 18 Qwen LoRA + 18 Qwen LoRA (emb) (train_embeddings="full") + 13 fms
+    assert mapped == 49, listed
+    assert listed[published.FRAMEWORK] == 6
