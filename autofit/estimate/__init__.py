@@ -7,7 +7,7 @@ of thousands of candidates per second, which is what lets the search prune befor
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
@@ -185,9 +185,10 @@ def estimate_many(
     host_cap = hardware.host_ram_bytes
     host_usable = mem.usable_host_bytes(host_cap)
     capacity_int = int(capacity)
-    rows: list[tuple[Config, Any, tuple[dict[str, float], float, dict[str, float]]]] = []
+    out: list[Estimate] = []
+    held: list[Any] = []  # each estimate's peak, for its slack
     # a space has a few hundred thousand configs: names bound once, fields given in order
-    append, peak_of, timed_of = rows.append, peaks.of, step_times.get
+    append, hold, peak_of, timed_of = out.append, held.append, peaks.of, step_times.get
     for config in configs:
         peak = peak_of(config)
         key = _TIMED_KNOBS(config)
@@ -197,83 +198,91 @@ def estimate_many(
                 step_times.clear()
             times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts_memo)
             timed = step_times[key] = times, sum(times.values()), links
-        append((config, peak, timed))
-    slacks = _allocator_slacks(peaks, rows, capacity, device)
-    out: list[Estimate] = []
-    append_estimate = out.append
-    for (config, peak, (times, step, links)), slack in zip(rows, slacks, strict=True):
-        host = peak.host
-        usable = capacity - sum(peak.overhead[k] for k in OUTSIDE_KEYS)
-        reserved = peak.allocated + slack
-        fits = reserved <= usable and (host <= host_usable if host else True)
+        times, step, links = timed
         tokens = config.micro_batch * config.grad_accum * n * config.seq_len
-        overhead = dict(peak.overhead)
-        overhead["allocator"] = slack
-        append_estimate(Estimate(
-            config, reserved, peak.allocated, capacity_int, int(usable), bool(fits),
-            peak.breakdown, peak.phase, overhead, int(host), int(host_cap), step,
+        # the slack, the fit and the usable bytes are set below, once every peak is known
+        append(Estimate(
+            config, peak.allocated, peak.allocated, capacity_int, 0, False, peak.breakdown,
+            peak.phase, peak.overhead, int(peak.host), int(host_cap), step,
             tokens / step if step > 0 else 0.0, times, n, peak.sharding, links, per_node,
         ))  # fmt: skip
+        hold(peak)
+    slack_of = _allocator_slacks(peaks, out, held, capacity, device)
+    # per peak (configs that differ in `compile` or the step-time knobs share one): the slack,
+    # the overhead dict (shared, as the rest of a peak is), the usable bytes and the fit
+    per_peak: dict[int, tuple[int, dict[str, int], int, bool]] = {}
+    get_peak = per_peak.get
+    for est, peak in zip(out, held, strict=True):
+        shared = get_peak(id(peak))
+        if shared is None:
+            slack = slack_of(est.config, peak)
+            usable = capacity - peak.outside
+            host = peak.host
+            fits = peak.allocated + slack <= usable and (host <= host_usable if host else True)
+            overhead = {**peak.overhead, "allocator": slack}
+            shared = per_peak[id(peak)] = slack, overhead, int(usable), bool(fits)
+        est.peak_bytes = est.peak_allocated_bytes + shared[0]
+        est.overhead, est.usable_bytes, est.within_capacity = shared[1], shared[2], shared[3]
     return out
 
 
-REPLAY_BUDGET_S = 0.4
+REPLAY_BUDGET_S = 0.05
 """Seconds a batch of estimates spends replaying allocation sequences (`autofit.estimate.slack`,
 tens of milliseconds each at 7B-70B) beyond the first: the candidates nearest the capacity line
 are replayed first, the rest take the slack share of the replayed configs like them. 0 replays
 none (every slack is then `memory.allocator_overhead`'s assumed share: what a test that scores
 thousands of single configs sets)."""
+_LAST_REPLAY = [0.0]  # seconds the last fresh replay took in this process
+
 NEAR_CAPACITY = (0.5, 1.3)
 """Allocated peaks, as shares of the usable memory, whose allocator slack decides whether they
 fit: replayed first, nearest 0.95 first."""
 
 
-def _allocator_slacks(peaks: Peaks, rows: list[Any], capacity: float, device: str) -> list[int]:
-    """The caching allocator's slack of each row's peak: a replay of its step through the
-    allocator model (`Peaks.replayed_slack`) for the configs nearest the capacity line within
-    `REPLAY_BUDGET_S`, and for the others the largest slack share (slack / allocated) among the
-    replayed configs of the same micro-batch, checkpointing, LoRA and sharding (else of all).
-    Nothing on CPU, which has no caching allocator."""
-    if device == "cpu" or not rows:
-        return [0] * len(rows)
-
-    def usable(peak: Any) -> float:
-        return max(capacity - sum(peak.overhead[k] for k in OUTSIDE_KEYS), 1.0)
-
-    def group(c: Config, peak: Any) -> tuple[Any, ...]:
-        return (c.micro_batch, c.checkpointing, c.lora_rank > 0, peak.sharding)
-
-    share = [row[1].allocated / usable(row[1]) for row in rows]
+def _allocator_slacks(
+    peaks: Peaks, estimates: list[Estimate], held: list[Any], capacity: float, device: str
+) -> Callable[[Config, Any], int]:
+    """The caching allocator's slack of a config's peak, as a function of (config, peak): a
+    replay of its step through the allocator model (`Peaks.replayed_slack`) for the configs
+    nearest the capacity line within `REPLAY_BUDGET_S` (the first one always, unless the budget
+    is 0), and for the others the largest slack share (slack / allocated) among the replayed
+    configs of the same micro-batch, checkpointing, LoRA and sharding (else of all), or the
+    assumed share where none was replayed. Nothing on CPU, which has no caching allocator."""
+    if device == "cpu" or not held:
+        return lambda _config, _peak: 0
+    share = [peak.allocated / max(capacity - peak.outside, 1.0) for peak in held]
     near = [i for i, x in enumerate(share) if NEAR_CAPACITY[0] <= x <= NEAR_CAPACITY[1]]
     near.sort(key=lambda i: abs(share[i] - 0.95))
     if not near:  # seed the shares with the config nearest the line
-        near = [min(range(len(rows)), key=lambda i: abs(share[i] - 0.95))]
-    slacks: list[int | None] = [None] * len(rows)
+        near = [min(range(len(held)), key=lambda i: abs(share[i] - 0.95))]
+    replayed: dict[int, int] = {}  # id(peak) -> slack
     ratios: dict[tuple[Any, ...], float] = {}
     budget = REPLAY_BUDGET_S
     deadline = time.monotonic() + budget
     for count, i in enumerate(near):
-        config, peak, _ = rows[i]
+        config, peak = estimates[i].config, held[i]
         fresh = not peaks.has_replayed(config)
-        if fresh and (budget <= 0 or (count and time.monotonic() > deadline)):
-            continue
-        slack = peaks.replayed_slack(config).slack
-        slacks[i] = slack
-        g = group(config, peak)
+        # a replay that would end past the deadline is not begun (the first always is)
+        if budget <= 0 or (count and fresh and time.monotonic() + _LAST_REPLAY[0] > deadline):
+            break
+        start = time.monotonic()
+        slack = replayed[id(peak)] = peaks.replayed_slack(config).slack
+        if fresh:
+            _LAST_REPLAY[0] = time.monotonic() - start
+        g = (config.micro_batch, config.checkpointing, config.lora_rank > 0, peak.sharding)
         ratios[g] = max(ratios.get(g, 0.0), slack / max(peak.allocated, 1))
     overall = max(ratios.values()) if ratios else None
-    out = []
-    for i, found in enumerate(slacks):
-        if found is None:
-            config, peak, _ = rows[i]
-            if peaks.has_replayed(config):
-                found = peaks.replayed_slack(config).slack
-            elif overall is None:  # nothing replayed (a budget of 0): the assumed share
-                found = int(mem.allocator_overhead(peak.allocated))
-            else:
-                found = int(peak.allocated * ratios.get(group(config, peak), overall))
-        out.append(found)
-    return out
+
+    def slack_of(config: Config, peak: Any) -> int:
+        found = replayed.get(id(peak))
+        if found is not None:
+            return found
+        if overall is None:  # nothing replayed (a budget of 0)
+            return int(mem.allocator_overhead(peak.allocated))
+        g = (config.micro_batch, config.checkpointing, config.lora_rank > 0, peak.sharding)
+        return int(peak.allocated * ratios.get(g, overall))
+
+    return slack_of
 
 
 def step_time(

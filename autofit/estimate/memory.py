@@ -429,6 +429,32 @@ def layer_backward_bytes(
     return micro_batch * ckpt.backward
 
 
+def compiled_fusion_applies(lora_rank: int, checkpointing: str) -> bool:
+    """Whether `compile` makes a config hold more than its eager twin (`compiled_mlp_fusion_bytes`):
+    LoRA with whole-layer recomputation."""
+    return bool(lora_rank) and checkpointing in ("full", "every-2")
+
+
+def compiled_mlp_fusion_bytes(
+    s: Structure, micro_batch: int, seq_len: int, targets: Targets = None
+) -> float:
+    """What a compiled, recomputed LoRA layer's MLP backward holds beyond the eager one's: Inductor
+    fuses the recomputed SwiGLU with its backward into one kernel whose inputs keep the base and
+    LoRA partial products of gate and up apart (`base + scale x LoRA` is never materialised) and
+    of down's input gradient, beside its outputs once per branch: a token-width tensor per adapted
+    MLP output and per adapted MLP input more than eager holds. Measured on CPU trials
+    (`bench/compile_memory.py`, llama-debug and llama-mini LoRA r16 `ckpt=full`, seq 128): the
+    compiled peak 11-13% above eager, +4.5 x micro_batch x seq x intermediate x 2 B in one layer
+    (this counts 5 for Llama's all-linear targets); without recomputation compiling keeps less
+    (the partitioner recomputes element-wise results), which the estimate does not count."""
+    width = sum(
+        2 * p.out_features if p.in_features == s.hidden else p.in_features
+        for p in s.targets(targets)
+        if p.name.startswith("mlp.")
+    )
+    return micro_batch * seq_len * BF16 * width
+
+
 NF4_DEQUANT_TRANSIENT_BYTES = 14.0
 """Bytes per weight alive while torchao 0.18 dequantizes an NF4 weight for a matmul
 (`NF4Tensor.get_original_weight` in `linear_nf4`'s forward, and again in its backward): the

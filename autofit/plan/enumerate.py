@@ -91,7 +91,7 @@ def _estimate_space(
     return fitting, rejected, pruned_counts, considered
 
 
-TOP_REPLAYED = 8
+TOP_REPLAYED = 5
 """The ranked top whose allocator slack is always read from a replay of its own step (a batch
 replays the configs nearest the capacity line within its budget and derives the rest's slack
 from them: `autofit.estimate.estimate_many`)."""
