@@ -47,8 +47,8 @@ class Peak(NamedTuple):
     breakdown: dict[str, int]  # bytes by part (`BREAKDOWN_KEYS`)
     phase: str  # "forward", "optimizer" or "gather"
     allocated: int  # == sum(breakdown)
-    overhead: dict[str, int]  # allocator slack, then what lies outside the allocator
-    reserved: int  # allocated + allocator slack
+    # "allocator": 0 here (a batch's replay sets the slack), then what lies outside the allocator
+    overhead: dict[str, int]
     host: float  # offloaded to one node's host RAM, all its ranks
     trainable: int  # trainable parameters (all GPUs)
     shard: int  # the FSDP2 shard degree (1: replicas or the plain module; K under HSDP)
@@ -306,10 +306,9 @@ def _peak_at(
         "allocator": 0,  # the batch's replay sets it (`autofit.estimate._allocator_slacks`)
         **outside,
     }
-    reserved = allocated + overhead["allocator"]
     return Peak(
-        breakdown, phase, allocated, overhead, reserved, st.host, st.trainable, st.shard,
-        st.sharding_name, sum(outside.values()),
+        breakdown, phase, allocated, overhead, st.host, st.trainable, st.shard, st.sharding_name,
+        sum(outside.values()),
     )  # fmt: skip
 
 
