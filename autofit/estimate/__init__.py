@@ -14,6 +14,7 @@ from typing import Any
 
 from autofit.arch import Structure, structure_of
 from autofit.config import Config, Sharding, mesh_shape, sharding_for, wrap_units
+from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
@@ -165,9 +166,10 @@ def estimate_many(
     `fused`, or `foreach`, torch's default, whose step holds a parameter-sized temporary) and
     `expandable_segments` (the caching allocator's mode the slack is replayed with)."""
     if optimizer_impl not in mem.OPTIMIZER_IMPLS:
-        raise ValueError(
-            f"optimizer_impl must be one of {', '.join(mem.OPTIMIZER_IMPLS)}; "
-            f"got {optimizer_impl!r}"
+        raise ConfigError(
+            f"optimizer_impl cannot be {optimizer_impl!r}. Allowed values: "
+            f"{', '.join(mem.OPTIMIZER_IMPLS)} (fused: what autofit's build and exports pin; "
+            "foreach: torch AdamW's default, e.g. HF Trainer's adamw_torch)."
         )
     n = max(hardware.n_gpus, 1)
     per_node = min(max(hardware.gpus_per_node, 1), n)

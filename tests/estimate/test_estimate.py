@@ -400,3 +400,10 @@ def test_train_embeddings_cost_their_trained_weights():
     }
     full_ft = spd.micro_step_times(s, 2048, 2048, 0, None, "full", 7e14, 3e12)["compute"]
     assert times["none"] < times["full"] < full_ft  # the head's weight gradient, not the layers'
+
+
+def test_an_unknown_optimizer_implementation_is_one_clear_error():
+    from autofit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="optimizer_impl cannot be 'apex'.*fused, foreach"):
+        estimate(LLAMA_7B, resolve_gpus("1xh200"), Config(), optimizer_impl="apex")
