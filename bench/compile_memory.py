@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autofit.config import Config  # noqa: E402
 from autofit.models import resolve_model  # noqa: E402
 from autofit.trials import TrialResult, run_trial  # noqa: E402
+from bench.accuracy import estimator  # noqa: E402
 
 BASE = {"seq_len": 128, "micro_batch": 2}
 KINDS: dict[str, dict[str, Any]] = {
@@ -44,16 +45,6 @@ KINDS: dict[str, dict[str, Any]] = {
 POLICIES = ("none", "full", "selective")
 PATHS = {2: "layer", 1: "none"}  # ranks -> wrap
 MIB = 2**20
-
-
-def estimator():  # type: ignore[no-untyped-def]
-    try:
-        from autofit.estimate import estimate
-        from autofit.hardware import cpu_hardware
-    except ImportError as exc:  # the estimator is built alongside; measure anyway
-        print(f"(no estimator: {exc}; printing measurements only)", file=sys.stderr)
-        return None
-    return lambda spec, cfg, n: estimate(spec, cpu_hardware(n), cfg, device="cpu")
 
 
 def trial(spec: Any, cfg: Config, ranks: int) -> TrialResult:

@@ -158,7 +158,7 @@ def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
         layer = per_kind[None]
     # the layer whose backward holds the most, of each type the model has (the peak is there)
     standard = dataclasses.replace(key, loss="standard")
-    backward = max(_layer_backward(spec, standard, kind)[0] - per_kind[kind] for kind in kinds)
+    backward = max(traced_step(spec, standard, (kind,))[0] - per_kind[kind] for kind in kinds)
     return LayerActivations(
         layer=float(layer),
         root=float(max(root, 0.0)),
@@ -216,11 +216,6 @@ def _live_bytes(
                 raise RuntimeError("the trace's backward never reached the LM head's output")
         del loss
     return float(end), float(forward_peak), float(births.peak)
-
-
-def _layer_backward(spec: ModelSpec, key: ActivationKey, kind: Any) -> tuple[float, StepEvents]:
-    """`traced_step` of the one-layer model of `kind`."""
-    return traced_step(spec, key, (kind,))
 
 
 @functools.lru_cache(maxsize=64)
@@ -316,7 +311,7 @@ def traced_step(
 
 
 def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:
-    """The births and deaths of one micro-step of the one-layer model (`_layer_backward`), of the
+    """The births and deaths of one micro-step of the one-layer model (`traced_step`), of the
     model's last layer type, per sequence: what `autofit.estimate.slack` composes into a step."""
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
@@ -326,7 +321,7 @@ def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:
             warnings.simplefilter("ignore", FutureWarning)  # HF's deprecations, not the user's
             types = _layer_types(spec)
             kind = types[-1] if types else None
-            return _layer_backward(spec, dataclasses.replace(key, loss="standard"), kind)[1]
+            return traced_step(spec, dataclasses.replace(key, loss="standard"), (kind,))[1]
     finally:
         fake_log.setLevel(level)
 

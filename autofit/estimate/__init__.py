@@ -139,9 +139,9 @@ def estimate(
 
     `device="cpu"` predicts what a CPU trial measures (tensor bytes only: no CUDA context, no
     caching-allocator slack) so CPU trials can check the same formulas. `optimizer_impl` and
-    `expandable_segments` describe a launch autofit did not set up (its own pin fused AdamW and
-    set `expandable_segments:True`): torch's default foreach AdamW, the allocator's default
-    segments (`estimate_many`).
+    `expandable_segments` describe a launch autofit did not set up (autofit's own build and
+    exports pin fused AdamW and set `expandable_segments:True`): torch's default foreach AdamW,
+    the allocator's default segments (`estimate_many`).
     """
     return estimate_many(
         model, hardware, (config,), device=device, optimizer_impl=optimizer_impl,
@@ -271,7 +271,7 @@ def _allocator_slacks(
         slack = replayed[id(peak)] = peaks.replayed_slack(config).slack
         if fresh:
             _LAST_REPLAY[0] = time.monotonic() - start
-        g = (config.micro_batch, config.checkpointing, config.lora_rank > 0, peak.sharding)
+        g = _slack_group(config, peak)
         ratios[g] = max(ratios.get(g, 0.0), slack / max(peak.allocated, 1))
     overall = max(ratios.values()) if ratios else None
 
@@ -281,10 +281,15 @@ def _allocator_slacks(
             return found
         if overall is None:  # nothing replayed (a budget of 0)
             return int(mem.allocator_overhead(peak.allocated))
-        g = (config.micro_batch, config.checkpointing, config.lora_rank > 0, peak.sharding)
-        return int(peak.allocated * ratios.get(g, overall))
+        return int(peak.allocated * ratios.get(_slack_group(config, peak), overall))
 
     return slack_of
+
+
+def _slack_group(config: Config, peak: Any) -> tuple[Any, ...]:
+    """The configs whose slack share (slack / allocated) one replay stands for: the same
+    micro-batch, checkpointing, LoRA or not, and sharding."""
+    return config.micro_batch, config.checkpointing, config.lora_rank > 0, peak.sharding
 
 
 def step_time(

@@ -731,11 +731,6 @@ def outside_allocator_bytes(
     }
 
 
-def cuda_context_bytes(device: str) -> int:
-    """The CUDA context on a GPU; nothing on CPU trials, which count tensor bytes only."""
-    return 0 if device == "cpu" else CUDA_CONTEXT_BYTES
-
-
 def usable_bytes(
     capacity: float, device: str, n_gpus: int = 1, link: str = "pcie", communicators: int = 1
 ) -> float:

@@ -39,7 +39,6 @@ trace, and NF4's dequantization transients.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autofit.arch import StepEvents
@@ -247,7 +246,8 @@ def step_events(
         # what the step leaves besides the gradients (the loss, leftovers) goes
         grads = {(step, i, sid) for i in range(n) for sid in plan_of(i).grads}
         grads |= {("gshard", step, i, sid) for i in range(n) for sid in plan_of(i).grads}
-        for key in [k for k in out_keys(alive) if k not in grads and _transient(k)]:
+        # (in a fixed order: a set of keys holding text iterates differently in each process)
+        for key in [k for k in sorted(alive, key=repr) if k not in grads and _transient(k)]:
             free(key)
         if step == 0:  # the optimizer's states, born in its first step
             for i in range(n):
@@ -255,10 +255,6 @@ def step_events(
         for key in sorted(grads & alive, key=repr):  # zero_grad(set_to_none=True)
             free(key)
     return out
-
-
-def out_keys(alive: Iterable[object]) -> list[object]:
-    return sorted(alive, key=repr)
 
 
 def _transient(key: object) -> bool:
