@@ -146,6 +146,24 @@ class _Pool:
         self.unmapped: list[tuple[int, _Block]] = []
 
 
+def _link_before(new: _Block, block: _Block) -> None:
+    """Put `new` just before `block` in its segment's list of blocks."""
+    new.prev = block.prev
+    if new.prev is not None:
+        new.prev.next = new
+    new.next = block
+    block.prev = new
+
+
+def _link_after(new: _Block, block: _Block) -> None:
+    """Put `new` just after `block` in its segment's list of blocks."""
+    new.next = block.next
+    if new.next is not None:
+        new.next.prev = new
+    new.prev = block
+    block.next = new
+
+
 def _unfree(pool: _Pool, block: _Block) -> None:
     """Take a free block out of its pool's sorted free list (before its size/addr change)."""
     free = pool.free
@@ -266,11 +284,7 @@ class CachingAllocator:
             # alloc_found_block: the front `size` bytes become the allocated block, the rest
             # stays a free block of the pool
             head = _Block(block.addr, size, block.seg)
-            head.prev = block.prev
-            if head.prev is not None:
-                head.prev.next = head
-            head.next = block
-            block.prev = head
+            _link_before(head, block)
             block.addr += size
             block.size = remaining
             insort(pool.free, (remaining, block.addr, block))
@@ -456,11 +470,7 @@ class CachingAllocator:
         to_map.mapped = True
         if mapped < to_map.size:
             rest = _Block(to_map.addr + mapped, to_map.size - mapped, seg, mapped=False)
-            rest.prev = to_map
-            rest.next = to_map.next
-            if rest.next is not None:
-                rest.next.prev = rest
-            to_map.next = rest
+            _link_after(rest, to_map)
             insort(unmapped, (rest.addr, rest))
             to_map.size = mapped
         self._try_merge(pool, to_map, to_map.prev)
@@ -552,20 +562,12 @@ class CachingAllocator:
         before = start - block.addr
         if before > 0:
             head = _Block(block.addr, before, seg)
-            head.prev = block.prev
-            if head.prev is not None:
-                head.prev.next = head
-            head.next = block
-            block.prev = head
+            _link_before(head, block)
             insort(pool.free, (head.size, head.addr, head))
         after = block.size - before - length
         if after > 0:
             tail = _Block(start + length, after, seg)
-            tail.next = block.next
-            if tail.next is not None:
-                tail.next.prev = tail
-            tail.prev = block
-            block.next = tail
+            _link_after(tail, block)
             insort(pool.free, (tail.size, tail.addr, tail))
         block.addr = start
         block.size = length
