@@ -87,7 +87,8 @@ def estimate(
     `train_embeddings="full"` (or `"tokens:N"`: the last N token ids). Past one node
     (`gpus="4x8xh100-80gb"`), `inter_node_bandwidth="400Gb/s"` replaces the network's preset.
     For a launch autofit did not set up: `optimizer_impl="foreach"` (torch AdamW's default, whose
-    step holds a parameter-sized temporary; autofit pins `fused`) and `expandable_segments=False`
+    step holds a parameter-sized temporary; `"foreach-2.0"`: torch 2.0's, two; autofit pins
+    `fused`) and `expandable_segments=False`
     (the allocator's default mode; autofit sets `expandable_segments:True`)."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware

@@ -163,13 +163,15 @@ def estimate_many(
     `autofit.estimate.peak.Peaks`; the step time once per value of every knob but `loss`).
 
     What the launch does that autofit's own build pins: `optimizer_impl` (`memory.OPTIMIZER_IMPLS`:
-    `fused`, or `foreach`, torch's default, whose step holds a parameter-sized temporary) and
+    `fused`; `foreach`, torch's default, whose step holds a parameter-sized temporary; or
+    `foreach-2.0`, torch 2.0's, which held two) and
     `expandable_segments` (the caching allocator's mode the slack is replayed with)."""
     if optimizer_impl not in mem.OPTIMIZER_IMPLS:
         raise ConfigError(
             f"optimizer_impl cannot be {optimizer_impl!r}. Allowed values: "
             f"{', '.join(mem.OPTIMIZER_IMPLS)} (fused: what autofit's build and exports pin; "
-            "foreach: torch AdamW's default, e.g. HF Trainer's adamw_torch)."
+            "foreach: torch AdamW's default, e.g. HF Trainer's adamw_torch; foreach-2.0: the same "
+            "on torch 2.0, which held two parameter-sized intermediates)."
         )
     n = max(hardware.n_gpus, 1)
     per_node = min(max(hardware.gpus_per_node, 1), n)

@@ -307,19 +307,26 @@ def head_grad_bytes(
     return params * grad_bytes(precision, optimizer)
 
 
-OPTIMIZER_IMPLS = ("fused", "foreach")
-"""How torch's AdamW runs its step on CUDA: `fused` (one kernel per group, no temporaries: what
-autofit's build and every export pin, `fused=True`, Trainer `optim: adamw_torch_fused`) or
-`foreach` (torch's default when `fused` is not set, HF Trainer's `adamw_torch`). An estimate of a
-launch autofit did not set up can name the latter (`bench/published.py` does)."""
+OPTIMIZER_INTERMEDIATES = {"fused": 0, "foreach": 1, "foreach-2.0": 2}
+"""How torch's AdamW runs its step on CUDA, and how many parameter-sized intermediates the step
+holds at once: `fused` (one kernel per group, none: what autofit's build and every export pin,
+`fused=True`, Trainer `optim: adamw_torch_fused`); `foreach` (torch's default when `fused` is not
+set, HF Trainer's `adamw_torch`, since torch 2.1: one, `foreach_temp_bytes`); `foreach-2.0`
+(torch 2.0's foreach step, two: `_multi_tensor_adamw` kept `exp_avg_sq_sqrt =
+torch._foreach_sqrt(...)` alive beside `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)` until
+`_foreach_addcdiv_`; pytorch/pytorch#97712, cut to one by #104898 for 2.1). An estimate of a
+launch autofit did not set up can name the others (`bench/published.py` does)."""
+
+OPTIMIZER_IMPLS = tuple(OPTIMIZER_INTERMEDIATES)
 
 
-def foreach_temp_bytes(trainable: float, master: int, shard: int) -> float:
-    """The foreach AdamW step's temporary: `torch/optim/adamw.py` `_multi_tensor_adam` takes
+def foreach_temp_bytes(trainable: float, master: int, shard: int, impl: str = "foreach") -> float:
+    """The foreach AdamW step's intermediates: `torch/optim/adamw.py` `_multi_tensor_adam` takes
     `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)` over every parameter of a
     (device, dtype) group at once, a new list as large as the (local) trainable parameters in
-    their own dtype, and frees it after `_foreach_addcdiv_`; the other updates are in place."""
-    return trainable * master / shard
+    their own dtype, and frees it after `_foreach_addcdiv_`; the other updates are in place.
+    `impl` counts them (`OPTIMIZER_INTERMEDIATES`)."""
+    return OPTIMIZER_INTERMEDIATES[impl] * trainable * master / shard
 
 
 # ----- activations ------------------------------------------------------------------------------

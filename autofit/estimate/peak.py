@@ -219,12 +219,14 @@ def _model_state(
     st = _states(s, n, per_node, device, wrap, mesh, quant, lora, targets, precision, optimizer,
                  offload, accumulates, embeddings)  # fmt: skip
     if (
-        optimizer_impl == "foreach"
+        optimizer_impl != "fused"
         and device != "cpu"
         and optimizer == "adamw"
         and (offload == "none")
     ):  # a launch that leaves torch's AdamW at its default (the step runs on the GPU)
-        temp = mem.foreach_temp_bytes(st.trainable, mem.master_bytes(precision), st.shard)
+        temp = mem.foreach_temp_bytes(
+            st.trainable, mem.master_bytes(precision), st.shard, optimizer_impl
+        )
         st = st._replace(opt_temp=max(st.opt_temp, temp))
     autocast = uses_autocast(precision, optimizer, st.sharding)
     g = _gathered(s, n, device, wrap, reshard, quant, lora, targets, autocast, embeddings)
@@ -244,9 +246,13 @@ def _later(
     and its total. Each moment's parts are in `BREAKDOWN_KEYS` order."""
     # Optimizer step: the gradients exist, activations are gone. Backward's tail (last unit's
     # unsharded grads + the embedding unit gathered) is folded in here, and on CPU trials the
-    # single-tensor AdamW's temporaries.
+    # single-tensor AdamW's temporaries. What gradient accumulation kept is not there beside
+    # the gradients: the plain module accumulated into `.grad` itself, FSDP2 reduce-scattered
+    # and freed its unsharded accumulators in the last micro-step, and DDP's reducer copied the
+    # `no_sync` gradients into its buckets and made `.grad` views of them again; each is
+    # counted in the forward moment of a later micro-step (`st.accum`), where it does coexist.
     optimizer = (
-        st.base, st.weights, st.grads + st.accum + g.unit_grads, st.opt + st.opt_temp,
+        st.base, st.weights, st.grads + g.unit_grads, st.opt + st.opt_temp,
         g.at_reduce, 0.0, 0.0, workspace,
     )  # fmt: skip
     # The root's first all-gather under `wrap: model`: buffer and unsharded params at once, with

@@ -58,6 +58,9 @@ CASES = [
     Case("plain-full-long", DEBUG, 1, {"wrap": "none"}, 0.004, DETERMINISTIC,
          "traced activations (an fp32 residual stream under autocast), logits and loss",
          seq_len=512, micro_batch=4),
+    Case("plain-full-accum", DEBUG, 1, {"wrap": "none", "grad_accum": 2}, -0.001, DETERMINISTIC,
+         "accumulated gradients counted once: in a later micro-step's forward, not again at "
+         "the optimizer step", seq_len=32, micro_batch=1),
     Case("plain-full-wide-vocab", WIDE_VOCAB, 1, {"wrap": "none"}, 0.0, DETERMINISTIC,
          "gradients and CPU AdamW temporaries at the optimizer step", seq_len=64, micro_batch=1),
     Case("fsdp2-nf4-selective", DEBUG, 2, {"lora_rank": 16, "quant": "nf4",

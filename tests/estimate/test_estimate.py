@@ -354,6 +354,11 @@ def test_foreach_adamw_holds_a_parameter_sized_temporary_at_the_step():
     assert foreach.peak_allocated_bytes - fused.peak_allocated_bytes == pytest.approx(
         N_7B * 2, abs=4
     )
+    # torch 2.0's step kept `exp_avg_sq_sqrt` and `denom` alive together (pytorch#97712): 4 B
+    torch20 = estimate(spec, hw, Config(**knobs), optimizer_impl="foreach-2.0")
+    assert torch20.peak_allocated_bytes - fused.peak_allocated_bytes == pytest.approx(
+        N_7B * 4, abs=4
+    )
 
 
 def test_a_batch_replays_the_configs_nearest_the_capacity_line():
