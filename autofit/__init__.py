@@ -21,7 +21,7 @@ from autofit.request import DEFAULT_MARGIN, check_calibration
 if TYPE_CHECKING:
     import torch
 
-    from autofit.build import Applied
+    from autofit.builder import Applied
     from autofit.calibration.sweep import CalibrationRun
     from autofit.trials import TrialResult
 
@@ -386,7 +386,7 @@ def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any
     plain module (one GPU), DDP or FSDP2 (inside an initialised process group of several ranks),
     and the optimizer. Returns `Applied`: `.model` to call, `.optimizer`, `.autocast()` and
     `.gradient_sync(last_micro_step)` for the training loop. Keyword arguments: `lr`, `device`."""
-    from autofit.build import apply as _apply
+    from autofit.builder import apply as _apply
 
     cfg = config if isinstance(config, Config) else Config.from_dict(dict(config))
     return _apply(model, cfg, **kwargs)

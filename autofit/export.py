@@ -555,7 +555,7 @@ def _loss_and_compile_notes(cfg: dict[str, Any]) -> list[str]:
     loss = cfg.get("loss", "standard")
     if loss == "chunked":
         notes.append(
-            "# Loss: LM head + cross-entropy over chunks of tokens (autofit.build.loss; "
+            "# Loss: LM head + cross-entropy over chunks of tokens (autofit.builder.loss; "
             "autofit.apply sets it on the model: model(input_ids=..., labels=...).loss)."
         )
     elif loss == "fused":

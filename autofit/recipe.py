@@ -1,11 +1,12 @@
 """The recipe: facts the builder applies and the estimator counts, each written once.
 
-Plain data and arithmetic, no torch. `autofit.estimate` reads these to count bytes; `autofit.build`
-reads the same names to cast, quantize, checkpoint and build the optimizer, so a measured trial and
-its estimate cannot drift apart. Two rules between knobs that both also read live with the knobs:
-which trainable params are fp32 (`autofit.config.fp32_trainable`) and how a `wrap` holds the model
-(`autofit.config.sharding_for`). The projections LoRA targets and quantization touches are read
-from the model itself (`autofit.build.model.decoder_projections`, which `autofit.arch` counts by).
+Plain data and arithmetic, no torch. `autofit.estimate` reads these to count bytes;
+`autofit.builder` reads the same names to cast, quantize, checkpoint and build the optimizer, so a
+measured trial and its estimate cannot drift apart. Two rules between knobs that both also read
+live with the knobs: which trainable params are fp32 (`autofit.config.fp32_trainable`) and how a
+`wrap` holds the model (`autofit.config.sharding_for`). The projections LoRA targets and
+quantization touches are read from the model itself (`autofit.builder.model.decoder_projections`,
+which `autofit.arch` counts by).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from functools import lru_cache
 from autofit.config import fp32_trainable, trained_token_count
 
 # ----- dtypes -----------------------------------------------------------------------------------
-# Named by string so this module needs no torch; `autofit.build.dtypes` maps them to torch dtypes.
+# Named by string so this module needs no torch; `autofit.builder.dtypes` maps them to torch dtypes.
 BF16 = "bf16"
 FP32 = "fp32"
 DTYPE_BYTES: dict[str, int] = {BF16: 2, FP32: 4}

@@ -25,7 +25,7 @@ errors per loss and chunked's peak against standard's.
 
 `--trace` checks the one-layer trace itself (`autofit.arch.activations_of`, traced under
 FakeTensorMode) against the same layer measured with real tensors on CPU: the trace's one- and
-two-layer models built the same way (`autofit.build.trace._prepare`: dtypes, LoRA, checkpointing),
+two-layer models built the same way (`autofit.builder.trace._prepare`: dtypes, LoRA, checkpointing),
 materialised with random weights, one forward with the loss under the trials' own `TensorTracker`;
 the bytes alive after forward of the two-layer model minus the one-layer model's, per family,
 checkpointing policy, LoRA rank and autocast, at the debug presets' widths or (`--width real`) at
@@ -47,9 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dataclasses  # noqa: E402
 from typing import Any  # noqa: E402
 
-from autofit.arch import ActivationKey, LayerActivations, activations_of  # noqa: E402
+from autofit.arch import activations_of  # noqa: E402
 from autofit.config import Config  # noqa: E402
 from autofit.models import PRESETS, ModelSpec, resolve_model  # noqa: E402
+from autofit.structure import ActivationKey, LayerActivations  # noqa: E402
 from autofit.trials import run_trial  # noqa: E402
 
 # (model, knobs): every knob value appears at least once, on both models.
@@ -147,7 +148,7 @@ def trace_real_specs() -> list[ModelSpec]:
 
 
 def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tuple[int, int, int]:
-    """The model `autofit.build.trace` traces for `kinds`, with real random weights on CPU: the
+    """The model `autofit.builder.trace` traces for `kinds`, with real random weights on CPU: the
     bytes alive after forward returned the loss, the peak of forward and the peak through the
     loss's backward (up to the LM head's output gradient), as the trials' `TensorTracker`
     counts them, less the
@@ -156,9 +157,9 @@ def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tup
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    from autofit.build.dtypes import TORCH_DTYPES
-    from autofit.build.model import build_meta_model, materialize
-    from autofit.build.trace import _LogitsGradReady, _prepare, _stop_at_the_logits
+    from autofit.builder.dtypes import TORCH_DTYPES
+    from autofit.builder.model import build_meta_model, materialize
+    from autofit.builder.trace import _LogitsGradReady, _prepare, _stop_at_the_logits
     from autofit.recipe import COMPUTE_DTYPE
     from autofit.trials.memory import TensorTracker
 
@@ -211,11 +212,11 @@ def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tup
 
 
 def measured_activations(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
-    """`autofit.build.trace.trace_activations` with real tensors: a layer of each type by
+    """`autofit.builder.trace.trace_activations` with real tensors: a layer of each type by
     differencing the two-layer and one-layer models, the rest of the forward's peak outside."""
     import warnings
 
-    from autofit.build.trace import _layer_types
+    from autofit.builder.trace import _layer_types
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

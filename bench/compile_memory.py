@@ -8,7 +8,7 @@ Issue 23 section 3. For each model (default `llama-debug` and `llama-mini`, seq 
 2), path (FSDP2 with `wrap: layer` on 2 gloo ranks, the plain module `wrap: none` on 1 rank),
 kind (a full fine-tune, LoRA r16, NF4 r16) and checkpointing policy (`none`, `full`,
 `selective`), runs the CPU trial eager and compiled (`compile: true`, each decoder layer
-`torch.compile`d after checkpointing, `autofit/build/compile.py`) as `bench/accuracy.py`'s
+`torch.compile`d after checkpointing, `autofit/builder/compile.py`) as `bench/accuracy.py`'s
 `run_grid` does (`run_trial(..., device="cpu", steps=2, warmup=1)`), and prints the measured peak
 of each (`TrialResult.peak_bytes`: live tensor bytes from the trials' dispatch-level tracker, max
 over ranks; inductor's own buffers are counted), compiled / eager, and the estimate

@@ -116,7 +116,7 @@ a100_80gb.csv, accelerate.yaml, defaults.yaml, scenarios.yaml; refs/requirements
   (`_default_to_fused_or_foreach`), whose step allocates `exp_avg_sq_sqrt =
   torch._foreach_sqrt(exp_avg_sqs)`, one temporary the size of every (local) parameter
   (torch/optim/adam.py `_multi_tensor_adam`); autofit's builder runs fused AdamW
-  (autofit/build/optim.py), which has none, so these rows are estimated with the launch's own
+  (autofit/builder/optim.py), which has none, so these rows are estimated with the launch's own
   `optimizer_impl="foreach"`. The rows show it: the peak does not move with the
   micro-batch (rows 173/175: 67.46 GiB at mb 4 and 8; 174/176: 33.74 at mb 2 and 4) and is
   10.0 bytes per parameter per GPU (7.24B x 10 B / 2^30 = 67.4 GiB; / 2 GPUs = 33.7): bf16

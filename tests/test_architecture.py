@@ -18,8 +18,9 @@ ROOT = Path(autofit.__file__).parent
 # public API (`autofit/__init__.py`) and the CLI sit on top. docs/architecture.md draws the same.
 LAYERS: list[set[str]] = [
     {"_version", "errors", "units", "checks", "interrupt"},  # plain facts and helpers
-    {"config", "models", "hardware", "space", "request", "recipe"},  # the inputs
-    {"build", "arch"},  # the torch builder; the model's structure and layer traces read with it
+    {"config", "models", "hardware", "space", "request", "recipe", "structure"},  # the inputs
+    {"builder"},  # the torch builder: the model as trials and `apply` set it up, its traces
+    {"arch"},  # a model's structure and layer traces, read with the builder and kept on disk
     {"estimate"},  # napkin memory and time: arithmetic over `arch`'s structure and traces
     {"trials", "export"},  # trial processes; export reads a plan's fields
     {"calibration"},  # the napkin corrected by measured trials; this machine's stored calibration
@@ -98,6 +99,31 @@ def test_no_module_reaches_up_a_layer():
     assert not wrong, "\n".join(wrong)
 
 
+def test_no_import_cycle_between_units():
+    """Units of one layer may import each other, but never both ways round, through any chain,
+    imports inside functions included (a hidden cycle is a cycle)."""
+    graph = {src: {dst for dst, _ in targets} for src, targets in imports().items()}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            unit_ = todo.pop()
+            if unit_ == goal:
+                return True
+            if unit_ not in seen:
+                seen.add(unit_)
+                todo.extend(graph.get(unit_, ()))
+        return False
+
+    cycles = sorted(
+        f"autofit.{src or '__init__'} -> autofit.{dst} -> ... -> autofit.{src or '__init__'}"
+        for src, targets in graph.items()
+        for dst in targets
+        if reaches(dst, src)
+    )
+    assert not cycles, "\n".join(cycles)
+
+
 def test_every_unit_has_a_layer():
     units = {p.stem for p in ROOT.glob("*.py")} | {
         p.parent.name for p in ROOT.glob("*/__init__.py")
@@ -127,9 +153,9 @@ def test_trial_is_the_public_function_and_trials_the_package():
 
 
 def test_every_test_folder_is_collected(pytestconfig) -> None:  # type: ignore[no-untyped-def]
-    """pytest's default `norecursedirs` skips any folder named `build`: tests/build went
-    uncollected until pyproject.toml set its own list. Every folder under tests/ with tests must
-    be one pytest walks into."""
+    """pytest's default `norecursedirs` skips any folder named `build` (the builder's tests,
+    then under tests/build, went uncollected for a release). Every folder under tests/ with tests
+    must be one pytest walks into."""
     import fnmatch
 
     skipped = pytestconfig.getini("norecursedirs")

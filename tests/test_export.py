@@ -513,7 +513,7 @@ def _peft_trained(lora: dict[str, Any], spec: Any) -> int:
     an export's `lora:` section names (on the meta model: no memory)."""
     from peft import LoraConfig, get_peft_model
 
-    from autofit.build.model import build_meta_model
+    from autofit.builder.model import build_meta_model
 
     options = {k: lora[k] for k in ("modules_to_save", "ensure_weight_tying",
                                     "trainable_token_indices") if k in lora}  # fmt: skip

@@ -60,7 +60,7 @@ def test_preset_parameter_counts_are_exact(name, count):
 
 def test_every_family_has_a_tiny_debug_preset_and_its_classes_are_hfs():
     """FAMILIES names the HF classes; the meta model built from each debug preset is of them."""
-    from autofit.build.model import build_meta_model, decoder_layers
+    from autofit.builder.model import build_meta_model, decoder_layers
 
     debug = {"llama": "llama-debug", "qwen2": "qwen2-debug", "qwen3": "qwen3-debug",
              "gemma2": "gemma2-debug", "gemma3_text": "gemma3-debug", "phi3": "phi3-debug",

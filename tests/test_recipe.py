@@ -1,5 +1,5 @@
 """The rules in `autofit.recipe`, held to the code that applies them (torchao, the builder), not to
-themselves. The state bytes per value are held to a hand count in tests/build/test_optim_state.py.
+themselves. The state bytes per value are held to a hand count in tests/builder/test_optim_state.py.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torchao.optim
 
-from autofit.build.checkpoint import apply_checkpointing
-from autofit.build.model import decoder_layers
+from autofit.builder.checkpoint import apply_checkpointing
+from autofit.builder.model import decoder_layers
 from autofit.models import PRESETS
 from autofit.recipe import LOW_BIT_STATES, checkpointed_layers, low_bit_quantizes
 

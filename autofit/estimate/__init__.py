@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
-from autofit.arch import Structure, structure_of
+from autofit.arch import structure_of
 from autofit.config import Config, Sharding, mesh_shape, sharding_for, wrap_units
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
@@ -21,6 +21,7 @@ from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
 from autofit.estimate.speed import TIME_KEYS
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
+from autofit.structure import Structure
 
 __all__ = [
     "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "OUTSIDE_KEYS", "TIME_KEYS", "Estimate",

@@ -10,7 +10,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 import autofit.recipe as recipe
-from autofit.arch import ActivationKey, LayerActivations, Structure, activations_of
+from autofit.arch import activations_of
 from autofit.config import (
     Sharding,
     mesh_shape,
@@ -20,6 +20,7 @@ from autofit.config import (
 )
 from autofit.errors import ConfigError
 from autofit.models import ModelSpec
+from autofit.structure import ActivationKey, LayerActivations, Structure
 
 Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
 
@@ -74,8 +75,8 @@ def optimizer_bytes_per_param(optimizer: str, precision: str) -> float:
 
 
 # ----- parameter groups -------------------------------------------------------------------------
-# `s` is the model's structure read from the model itself (`autofit.arch.Structure`): exact counts
-# by role for any family.
+# `s` is the model's structure read from the model itself (`autofit.structure.Structure`): exact
+# counts by role for any family.
 def trainable_params(s: Structure, lora_rank: int, targets: Targets = None) -> int:
     return s.lora_params(lora_rank, targets) if lora_rank > 0 else s.n_params
 
@@ -138,7 +139,7 @@ def gathered_bytes(
     targets: Targets = None,
 ) -> float:  # fmt: skip
     """Peak bytes of unsharded (all-gathered) parameters held at once on a GPU, at the end of
-    forward, for FSDP2 laid out as torchtitan does (autofit/build/fsdp.py):
+    forward, for FSDP2 laid out as torchtitan does (autofit/builder/fsdp.py):
 
     - `[norm, head]` is not resharded after forward (backward needs it first): gathered;
     - the embedding unit is resharded after forward when `reshard` (else kept);
@@ -365,7 +366,7 @@ def activation_bytes(
 
 def head_grad_sum_bytes(model: ModelSpec, lora_rank: int, loss: str) -> float:
     """The chunked loss's fp32 sum of the LM head's gradient in a full fine-tune (4 B x vocab x
-    hidden, `autofit.build.loss`), allocated once per micro-step whatever the micro-batch: the
+    hidden, `autofit.builder.loss`), allocated once per micro-step whatever the micro-batch: the
     part of the traced root (one sequence) that does not scale with it (at Llama 3 8B's width,
     2 GiB that micro-batch 8 would otherwise count eight times). Liger's kernel sums it in the
     weight's dtype (an upper bound)."""
@@ -528,7 +529,7 @@ def layers_keeping_activations(s: Structure, checkpointing: str) -> int:
 # ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------
 # The builder trains the modules `autofit.recipe.trained_embedding_modules` names (the input
 # embedding, and the LM head unless it is tied to it), the rows `trained_token_ids` says, with
-# peft beside the frozen LoRA base (`autofit.build.lora.embedding_options`). The frozen originals
+# peft beside the frozen LoRA base (`autofit.builder.lora.embedding_options`). The frozen originals
 # stay (counted with the base, `frozen_other_bytes`); the trained weights are trainable
 # parameters like the adapters (fp32 masters, gradients and optimizer state by `trainable`).
 def trained_rows(s: Structure, train_embeddings: str) -> int:
@@ -606,7 +607,7 @@ def trained_head_loss_bytes(
       saves for the input gradient (`standard`), or which the chunked loss reads through its
       forward;
     - `chunked` (and Liger's `fused`, counted as it): the fp32 sum of the head weight's gradient,
-      vocab x hidden, from the loss's forward through its backward (`autofit.build.loss`; as
+      vocab x hidden, from the loss's forward through its backward (`autofit.builder.loss`; as
       `head_grad_sum_bytes` for a full fine-tune)."""
     if train_embeddings == "none":
         return 0.0, 0.0

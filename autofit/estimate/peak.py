@@ -18,12 +18,13 @@ from functools import lru_cache, partial
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from autofit.arch import ActivationKey, Structure, step_events_of, structure_of
+from autofit.arch import step_events_of, structure_of
 from autofit.config import Config, Sharding, sharding_for, uses_autocast
 from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
 from autofit.models import ModelSpec
 from autofit.recipe import DTYPE_BYTES, base_stays_whole, checkpointed_layers, reduce_dtype
+from autofit.structure import ActivationKey, Structure
 
 BREAKDOWN_KEYS = (
     "base_weights",

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofit.arch import StepEvents
 from autofit.estimate.allocator import CachingAllocator
+from autofit.structure import StepEvents
 
 _PRE, _FWD, _MID, _BWD, _POST = range(5)
 

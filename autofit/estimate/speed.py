@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofit.arch import Structure
 from autofit.config import trained_token_count, wrap_units
 from autofit.estimate.memory import (
     BF16,
@@ -40,6 +39,7 @@ from autofit.recipe import (
     trainable_dtype,
     trained_embedding_modules,
 )
+from autofit.structure import Structure
 
 TIME_KEYS = (
     "compute", "memory_bound", "overhead", "dequant", "communication", "offload", "optimizer",
@@ -480,10 +480,10 @@ def comm_bytes_per_micro_step(
 def reduce_bytes_per_step(trainable: int, precision: str, optimizer: str, ddp: bool) -> float:
     """Gradient bytes reduced per optimizer step, in the dtype the builder reduces in. FSDP2:
     one reduce-scatter in `autofit.recipe.reduce_dtype` (`MixedPrecisionPolicy(reduce_dtype=fp32)`
-    under bf16-mixed, bf16 under pure bf16, autofit/build/fsdp.py). DDP: an all-reduce
+    under bf16-mixed, bf16 under pure bf16, autofit/builder/fsdp.py). DDP: an all-reduce
     (= reduce-scatter + all-gather, 2x) of the gradients in their own dtype, the trainable
     params' (`autofit.recipe.trainable_dtype`: DDP has no mixed-precision policy in
-    autofit/build/ddp.py, so bf16 params reduce bf16 gradients and fp32 masters fp32 ones)."""
+    autofit/builder/ddp.py, so bf16 params reduce bf16 gradients and fp32 masters fp32 ones)."""
     if ddp:
         return 2.0 * trainable * DTYPE_BYTES[trainable_dtype(precision, optimizer)]
     return trainable * DTYPE_BYTES[reduce_dtype(precision)]
@@ -516,7 +516,7 @@ def group_bw(link_bw_gbs: float, net_bw_gbs: float, nodes: int, per_node: int) -
 
 def fsdp_collectives(units: int, tied: bool, reshard: bool) -> tuple[int, int]:
     """(all-gathers per micro-step, reduce-scatters per optimizer step) of FSDP2 laid out as
-    torchtitan (autofit/build/fsdp.py): one per unit (the layer units, the embedding and
+    torchtitan (autofit/builder/fsdp.py): one per unit (the layer units, the embedding and
     `[norm, head]` unless tied, the root) forward, the resharded ones (layer units, embedding)
     again in backward, and one reduce-scatter per unit on the last micro-step."""
     edges = 0 if tied else 2

@@ -1,8 +1,9 @@
 """Real trials: a few training steps of one config in fresh processes, measured.
 
-`run_trial` launches one (torchrun under a guard, `launcher.py`), each rank runs `worker.py`, which
-sets the model up with `autofit.build` exactly as `autofit.apply` does for a user. `TrialResult` is
-what comes back. Importing this package does not import torch; only the worker does.
+`run_trial` launches one (torchrun under a guard, `launcher.py`), each rank runs `worker.py`,
+which sets the model up with `autofit.builder` exactly as `autofit.apply` does for a user.
+`TrialResult` is what comes back. Importing this package does not import torch; only the worker
+does.
 """
 
 from autofit.trials.launcher import run_trial

@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from autofit.build.apply import Applied, build_for_trial
-from autofit.build.compile import CompileStats, recompile_reasons
-from autofit.build.optim import is_compiled_step
+from autofit.builder.apply import Applied, build_for_trial
+from autofit.builder.compile import CompileStats, recompile_reasons
+from autofit.builder.optim import is_compiled_step
 from autofit.config import Config
 from autofit.errors import oom_kind
 from autofit.models import ModelSpec

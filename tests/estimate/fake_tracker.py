@@ -104,12 +104,12 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from autofit.build.apply import cast_base, cast_trainable
-    from autofit.build.checkpoint import apply_checkpointing
-    from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh
-    from autofit.build.lora import apply_lora
-    from autofit.build.model import build_meta_model, materialize, model_parts
-    from autofit.build.optim import build_optimizer
+    from autofit.builder.apply import cast_base, cast_trainable
+    from autofit.builder.checkpoint import apply_checkpointing
+    from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh
+    from autofit.builder.lora import apply_lora
+    from autofit.builder.model import build_meta_model, materialize, model_parts
+    from autofit.builder.optim import build_optimizer
     from autofit.config import Config, Sharding, sharding_for
 
     spec = resolve_model(model)
@@ -122,7 +122,7 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     mesh = make_mesh("cpu", cfg.shard, world, world)  # one node; made outside the fake mode
     # The builder's steps before sharding run on the meta device outside the fake mode (peft's
     # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
-    # builder's order (autofit/build/apply.py `prepare`, unquantized: shard, then materialise).
+    # builder's order (autofit/builder/apply.py `prepare`, unquantized: shard, then materialise).
     net = build_meta_model(spec)
     cast_base(net, cfg)
     net = apply_lora(net, cfg.lora_rank, cfg.alpha)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.arch import ActivationKey, step_events_of
-from autofit.build.trace import traced_step
+from autofit.arch import step_events_of
+from autofit.builder.trace import traced_step
 from autofit.estimate.allocator import replay
 from autofit.estimate.slack import StepShape, step_events
 from autofit.models import PRESETS
+from autofit.structure import ActivationKey
 
 
 def _numbered(events: list[tuple[object, int]]) -> list[tuple[int, int]]:

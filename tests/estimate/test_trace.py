@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.arch import ActivationKey, activations_of
+from autofit.arch import activations_of
 from autofit.models import PRESETS
+from autofit.structure import ActivationKey
 from bench.accuracy import measured_activations
 
 FAMILIES = ["llama-debug", "qwen2-debug", "gemma2-debug", "phi3-debug", "mixtral-debug"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autofit.build import apply
-from autofit.build.apply import Applied
+from autofit.builder import apply
+from autofit.builder.apply import Applied
 from autofit.config import Config, Sharding
 from autofit.models import PRESETS
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from autofit.build.nf4 import nf4_block_sizes, shard_rows, to_shardable_nf4
+from autofit.builder.nf4 import nf4_block_sizes, shard_rows, to_shardable_nf4
 from autofit.config import Config
 from autofit.trials import run_trial
 

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from autofit.build import apply
-from autofit.build.apply import adapt
-from autofit.build.model import build_meta_model, model_parts
+from autofit.builder import apply
+from autofit.builder.apply import adapt
+from autofit.builder.model import build_meta_model, model_parts
 from autofit.config import Config
 from autofit.estimate.peak import Peaks
 from autofit.models import PRESETS

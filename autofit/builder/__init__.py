@@ -6,6 +6,6 @@ base (`quantize.py`, `nf4.py`), hold the model as a plain module, DDP (`ddp.py`)
 Everything here imports torch.
 """
 
-from autofit.build.apply import Applied, apply
+from autofit.builder.apply import Applied, apply
 
 __all__ = ["Applied", "apply"]

@@ -22,22 +22,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from autofit.build.checkpoint import apply_checkpointing
-from autofit.build.compile import apply_compile
-from autofit.build.ddp import apply_ddp
-from autofit.build.dtypes import autocast_dtype, base_dtype, compute_dtype, train_dtype
-from autofit.build.fsdp import apply_fsdp, fsdp_root, make_mesh, shard_degree
-from autofit.build.lora import apply_lora
-from autofit.build.loss import apply_loss
-from autofit.build.model import (
+from autofit.builder.checkpoint import apply_checkpointing
+from autofit.builder.compile import apply_compile
+from autofit.builder.ddp import apply_ddp
+from autofit.builder.dtypes import autocast_dtype, base_dtype, compute_dtype, train_dtype
+from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh, shard_degree
+from autofit.builder.lora import apply_lora
+from autofit.builder.loss import apply_loss
+from autofit.builder.model import (
     build_meta_model,
     has_meta,
     materialize,
     model_parts,
     trainable_copy,
 )
-from autofit.build.optim import LR, build_optimizer
-from autofit.build.quantize import quantize_layer
+from autofit.builder.optim import LR, build_optimizer
+from autofit.builder.quantize import quantize_layer
 from autofit.config import Config, Sharding, sharding_for
 from autofit.models import ModelSpec
 
@@ -153,9 +153,9 @@ TOKEN_ORIGINALS = "trainable_tokens_original"
 
 def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
     """The builder's steps before any weight exists: dtypes, LoRA (its targets and dropout), the
-    loss (`autofit.build.loss`), and activation checkpointing; `autocast`: the run autocasts fp32
+    loss (`autofit.builder.loss`), and activation checkpointing; `autocast`: the run autocasts fp32
     adapters (`keep_lora_inputs`). `prepare` runs them before sharding, and the one-layer trace
-    (`autofit.build.trace`) on the layers it measures."""
+    (`autofit.builder.trace`) on the layers it measures."""
     cast_base(model, config)
     model = apply_lora(
         model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout,

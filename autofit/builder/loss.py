@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from autofit.build.dtypes import compute_dtype
+from autofit.builder.dtypes import compute_dtype
 from autofit.config import liger_installed
 
 IGNORE_INDEX = -100

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from autofit.build.model import decoder_layers, decoder_projections, model_parts
+from autofit.builder.model import decoder_layers, decoder_projections, model_parts
 from autofit.config import trained_tokens_error
 from autofit.recipe import EMBEDDING_MODULE, HEAD_MODULE, embedding_peft_options
 

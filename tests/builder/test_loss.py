@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from autofit.build.loss import apply_loss, chunked_cross_entropy, loss_chunk_tokens
-from autofit.build.model import build_meta_model, materialize
+from autofit.builder.loss import apply_loss, chunked_cross_entropy, loss_chunk_tokens
+from autofit.builder.model import build_meta_model, materialize
 from autofit.models import PRESETS
 
 FAMILIES = ["llama-debug", "qwen2-debug", "qwen3-debug", "gemma2-debug", "gemma3-debug",

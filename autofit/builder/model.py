@@ -41,7 +41,7 @@ def decoder_projections(layer: nn.Module) -> list[tuple[str, nn.Linear]]:
     """The linear projections of one decoder layer, by their path inside it (`self_attn.q_proj`,
     `mlp.gate_up_proj`): every `nn.Linear` of the block, peft's `all-linear` rule. What LoRA
     targets and quantization touches, and what the estimator counts as projections
-    (`autofit.build.structure`). Under peft the frozen `base_layer` is returned under the
+    (`autofit.builder.structure`). Under peft the frozen `base_layer` is returned under the
     wrapped module's name; the adapters themselves are not projections."""
     found: list[tuple[str, nn.Linear]] = []
     for name, mod in layer.named_modules():

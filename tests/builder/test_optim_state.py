@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from autofit.build.optim import build_optimizer
+from autofit.builder.optim import build_optimizer
 from autofit.config import Config
 from autofit.estimate.memory import optimizer_bytes_per_param
 

@@ -24,13 +24,13 @@ from typing import Any
 
 from torch import nn
 
-from autofit.build.model import decoder_layers
+from autofit.builder.model import decoder_layers
 from autofit.config import Config
 
 
 def apply_compile(model: nn.Module, config: Config) -> nn.Module:
     """Compile every decoder layer of `model` in place when `config.compile` (`nn.Module.compile`,
-    torchtitan's `fullgraph=True`): the layers of `autofit.build.model.decoder_layers`, checkpoint
+    torchtitan's `fullgraph=True`): the layers of `autofit.builder.model.decoder_layers`, checkpoint
     wrappers included. NF4 layers compile without joint-graph CSE (`keep_nf4_packed`)."""
     if not config.compile:
         return model

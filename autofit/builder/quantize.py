@@ -4,8 +4,8 @@ Quantizing one decoder layer at a time (materialise it from meta, quantize, shar
 builder in `apply.py`) keeps the transient full-precision copy to one layer, so a 70B base never
 needs its bf16 size anywhere. The projections may already be wrapped by peft LoRA: then the
 weight quantized is the wrapped `base_layer`'s.
-NF4 weights shard under FSDP2 on any number of ranks (`autofit.build.nf4`); torchao's
-`Int8Tensor` cannot (no `aten.split`), so `autofit.build.fsdp.unshardable_params` lists them for
+NF4 weights shard under FSDP2 on any number of ranks (`autofit.builder.nf4`); torchao's
+`Int8Tensor` cannot (no `aten.split`), so `autofit.builder.fsdp.unshardable_params` lists them for
 `fully_shard`'s `ignored_params`: they stay replicated on every GPU, as Accelerate does for
 bitsandbytes weights.
 """
@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import autofit.recipe as recipe
-from autofit.build.dtypes import TORCH_DTYPES
-from autofit.build.model import decoder_projections, materialize
+from autofit.builder.dtypes import TORCH_DTYPES
+from autofit.builder.model import decoder_projections, materialize
 
 _FROZEN = TORCH_DTYPES[recipe.FROZEN_DTYPE]  # what a base weight is quantized from
 
@@ -30,7 +30,7 @@ def quantize_layer(
     projection still on meta is materialised (on `device`) just before it is quantized, so the
     transient full-precision copy is one weight, not the layer. `shards`: the ranks FSDP2 will
     shard each weight over (the mesh's `dp_shard` size; 1 when nothing shards it), which NF4's
-    blocks are sized for (`autofit.build.nf4.nf4_block_sizes`)."""
+    blocks are sized for (`autofit.builder.nf4.nf4_block_sizes`)."""
     if quant not in ("none", "nf4", "int8"):
         raise ValueError(f"unknown quant {quant!r}")
     if quant == "none":
@@ -46,7 +46,7 @@ def quantize_layer(
 
 
 def _to_nf4(linear: nn.Linear, shards: int) -> None:
-    from autofit.build.nf4 import to_shardable_nf4
+    from autofit.builder.nf4 import to_shardable_nf4
 
     weight = linear.weight.detach().to(_FROZEN)
     linear.weight = nn.Parameter(to_shardable_nf4(weight, shards), requires_grad=False)

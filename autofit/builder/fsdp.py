@@ -28,8 +28,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from autofit.build.dtypes import compute_dtype, reduce_dtype, train_dtype
-from autofit.build.model import ModelParts, trainable_copy
+from autofit.builder.dtypes import compute_dtype, reduce_dtype, train_dtype
+from autofit.builder.model import ModelParts, trainable_copy
 from autofit.config import Config, mesh_shape, wrap_units
 from autofit.recipe import QUANT_TENSOR_CLASS, base_stays_whole
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torchao.quantization import NF4Tensor
 
-from autofit.build import apply
-from autofit.build.apply import Applied, adapt
-from autofit.build.compile import CompileStats, apply_compile, is_compiled
-from autofit.build.model import build_meta_model, decoder_layers
+from autofit.builder import apply
+from autofit.builder.apply import Applied, adapt
+from autofit.builder.compile import CompileStats, apply_compile, is_compiled
+from autofit.builder.model import build_meta_model, decoder_layers
 from autofit.config import Config
 from autofit.models import PRESETS
 

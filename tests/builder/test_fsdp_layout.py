@@ -14,8 +14,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from autofit.build import apply
-from autofit.build.model import build_meta_model, model_parts
+from autofit.builder import apply
+from autofit.builder.model import build_meta_model, model_parts
 from autofit.config import Config
 from autofit.models import PRESETS
 

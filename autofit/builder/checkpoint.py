@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from autofit.build.model import decoder_layers
+from autofit.builder.model import decoder_layers
 from autofit.recipe import checkpointed_layers, is_low_rank_expansion
 
 aten = torch.ops.aten

@@ -35,12 +35,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from autofit.arch import ActivationKey, LayerActivations, StepEvents
-from autofit.build.dtypes import TORCH_DTYPES
-from autofit.build.model import build_meta_model, decoder_layers, materialize
+from autofit.builder.dtypes import TORCH_DTYPES
+from autofit.builder.model import build_meta_model, decoder_layers, materialize
 from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
+from autofit.structure import ActivationKey, LayerActivations, StepEvents
 
 _CASTS = {torch.ops.aten._to_copy.default}
 
@@ -375,11 +375,11 @@ def unpacked_sequences() -> Iterator[None]:
 
 
 def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
-    """The builder's steps up to sharding (`autofit.build.apply.adapt`), with the dtypes a
+    """The builder's steps up to sharding (`autofit.builder.apply.adapt`), with the dtypes a
     micro-step computes in: bf16 everywhere (FSDP2 gathers in bf16, pure bf16 stores it: the
     `bf16` precision), or under autocast fp32 trainable weights beside a bf16 frozen base (the
     plain module and DDP under `bf16-mixed`)."""
-    from autofit.build.apply import adapt
+    from autofit.builder.apply import adapt
 
     config = Config(
         lora_rank=key.lora_rank,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autofit.arch import structure_of
-from autofit.build.model import build_meta_model, materialize, model_parts
+from autofit.builder.model import build_meta_model, materialize, model_parts
 from autofit.models import PRESETS
 
 DEBUG = [name for name in PRESETS if name.endswith("-debug")]
@@ -48,9 +48,9 @@ def test_a_tied_head_stays_tied(name: str) -> None:
 def test_a_fake_build_first_does_not_change_the_real_init() -> None:
     """The trace materialises under FakeTensorMode; a real model built later in the same process
     (a trial, `autofit.apply` after a plan) still gets Gemma's zero-centred norm scales."""
-    from autofit.arch import ActivationKey
-    from autofit.build import model as build_model
-    from autofit.build.trace import trace_activations
+    from autofit.builder import model as build_model
+    from autofit.builder.trace import trace_activations
+    from autofit.structure import ActivationKey
 
     build_model._norm_neutral.cache_clear()
     spec = PRESETS["gemma2-debug"]

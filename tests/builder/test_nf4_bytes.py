@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from autofit.build.quantize import quantize_layer
+from autofit.builder.quantize import quantize_layer
 from autofit.estimate.memory import base_bytes_per_param
 
 ROWS, COLS = 1024, 4096  # a 7B-wide projection, quartered to keep the test near a second

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from autofit.build.apply import _local_world
+from autofit.builder.apply import _local_world
 from autofit.config import Config, mesh_shape
 
 pytestmark = pytest.mark.slow
@@ -43,8 +43,8 @@ def _train(rank: int, config: Config) -> dict[str, object]:
     rank's batch; return the losses, the parameters' layout and the full parameters after."""
     from torch.distributed.tensor import DTensor
 
-    from autofit.build import apply
-    from autofit.build.model import build_meta_model, materialize
+    from autofit.builder import apply
+    from autofit.builder.model import build_meta_model, materialize
 
     spec = _spec()
     torch.manual_seed(0)

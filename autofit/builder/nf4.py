@@ -129,7 +129,7 @@ def _inner_lengths(t: NF4Tensor, numel: int, what: str) -> dict[str, int]:
             raise NotImplementedError(
                 f"{what}: {numel} elements are not whole NF4 blocks of {per} "
                 f"(block_size={t.block_size}, scaler_block_size={t.scaler_block_size}); "
-                "quantize with autofit.build.nf4.nf4_block_sizes"
+                "quantize with autofit.builder.nf4.nf4_block_sizes"
             )
         lengths[name] = numel // per
     return lengths

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from autofit.arch import Projection, Structure
-from autofit.build.model import build_meta_model, decoder_projections, model_parts
+from autofit.builder.model import build_meta_model, decoder_projections, model_parts
 from autofit.models import ModelSpec
+from autofit.structure import Projection, Structure
 
 
 def read_structure(spec: ModelSpec) -> Structure:

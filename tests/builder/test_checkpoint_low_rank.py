@@ -1,6 +1,6 @@
 """Selective checkpointing's low-rank policy, held to the tensors a real forward keeps.
 
-`autofit.build.checkpoint` saves matmul outputs but recomputes LoRA's rank-r -> d expansion
+`autofit.builder.checkpoint` saves matmul outputs but recomputes LoRA's rank-r -> d expansion
 (lora_B) unless d < 8r. llama-debug's k/v projections are d = 128 wide, so rank 16 sits on the
 boundary (8 x 16 = 128: recomputed) and rank 17 just past it (136 > 128: saved); q/o (256),
 gate/up (688) and down (256) stay recomputed at both ranks.
@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autofit.arch import ActivationKey, activations_of
-from autofit.build import apply
-from autofit.build.model import build_meta_model
+from autofit.arch import activations_of
+from autofit.builder import apply
+from autofit.builder.model import build_meta_model
 from autofit.config import Config
 from autofit.models import PRESETS
+from autofit.structure import ActivationKey
 
 # llama-debug (hidden 256, kv 2 x 64 = 128, intermediate 688), two of its four layers for speed.
 SPEC = dataclasses.replace(PRESETS["llama-debug"], layers=2)
