@@ -6,12 +6,13 @@ they return. Everything else is private and may change.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
-from autofit.checks import check_steps, check_trial_timeout
+from autofit.checks import TRIAL_TIMEOUT_S, check_steps, check_trial_timeout
 from autofit.config import KNOBS, LORA_SETTINGS, Config, loss_unavailable
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
@@ -62,7 +63,7 @@ def _config(knobs: dict[str, Any], spec: Any = None) -> Config:
 
 def _check_train_embeddings(value: str, spec: Any) -> None:
     """`tokens:N` within the model's vocabulary: one paragraph before anything is estimated."""
-    from autofit.config import trained_tokens_error
+    from autofit.settings import trained_tokens_error
 
     problem = trained_tokens_error(value, spec.vocab)
     if problem is not None:
@@ -118,7 +119,7 @@ def plan(
     space: str | Path = "default",
     trials: int = 20,
     timeout: float | None = None,
-    trial_timeout: float = 600.0,
+    trial_timeout: float = TRIAL_TIMEOUT_S,
     steps: int = 3,
     margin: float = DEFAULT_MARGIN,
     device: str = "cuda",
@@ -128,6 +129,7 @@ def plan(
     study: str | None = None,
     run_dir: str | Path | None = None,
     prune: bool = True,
+    lora_alpha: int | None = None,
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
     train_embeddings: str | None = None,
@@ -138,7 +140,8 @@ def plan(
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
     otherwise an Optuna study runs real trials of the most promising candidates.
 
-    `lora_targets` (module names, or "all-linear"), `lora_dropout` and `train_embeddings`
+    `lora_alpha`, `lora_targets` (module names, or "all-linear"), `lora_dropout` and
+    `train_embeddings`
     ("none", "full", or "tokens:N": also train the input embeddings and LM head, all of them or
     the rows of the last N token ids) are the LoRA settings every candidate carries; given, they
     replace the space file's (None: the space's, whose default is every linear projection of the
@@ -178,8 +181,9 @@ def plan(
     check_steps(steps)
     check_calibration(calibration)
     settings = _lora_settings(
-        lora_targets=lora_targets, lora_dropout=lora_dropout, train_embeddings=train_embeddings
-    )
+        lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
+        train_embeddings=train_embeddings,
+    )  # fmt: skip
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)
     hw = resolve_hardware(
@@ -273,7 +277,7 @@ def _node_rank(hw: Any, node_rank: int | None, storage: str | None) -> int:
 def _lora_settings(**given: Any) -> dict[str, Any]:
     """The LoRA settings given (not None), checked: `ConfigError` names a bad one. Their raw
     values are kept, so an explicit "all-linear" still replaces a space's targets."""
-    from autofit.config import coerce_setting
+    from autofit.settings import coerce_setting
 
     out = {name: value for name, value in given.items() if value is not None}
     for name, value in out.items():
@@ -318,7 +322,7 @@ def calibrate(
     device: str = "cuda",
     gpu_memory: str | int | None = None,
     steps: int = 3,
-    trial_timeout: float = 600.0,
+    trial_timeout: float = TRIAL_TIMEOUT_S,
     quick: bool = False,
     on_start: Any = None,
     on_trial: Any = None,
@@ -347,18 +351,27 @@ def trial(
     device: str = "cuda",
     gpu_memory: str | int | None = None,
     steps: int = 3,
-    timeout: float = 600.0,
+    trial_timeout: float = TRIAL_TIMEOUT_S,
+    timeout: float | None = None,
     **knobs: Any,
 ) -> TrialResult:
     """Run one real trial (a few training steps in fresh processes, the model held as `wrap` and
-    the GPU count say: plain module, DDP or FSDP2) and measure it. Keyword arguments: the knobs
-    and the LoRA settings, as `estimate` takes them."""
+    the GPU count say: plain module, DDP or FSDP2) and measure it, killed after `trial_timeout`
+    seconds (`timeout` is its old name, as `plan(timeout=)` is the whole search's). Keyword
+    arguments: the knobs and the LoRA settings, as `estimate` takes them."""
+    if timeout is not None:
+        warnings.warn(
+            "autofit.trial(timeout=) is now trial_timeout= (plan's timeout is the search's)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        trial_timeout = timeout
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.trials import run_trial
 
     check_steps(steps)
-    check_trial_timeout(timeout)
+    check_trial_timeout(trial_timeout)
     spec = resolve_model(model)
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
@@ -377,7 +390,7 @@ def trial(
     return run_trial(
         spec, cfg, nprocs=hw.n_gpus, device=device,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
-        timeout_s=timeout,
+        timeout_s=trial_timeout,
     )  # fmt: skip
 
 

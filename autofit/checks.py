@@ -84,6 +84,11 @@ def check_steps(steps: int) -> None:
         )
 
 
+TRIAL_TIMEOUT_S = 600.0
+"""Seconds one trial may run before every process of it is killed, unless --trial-timeout says
+otherwise: the default of every command, API function and launcher that runs trials."""
+
+
 def check_trial_timeout(seconds: float) -> None:
     if not seconds > 0:
         raise AutofitError(

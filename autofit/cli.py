@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import functools
+import inspect
 import json
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -17,10 +18,14 @@ from rich.markup import escape
 
 import autofit
 from autofit import interrupt, report
-from autofit.config import KNOB_HELP, KNOBS, SETTING_HELP, Config, coerce_knob, coerce_setting
+from autofit.checks import TRIAL_TIMEOUT_S
+from autofit.config import DECLARED, Knob, coerce_knob
 from autofit.errors import AutofitError
 from autofit.interrupt import stop_signals_interrupt
+from autofit.settings import coerce_setting
 from autofit.units import fmt_bytes
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
 
 app = typer.Typer(
     add_completion=False,
@@ -141,29 +146,6 @@ DEVICE = typer.Option(
 JSON = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
 
 
-def _knob_option(name: str, default: Any = None) -> Any:
-    """A knob flag whose help lists the allowed values and shows the default (the `Config`
-    value an unset flag leaves). No square brackets in the text: rich reads them as markup."""
-    allowed = KNOBS[name]
-    if allowed:
-        values = " Allowed: " + ", ".join(_knob_text(v) for v in allowed) + "."
-    else:
-        low = 0 if name == "lora_rank" else 1
-        values = f" Allowed: a whole number >= {low}."
-    if name == "micro_batch":
-        extra = (
-            " If it runs out of memory: halve it and double --grad-accum,"
-            " or add --checkpointing full."
-        )
-    else:
-        extra = ""
-    # typer shows a string `show_default` in parentheses, so the default is part of the help
-    unset = f" Default: {_knob_text(_KNOB_DEFAULTS[name])}."
-    return typer.Option(
-        default, f"--{name.replace('_', '-')}", help=KNOB_HELP[name] + "." + values + unset + extra
-    )
-
-
 def _renamed(old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
     """A renamed flag's old, hidden name still works (with a note on stderr); the new name wins
     when both are given."""
@@ -177,33 +159,58 @@ def _knob_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-_KNOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config) if f.name in KNOBS}
+def _flag(d: Knob, note: str) -> Any:
+    """The flag of a declared knob or setting: its help, its allowed values and its default
+    (the `Config` value an unset flag leaves). No square brackets: rich reads them as markup."""
+    if not d.searched:  # a setting: its own text, checked by `coerce_setting`
+        return typer.Option(None, d.flag, metavar=d.metavar, help=d.help + note.format(d.name))
+    if d.choices:
+        allowed = "Allowed: " + ", ".join(_knob_text(v) for v in d.choices) + "."
+    else:
+        allowed = f"Allowed: a whole number >= {d.minimum}."
+    text = f"{d.help}. {allowed} Default: {_knob_text(d.default)}."
+    return typer.Option(None, d.flag, help=text + (f" {d.advice}" if d.advice else ""))
 
 
-def _knobs(**values: Any) -> dict[str, Any]:
-    """Drop unset knob flags and validate the rest (clear errors, not tracebacks)."""
-    return {k: coerce_knob(k, v) for k, v in values.items() if v is not None}
+def declared_flags(*, knobs: bool = True, note: str = ".") -> Callable[[_Command], _Command]:
+    """Give a command one flag per declared knob (unless `knobs` is false) and setting
+    (`autofit.config.DECLARED`), generated from the declaration, after its `--gpus` option. The
+    command receives them as `declared`: the flags given, each checked (`ConfigError`, one
+    paragraph) and normalised. `note` ends a setting's help (`{}` is its name)."""
+
+    def wrap(command: _Command) -> _Command:
+        chosen = [d for d in DECLARED.values() if knobs or not d.searched]
+        names = {d.name for d in chosen}
+
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in names}
+            return command(*args, declared=given, **kwargs)
+
+        flags = [
+            inspect.Parameter(
+                d.name, inspect.Parameter.KEYWORD_ONLY, default=_flag(d, note),
+                annotation=int | None if d.searched and d.choices is None else str | None,
+            )
+            for d in chosen
+        ]  # fmt: skip
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "declared"]
+        at = next((i + 1 for i, p in enumerate(own) if p.name == "gpus"), 0)
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        run.__signature__ = inspect.Signature(params[:at] + flags + params[at:])  # type: ignore[attr-defined]
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 
-# The LoRA settings (not searched) as flags. Text, checked by `coerce_setting`, so that a bad value
-# gets the one paragraph naming what is allowed (a float option would get click's own message).
-LORA_TARGETS = typer.Option(
-    None, "--lora-targets", metavar="NAMES", help=SETTING_HELP["lora_targets"] + "."
-)
-LORA_DROPOUT = typer.Option(
-    None, "--lora-dropout", metavar="FLOAT", help=SETTING_HELP["lora_dropout"] + "."
-)
-TRAIN_EMBEDDINGS = typer.Option(
-    None,
-    "--train-embeddings",
-    metavar="none|full|tokens:N",
-    help=SETTING_HELP["train_embeddings"] + ".",
-)
-
-
-def _settings(**values: Any) -> dict[str, Any]:
-    """Drop unset setting flags and validate the rest (`ConfigError`, one paragraph)."""
-    return {k: coerce_setting(k, v) for k, v in values.items() if v is not None}
+def _checked(given: dict[str, Any]) -> dict[str, Any]:
+    """The flags given (`declared`), checked and normalised: knobs by `coerce_knob`, settings by
+    `coerce_setting` (each a `ConfigError` naming the flag's value and what is allowed)."""
+    return {
+        name: (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
+        for name, value in given.items()
+        if value is not None
+    }
 
 
 # ----- commands ---------------------------------------------------------------------------------
@@ -290,26 +297,11 @@ def models(json_out: bool = JSON) -> None:
 
 
 @app.command()
+@declared_flags()
 def estimate(
+    declared: dict[str, Any],
     model: str = MODEL,
     gpus: str = GPUS,
-    quant: str | None = _knob_option("quant"),
-    lora_rank: int | None = _knob_option("lora_rank"),
-    micro_batch: int | None = _knob_option("micro_batch"),
-    grad_accum: int | None = _knob_option("grad_accum"),
-    wrap: str | None = _knob_option("wrap"),
-    shard: str | None = _knob_option("shard"),
-    reshard: str | None = _knob_option("reshard"),
-    checkpointing: str | None = _knob_option("checkpointing"),
-    offload: str | None = _knob_option("offload"),
-    optimizer: str | None = _knob_option("optimizer"),
-    precision: str | None = _knob_option("precision"),
-    loss: str | None = _knob_option("loss"),
-    compile: str | None = _knob_option("compile"),  # noqa: A002 - the knob's name
-    seq_len: int | None = _knob_option("seq_len"),
-    lora_targets: str | None = LORA_TARGETS,
-    lora_dropout: str | None = LORA_DROPOUT,
-    train_embeddings: str | None = TRAIN_EMBEDDINGS,
     gpu_memory: str | None = GPU_MEMORY,
     inter_node_bandwidth: str | None = INTER_NODE_BANDWIDTH,
     device: str = DEVICE,
@@ -317,10 +309,7 @@ def estimate(
 ) -> None:
     """Napkin estimate of one config: peak memory per GPU with a breakdown, and step time."""
     try:
-        knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
-        knobs |= _settings(
-            lora_targets=lora_targets, lora_dropout=lora_dropout, train_embeddings=train_embeddings
-        )
+        knobs = _checked(declared)
         with _warnings_to_stderr():
             est = autofit.estimate(
                 model, gpus, gpu_memory=gpu_memory, device=device,
@@ -341,31 +330,18 @@ def estimate(
 
 
 @app.command()
+@declared_flags()
 def trial(
+    declared: dict[str, Any],
     model: str = MODEL,
     gpus: str = GPUS,
-    quant: str | None = _knob_option("quant"),
-    lora_rank: int | None = _knob_option("lora_rank"),
-    micro_batch: int | None = _knob_option("micro_batch"),
-    grad_accum: int | None = _knob_option("grad_accum"),
-    wrap: str | None = _knob_option("wrap"),
-    shard: str | None = _knob_option("shard"),
-    reshard: str | None = _knob_option("reshard"),
-    checkpointing: str | None = _knob_option("checkpointing"),
-    offload: str | None = _knob_option("offload"),
-    optimizer: str | None = _knob_option("optimizer"),
-    precision: str | None = _knob_option("precision"),
-    loss: str | None = _knob_option("loss"),
-    compile: str | None = _knob_option("compile"),  # noqa: A002 - the knob's name
-    seq_len: int | None = _knob_option("seq_len"),
-    lora_targets: str | None = LORA_TARGETS,
-    lora_dropout: str | None = LORA_DROPOUT,
-    train_embeddings: str | None = TRAIN_EMBEDDINGS,
     gpu_memory: str | None = GPU_MEMORY,
     device: str = DEVICE,
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps (after 1 warm-up)."),
     trial_timeout: float = typer.Option(
-        600.0, "--trial-timeout", help="Seconds before the trial is killed (every process of it)."
+        TRIAL_TIMEOUT_S,
+        "--trial-timeout",
+        help="Seconds before the trial is killed (every process of it).",
     ),
     timeout: float | None = typer.Option(
         None, "--timeout", hidden=True, help="Old name of --trial-timeout."
@@ -374,19 +350,17 @@ def trial(
 ) -> None:
     """Run one real trial: a few training steps (plain module, DDP or FSDP2, as --wrap and --gpus
     say) in their own processes, measured."""
-    timeout = _renamed("--timeout", timeout, "--trial-timeout", trial_timeout, 600.0)
+    timeout = _renamed("--timeout", timeout, "--trial-timeout", trial_timeout, TRIAL_TIMEOUT_S)
     try:
-        knobs = _knobs(**{k: v for k, v in locals().items() if k in KNOBS})
-        knobs |= _settings(
-            lora_targets=lora_targets, lora_dropout=lora_dropout, train_embeddings=train_embeddings
-        )
+        knobs = _checked(declared)
         if not json_out:
             err.print(
                 f"Running a trial of {escape(model)} on {escape(gpus)} ({escape(device)}) ..."
             )
         with _warnings_to_stderr():
             result = autofit.trial(
-                model, gpus, device=device, gpu_memory=gpu_memory, steps=steps, timeout=timeout,
+                model, gpus, device=device, gpu_memory=gpu_memory, steps=steps,
+                trial_timeout=timeout,
                 **knobs,
             )  # fmt: skip
     except AutofitError as exc:
@@ -408,7 +382,7 @@ def calibrate(
     gpu_memory: str | None = GPU_MEMORY,
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
     trial_timeout: float = typer.Option(
-        600.0, "--trial-timeout", help="Seconds one trial may run before it is killed."
+        TRIAL_TIMEOUT_S, "--trial-timeout", help="Seconds one trial may run before it is killed."
     ),
     quick: bool = typer.Option(
         False, "--quick", help="One model, six trials: rougher, in about a third of the time."
@@ -452,7 +426,9 @@ def calibrate(
 
 
 @app.command()
+@declared_flags(knobs=False, note="; replaces the space file's {}.")
 def plan(
+    declared: dict[str, Any],
     model: str = MODEL,
     gpus: str = GPUS,
     seq_len: int | None = typer.Option(
@@ -463,24 +439,6 @@ def plan(
     ),
     space: str = typer.Option(
         "default", "--space", help="Search space: default, qlora, lora, full, or a .yaml path."
-    ),
-    lora_targets: str | None = typer.Option(
-        None,
-        "--lora-targets",
-        metavar="NAMES",
-        help=SETTING_HELP["lora_targets"] + "; replaces the space file's lora_targets.",
-    ),
-    lora_dropout: str | None = typer.Option(
-        None,
-        "--lora-dropout",
-        metavar="FLOAT",
-        help=SETTING_HELP["lora_dropout"] + "; replaces the space file's lora_dropout.",
-    ),
-    train_embeddings: str | None = typer.Option(
-        None,
-        "--train-embeddings",
-        metavar="none|full|tokens:N",
-        help=SETTING_HELP["train_embeddings"] + "; replaces the space file's train_embeddings.",
     ),
     trials: int = typer.Option(20, "--trials", help="Real trials to spend (0 = estimates only)."),
     no_trials: bool = typer.Option(False, "--no-trials", help="Estimates only: no GPU needed."),
@@ -493,7 +451,7 @@ def plan(
         None, "--timeout", hidden=True, help="Old name of --search-timeout."
     ),
     trial_timeout: float = typer.Option(
-        600.0, "--trial-timeout", help="Seconds one trial may run before it is killed."
+        TRIAL_TIMEOUT_S, "--trial-timeout", help="Seconds one trial may run before it is killed."
     ),
     steps: int = typer.Option(3, "--steps", help="Measured steps per trial."),
     margin: float = typer.Option(
@@ -555,8 +513,8 @@ def plan(
                 trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
                 margin=margin, device=device, gpu_memory=gpu_memory,
                 inter_node_bandwidth=inter_node_bandwidth, storage=storage,
-                study=study, run_dir=run_dir, prune=not no_prune, lora_targets=lora_targets,
-                lora_dropout=lora_dropout, train_embeddings=train_embeddings,
+                study=study, run_dir=run_dir, prune=not no_prune,
+                **{name: value for name, value in declared.items() if value is not None},
                 console=None if json_out else console,
                 calibration="off" if no_calibration else calibration, node_rank=node_rank,
             )  # fmt: skip

@@ -1,97 +1,263 @@
-"""The knobs of a fine-tuning run and the rules between them.
+"""The knobs of a fine-tuning run, each declared once, and the rules between them.
 
-`KNOBS` is the one table of knob names and allowed values; the search-space loader, the CLI flags,
-validation and the exports all read it. `Config` is one point of the space.
-
-`LORA_SETTINGS` are what the user chooses for LoRA and the search never varies: the same for every
-candidate of a plan, yet part of each `Config` (the estimate counts them, the builder applies them).
+A knob is something the search varies; a setting is the user's choice, the same for every
+candidate of a plan (the LoRA alpha, targets, dropout and trained embeddings). Both are fields of
+`Config`, and each field's declaration (`knob(...)`, `setting(...)`: default, allowed values or
+least value, help, and its part of `Config.short()`'s label) is the only place that says so.
+`KNOBS`, `KNOB_HELP`, `LORA_SETTINGS`, `SETTING_HELP` and `DECLARED` are read off it; the CLI
+flags of every command (`autofit.cli`), the space file's schema (`autofit.space`), validation,
+the labels, the exports and the README's knob table (which a test compares) all read those.
+Adding a knob is one field here plus its builder and estimator terms.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-import numbers
-import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autofit.errors import ConfigError
+from autofit.settings import (  # noqa: F401 - the settings' names, importable from here as before
+    ALL_LINEAR,
+    TOKENS_PREFIX,
+    TRAIN_EMBEDDINGS,
+    coerce_setting,
+    setting_error,
+    trained_token_count,
+    trained_tokens_error,
+)
 
-# name -> allowed values (None: any positive integer). Order is the order shown to users.
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob or setting as declared on its `Config` field: everything that reads it (flags,
+    schema, validation, labels, exports, docs) reads this."""
+
+    name: str
+    default: Any
+    help: str  # one phrase, lower case, no final stop: the flag's and the schema's description
+    choices: tuple[Any, ...] | None = None  # None: a whole number >= `minimum` (or a setting)
+    minimum: int | None = None
+    searched: bool = True  # False: a setting, the same for every candidate of a plan
+    metavar: str | None = None  # how a setting's flag names its value
+    advice: str = ""  # what a flag's help adds: the next thing to try
+    label: Callable[[Any], str | None] | None = None  # its part of `Config.short()`, if any
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_DECLARATION = "autofit.knob"  # the key of a field's metadata that holds its `Knob`
+
+
+def knob(
+    default: Any, help: str, *, choices: tuple[Any, ...] | None = None,
+    minimum: int | None = None, advice: str = "", label: Callable[[Any], str | None] | None = None,
+) -> Any:  # fmt: skip
+    """A searched knob's field of `Config`."""
+    declared = Knob("", default, help, choices, minimum, True, None, advice, label)
+    return field(default=default, metadata={_DECLARATION: declared})
+
+
+def setting(
+    default: Any, help: str, *, metavar: str, label: Callable[[Any], str | None] | None = None
+) -> Any:
+    """A setting's field of `Config`: checked by `autofit.settings.coerce_setting`."""
+    declared = Knob("", default, help, None, None, False, metavar, "", label)
+    return field(default=default, metadata={_DECLARATION: declared})
+
+
+@dataclass(frozen=True)
+class Config:
+    """One fine-tuning configuration: every knob with a value, and the settings
+    (`LORA_SETTINGS`), which the user chooses and the search does not vary. Field order is the
+    order users see (flags, tables, labels)."""
+
+    quant: str = knob(
+        "none", "storage of the frozen base weights (torchao); needs lora_rank > 0",
+        choices=("none", "int8", "nf4"),
+        label=lambda c: c.quant if c.quant != "none" else ("lora" if c.is_lora else "full"),
+    )  # fmt: skip
+    lora_rank: int = knob(
+        0, "0 = full fine-tune; r = LoRA on lora_targets (default: all linear projections)",
+        minimum=0, label=lambda c: f"r{c.lora_rank}" if c.is_lora else None,
+    )  # fmt: skip
+    micro_batch: int = knob(
+        1, "sequences per GPU per forward/backward", minimum=1,
+        advice="If it runs out of memory: halve it and double --grad-accum, or add "
+        "--checkpointing full.",
+        label=lambda c: f"mb{c.micro_batch}x{c.grad_accum}",
+    )  # fmt: skip
+    grad_accum: int = knob(
+        1, "micro-steps per optimizer step (derived from global_batch when given)", minimum=1
+    )
+    wrap: str = knob(
+        "layer", "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one "
+        "GPU: the plain module; several: DDP replicas)",
+        choices=("layer", "every-2", "every-4", "model", "none"),
+        label=lambda c: f"wrap={c.wrap}" + ("" if c.reshard else "/keep"),
+    )  # fmt: skip
+    shard: str = knob(
+        "all", "all = FSDP2 over every GPU; node = HSDP: a 2-D mesh that shards within each node "
+        "and replicates across nodes (several nodes only)",
+        choices=("all", "node"), label=lambda c: "hsdp" if c.shard == "node" else None,
+    )  # fmt: skip
+    reshard: bool = knob(
+        True, "reshard_after_forward (false keeps gathered params until backward)",
+        choices=(True, False),
+    )  # fmt: skip
+    checkpointing: str = knob(
+        "none", "activation checkpointing of decoder layers: all (full), every other "
+        "(every-2), or op-level (selective: saves every matmul and attention output, recomputes "
+        "the element-wise ops)",
+        choices=("none", "full", "every-2", "selective"),
+        label=lambda c: f"ckpt={c.checkpointing}" if c.checkpointing != "none" else None,
+    )  # fmt: skip
+    offload: str = knob(
+        "none", "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
+        choices=("none", "optimizer", "params"),
+        label=lambda c: f"offload={c.offload}" if c.offload != "none" else None,
+    )  # fmt: skip
+    optimizer: str = knob(
+        "adamw", "torch AdamW or torchao low-bit AdamW",
+        choices=("adamw", "adamw8bit", "adamw4bit"),
+        label=lambda c: c.optimizer if c.optimizer != "adamw" else None,
+    )  # fmt: skip
+    precision: str = knob(
+        "bf16-mixed", "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",
+        choices=("bf16-mixed", "bf16"),
+        label=lambda c: c.precision if c.precision != "bf16-mixed" else None,
+    )  # fmt: skip
+    loss: str = knob(
+        "standard", "standard = the model's own cross-entropy; chunked = LM head + cross-entropy "
+        "over chunks of tokens, one chunk's fp32 logits live at a time (pure torch); fused = "
+        "Liger's fused linear cross-entropy kernel (CUDA, pip install 'autofit[liger]')",
+        choices=("standard", "chunked", "fused"),
+        label=lambda c: f"loss={c.loss}" if c.loss != "standard" else None,
+    )  # fmt: skip
+    compile: bool = knob(
+        False, "torch.compile each decoder layer (after checkpointing, before sharding, as "
+        "torchtitan does); compile time is reported apart from training time",
+        choices=(False, True), label=lambda c: "compiled" if c.compile else None,
+    )  # fmt: skip
+    seq_len: int = knob(2048, "tokens per sequence (fixed per plan)", minimum=1)
+    lora_alpha: int | None = setting(
+        None, "LoRA alpha (the adapter's scale is alpha / rank); default 2 x rank", metavar="INT"
+    )
+    lora_targets: tuple[str, ...] | None = setting(
+        None, "modules LoRA adapts: leaf names (q_proj, v_proj, gate_up_proj) or paths inside a "
+        "decoder layer (self_attn.q_proj), comma-separated; default all-linear (every linear "
+        "projection of the decoder blocks)",
+        metavar="NAMES",
+        label=lambda c: (
+            f"targets={','.join(c.lora_targets)}"
+            if c.is_lora and c.lora_targets is not None else None
+        ),
+    )  # fmt: skip
+    lora_dropout: float = setting(
+        0.0, "dropout on each adapted layer's input, >= 0 and < 1 (peft keeps a copy of that "
+        "input, which costs memory); default 0",
+        metavar="FLOAT",
+        label=lambda c: f"drop={c.lora_dropout:g}" if c.is_lora and c.lora_dropout else None,
+    )  # fmt: skip
+    train_embeddings: str = setting(
+        "none", "with LoRA, also train the input embeddings and the LM head: none (default); "
+        "full = a trainable copy of each beside the frozen original (peft modules_to_save); "
+        "tokens:N = only the rows of the last N token ids, e.g. the tokens a chat template added "
+        "(peft trainable_token_indices)",
+        metavar="none|full|tokens:N",
+        label=lambda c: f"emb={c.train_embeddings}" if c.train_embeddings != "none" else None,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        fields = self.__dict__  # a frozen dataclass's own fields, set once here
+        for name, value in fields.items():
+            checked = _checked(name, value)
+            if checked is not value:
+                fields[name] = checked
+        problem = rule_violation(self)
+        if problem:
+            raise ConfigError(problem)
+
+    @classmethod
+    def of_checked_values(cls, fields: dict[str, Any]) -> Config:
+        """A Config of every field's value, each already checked and normalised by its
+        declaration (a loaded space's values), the rules between knobs not checked: what a
+        space enumerates a few hundred thousand times, at a dict copy each (`__init__` checks
+        every value and rule again: 25 us a config)."""
+        cfg = object.__new__(cls)
+        object.__setattr__(cfg, "__dict__", fields)
+        return cfg
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora_rank > 0
+
+    @property
+    def alpha(self) -> int:
+        """LoRA alpha: 2 x rank unless set."""
+        return self.lora_alpha if self.lora_alpha is not None else 2 * self.lora_rank
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def settings(self) -> dict[str, Any]:
+        """The LoRA settings that differ from their defaults, JSON-ready (targets as a list)."""
+        out: dict[str, Any] = {}
+        if self.lora_alpha is not None:
+            out["lora_alpha"] = self.lora_alpha
+        if self.lora_targets is not None:
+            out["lora_targets"] = list(self.lora_targets)
+        if self.lora_dropout:
+            out["lora_dropout"] = self.lora_dropout
+        if self.train_embeddings != "none":
+            out["train_embeddings"] = self.train_embeddings
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every knob, then the settings that differ from their defaults."""
+        return {**{name: getattr(self, name) for name in KNOBS}, **self.settings()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "") -> Config:
+        unknown = set(data) - set(KNOBS) - set(LORA_SETTINGS)
+        if unknown:
+            coerce_knob(sorted(unknown)[0], None, where)  # raises with a did-you-mean hint
+        values = {k: coerce_knob(k, v, where) for k, v in data.items() if k in KNOBS}
+        for name in LORA_SETTINGS:
+            if data.get(name) is not None:
+                values[name] = coerce_setting(name, data[name], where)
+        return cls(**values)
+
+    def short(self) -> str:
+        """A compact one-line label, e.g. 'nf4 r64 mb8x4 wrap=layer ckpt=full': each declared
+        knob's and setting's part (`Knob.label`), in field order."""
+        return " ".join(part for d in _LABELLED if (part := d.label(self)))  # type: ignore[misc]
+
+
+DECLARED: dict[str, Knob] = {
+    f.name: dataclasses.replace(f.metadata[_DECLARATION], name=f.name)
+    for f in dataclasses.fields(Config)
+}
+"""Every knob and setting by name, in field order, as declared."""
 KNOBS: dict[str, tuple[Any, ...] | None] = {
-    "quant": ("none", "int8", "nf4"),
-    "lora_rank": None,  # 0 = full fine-tune, else a positive rank
-    "micro_batch": None,
-    "grad_accum": None,
-    "wrap": ("layer", "every-2", "every-4", "model", "none"),
-    "shard": ("all", "node"),
-    "reshard": (True, False),
-    "checkpointing": ("none", "full", "every-2", "selective"),
-    "offload": ("none", "optimizer", "params"),
-    "optimizer": ("adamw", "adamw8bit", "adamw4bit"),
-    "precision": ("bf16-mixed", "bf16"),
-    "loss": ("standard", "chunked", "fused"),
-    "compile": (False, True),
-    "seq_len": None,
+    name: d.choices for name, d in DECLARED.items() if d.searched
 }
-
-KNOB_HELP: dict[str, str] = {
-    "quant": "storage of the frozen base weights (torchao); needs lora_rank > 0",
-    "lora_rank": "0 = full fine-tune; r = LoRA on lora_targets (default: all linear projections)",
-    "micro_batch": "sequences per GPU per forward/backward",
-    "grad_accum": "micro-steps per optimizer step (derived from global_batch when given)",
-    "wrap": "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one GPU: "
-    "the plain module; several: DDP replicas)",
-    "shard": "all = FSDP2 over every GPU; node = HSDP: a 2-D mesh that shards within each node "
-    "and replicates across nodes (several nodes only)",
-    "reshard": "reshard_after_forward (false keeps gathered params until backward)",
-    "checkpointing": "activation checkpointing of decoder layers: all (full), every other "
-    "(every-2), or op-level (selective: saves every matmul and attention output, recomputes the "
-    "element-wise ops)",
-    "offload": "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
-    "optimizer": "torch AdamW or torchao low-bit AdamW",
-    "precision": "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",
-    "loss": "standard = the model's own cross-entropy; chunked = LM head + cross-entropy over "
-    "chunks of tokens, one chunk's fp32 logits live at a time (pure torch); fused = Liger's fused "
-    "linear cross-entropy kernel (CUDA, pip install 'autofit[liger]')",
-    "compile": "torch.compile each decoder layer (after checkpointing, before sharding, as "
-    "torchtitan does); compile time is reported apart from training time",
-    "seq_len": "tokens per sequence (fixed per plan)",
+"""Knob name -> allowed values (None: a whole number >= its least value), in the users' order."""
+KNOB_HELP: dict[str, str] = {name: DECLARED[name].help for name in KNOBS}
+LORA_SETTINGS: tuple[str, ...] = tuple(name for name, d in DECLARED.items() if not d.searched)
+"""The settings: the user's choice, the same for every candidate of a plan."""
+SETTING_HELP: dict[str, str] = {name: DECLARED[name].help for name in LORA_SETTINGS}
+_INT_KNOBS: dict[str, int] = {
+    name: d.minimum for name in KNOBS if (d := DECLARED[name]).minimum is not None
 }
-
-# Settings of a `Config` that are not searched: the user's choice, fixed for a whole plan.
-LORA_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout", "train_embeddings")
-
-SETTING_HELP: dict[str, str] = {
-    "lora_alpha": "LoRA alpha (the adapter's scale is alpha / rank); default 2 x rank",
-    "lora_targets": "modules LoRA adapts: leaf names (q_proj, v_proj, gate_up_proj) or paths "
-    "inside a decoder layer (self_attn.q_proj), comma-separated; default all-linear (every "
-    "linear projection of the decoder blocks)",
-    "lora_dropout": "dropout on each adapted layer's input, >= 0 and < 1 (peft keeps a copy of "
-    "that input, which costs memory); default 0",
-    "train_embeddings": "with LoRA, also train the input embeddings and the LM head: none "
-    "(default); full = a trainable copy of each beside the frozen original (peft "
-    "modules_to_save); tokens:N = only the rows of the last N token ids, e.g. the tokens a chat "
-    "template added (peft trainable_token_indices)",
-}
-
-# `train_embeddings` values: `none`, `full`, or `tokens:N` (the last N ids of the vocabulary).
-TRAIN_EMBEDDINGS = ("none", "full")
-TOKENS_PREFIX = "tokens:"
-
-# `lora_targets` spellings of the default: every linear projection of the decoder blocks.
-ALL_LINEAR = "all-linear"
-_ALL_LINEAR_WORDS = (ALL_LINEAR, "all")
-# a module name: a leaf (`q_proj`) or a dotted path inside a decoder layer (`self_attn.q_proj`)
-_MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
-
-# Integer knobs and their least value.
-_INT_KNOBS = {"lora_rank": 0, "micro_batch": 1, "grad_accum": 1, "seq_len": 1}
+_LABELLED = tuple(d for d in DECLARED.values() if d.label is not None)
 
 
 def wrap_group_size(wrap: str, n_layers: int) -> int:
@@ -256,255 +422,20 @@ def coerce_knob(name: str, value: Any, where: str = "") -> Any:
         raise ConfigError(knob_error(name, value, where)) from None
 
 
-def _targets_problem(value: Any) -> tuple[tuple[str, ...] | None, str | None]:
-    """(`lora_targets` normalised, None) or (None, why it cannot be)."""
-    if value is None:
-        return None, None
-    if isinstance(value, str):
-        if value.strip().lower() in _ALL_LINEAR_WORDS:
-            return None, None
-        items: list[Any] = value.split(",")
-        if not any(item.strip() for item in items):
-            return None, "it names no module"
-    elif isinstance(value, list | tuple):
-        items = list(value)
-        if not items:
-            return None, None  # an empty list: the default
-    else:
-        return None, "it is neither text nor a list of module names"
-    names: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            return None, f"{item!r} is not a module name"
-        name = item.strip()
-        if name and name not in names:
-            names.append(name)
-    if not names:
-        return None, "it names no module"
-    if any(name.lower() in _ALL_LINEAR_WORDS for name in names):
-        if len(names) == 1:
-            return None, None
-        return None, f"{ALL_LINEAR} already means every projection; give it alone"
-    for name in names:
-        if not _MODULE_NAME.fullmatch(name):
-            return None, f"{name!r} is not a module name (letters, digits, _ and . only)"
-    return tuple(names), None
+def _checked(name: str, value: Any) -> Any:
+    """A field's value checked and normalised by its declaration (`coerce_knob`,
+    `coerce_setting`), remembered per (name, type, value): a space makes a few hundred thousand
+    configs of a few dozen distinct values, each checked once."""
+    try:
+        return _checked_value(name, type(value), value)
+    except TypeError:  # unhashable (a list of targets): checked every time
+        return (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
 
 
-def _number(value: Any) -> float | None:
-    """A real number from a number or its text; None for anything else (booleans too)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if not isinstance(value, numbers.Real):
-        return None
-    return float(value)
-
-
-def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
-    """(the setting's normalised value, None), or (None, what is wrong with `value`)."""
-    if name == "lora_targets":
-        return _targets_problem(value)
-    if name == "lora_dropout":
-        number = _number(0.0 if value is None else value)
-        if number is None or not 0 <= number < 1:  # NaN fails the test too
-            return None, "out of range"
-        return number, None
-    if name == "lora_alpha":
-        if value is None:
-            return None, None
-        number = _number(value)
-        if number is None or not math.isfinite(number) or number != int(number) or number < 1:
-            return None, "not a whole number"
-        return int(number), None
-    if name == "train_embeddings":
-        return _train_embeddings_problem(value)
-    raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
-
-
-def _train_embeddings_problem(value: Any) -> tuple[str | None, str | None]:
-    """(`train_embeddings` normalised: `none`, `full` or `tokens:N`, None) or (None, why not)."""
-    if value is None:
-        return "none", None
-    if not isinstance(value, str):
-        return None, "not text"
-    text = "".join(value.split()).lower()  # `Tokens: 8` reads as tokens:8
-    if text in TRAIN_EMBEDDINGS:
-        return text, None
-    if text.startswith(TOKENS_PREFIX):
-        count = text[len(TOKENS_PREFIX) :]
-        if count.isascii() and count.isdigit() and int(count) >= 1:
-            return f"{TOKENS_PREFIX}{int(count)}", None
-        return None, "N must be a whole number >= 1"
-    return None, "unknown value"
-
-
-def trained_token_count(train_embeddings: str) -> int | None:
-    """N of a normalised `tokens:N` value; None for `none` and `full`."""
-    if train_embeddings.startswith(TOKENS_PREFIX):
-        return int(train_embeddings[len(TOKENS_PREFIX) :])
-    return None
-
-
-def trained_tokens_error(train_embeddings: str, vocab: int) -> str | None:
-    """The sentence for a `tokens:N` that asks for more token ids than the model's vocabulary of
-    `vocab` tokens has, or None."""
-    count = trained_token_count(train_embeddings)
-    if count is None or count <= vocab:
-        return None
-    return (
-        f"train_embeddings={train_embeddings} trains the last {count} token ids, but this "
-        f"model's vocabulary has {vocab:,} tokens. Use tokens:N with N <= {vocab} (the tokens "
-        "your chat template added), or full to train every row."
-    )
-
-
-def setting_error(name: str, value: Any, where: str = "") -> str | None:
-    """The sentence for a value setting `name` cannot take (the setting, the value and what is
-    allowed), or None when it can take it."""
-    _, why = _setting_problem(name, value)
-    if why is None:
-        return None
-    place = f" in {where}" if where else ""
-    if name == "lora_dropout":
-        return (
-            f"Setting 'lora_dropout'{place} must be a number >= 0 and < 1 (the share of each "
-            f"adapted layer's input that LoRA drops, e.g. 0.05; 0 = no dropout); got {value!r}."
-        )
-    if name == "lora_alpha":
-        return f"Setting 'lora_alpha'{place} must be a whole number >= 1; got {value!r}."
-    if name == "train_embeddings":
-        return (
-            f"Setting 'train_embeddings'{place} cannot be {value!r} ({why}). Allowed: none (the "
-            "default: embeddings and LM head frozen), full (a trainable copy of the input "
-            "embeddings and of the LM head beside the frozen originals, peft modules_to_save), "
-            "or tokens:N with N a whole number >= 1 (only the rows of the last N token ids, "
-            "e.g. tokens:8 for the 8 tokens a chat template added; peft trainable_token_indices)."
-        )
-    return (
-        f"Setting 'lora_targets'{place} cannot be {value!r}: {why}. Allowed: module names of the "
-        "decoder layers, comma-separated or as a list, e.g. q_proj,v_proj (leaf names such as "
-        f"q_proj or gate_up_proj, or paths inside a layer such as self_attn.q_proj); or "
-        f"{ALL_LINEAR} for every linear projection of the decoder blocks (the default)."
-    )
-
-
-def coerce_setting(name: str, value: Any, where: str = "") -> Any:
-    """Check and normalise one LoRA setting (`LORA_SETTINGS`); raise `ConfigError` naming the
-    setting, the value and what is allowed. `lora_targets`: a tuple of module names, or None for
-    every linear projection (`all-linear`, `all`, an empty list); `lora_dropout`: a float;
-    `train_embeddings`: `none`, `full` or `tokens:N`."""
-    problem = setting_error(name, value, where)
-    if problem is not None:
-        raise ConfigError(problem)
-    return _setting_problem(name, value)[0]
-
-
-@dataclass(frozen=True)
-class Config:
-    """One fine-tuning configuration: every knob of design.md with a value, and the LoRA
-    settings (`LORA_SETTINGS`), which the user chooses and the search does not vary."""
-
-    quant: str = "none"
-    lora_rank: int = 0
-    micro_batch: int = 1
-    grad_accum: int = 1
-    wrap: str = "layer"
-    shard: str = "all"
-    reshard: bool = True
-    checkpointing: str = "none"
-    offload: str = "none"
-    optimizer: str = "adamw"
-    precision: str = "bf16-mixed"
-    loss: str = "standard"
-    compile: bool = False
-    seq_len: int = 2048
-    lora_alpha: int | None = None  # None: 2 x lora_rank
-    lora_targets: tuple[str, ...] | None = None  # None: every linear projection of the decoder
-    lora_dropout: float = 0.0
-    train_embeddings: str = "none"  # none | full | tokens:N (`LORA_SETTINGS`)
-
-    def __post_init__(self) -> None:
-        for name in KNOBS:
-            object.__setattr__(self, name, coerce_knob(name, getattr(self, name)))
-        for name in LORA_SETTINGS:
-            object.__setattr__(self, name, coerce_setting(name, getattr(self, name)))
-        problem = rule_violation(self)
-        if problem:
-            raise ConfigError(problem)
-
-    @property
-    def is_lora(self) -> bool:
-        return self.lora_rank > 0
-
-    @property
-    def alpha(self) -> int:
-        """LoRA alpha: 2 x rank unless set."""
-        return self.lora_alpha if self.lora_alpha is not None else 2 * self.lora_rank
-
-    def replace(self, **changes: Any) -> Config:
-        return dataclasses.replace(self, **changes)
-
-    def settings(self) -> dict[str, Any]:
-        """The LoRA settings that differ from their defaults, JSON-ready (targets as a list)."""
-        out: dict[str, Any] = {}
-        if self.lora_alpha is not None:
-            out["lora_alpha"] = self.lora_alpha
-        if self.lora_targets is not None:
-            out["lora_targets"] = list(self.lora_targets)
-        if self.lora_dropout:
-            out["lora_dropout"] = self.lora_dropout
-        if self.train_embeddings != "none":
-            out["train_embeddings"] = self.train_embeddings
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every knob, then the settings that differ from their defaults."""
-        return {**{name: getattr(self, name) for name in KNOBS}, **self.settings()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "") -> Config:
-        unknown = set(data) - set(KNOBS) - set(LORA_SETTINGS)
-        if unknown:
-            coerce_knob(sorted(unknown)[0], None, where)  # raises with a did-you-mean hint
-        values = {k: coerce_knob(k, v, where) for k, v in data.items() if k in KNOBS}
-        for name in LORA_SETTINGS:
-            if data.get(name) is not None:
-                values[name] = coerce_setting(name, data[name], where)
-        return cls(**values)
-
-    def short(self) -> str:
-        """A compact one-line label, e.g. 'nf4 r64 mb8x4 layer ckpt=full'."""
-        parts = [self.quant if self.quant != "none" else ("lora" if self.is_lora else "full")]
-        if self.is_lora:
-            parts.append(f"r{self.lora_rank}")
-        parts.append(f"mb{self.micro_batch}x{self.grad_accum}")
-        parts.append(f"wrap={self.wrap}" + ("" if self.reshard else "/keep"))
-        if self.shard == "node":
-            parts.append("hsdp")
-        if self.checkpointing != "none":
-            parts.append(f"ckpt={self.checkpointing}")
-        if self.offload != "none":
-            parts.append(f"offload={self.offload}")
-        if self.optimizer != "adamw":
-            parts.append(self.optimizer)
-        if self.precision != "bf16-mixed":
-            parts.append(self.precision)
-        if self.loss != "standard":
-            parts.append(f"loss={self.loss}")
-        if self.compile:
-            parts.append("compiled")
-        if self.is_lora and self.lora_targets is not None:
-            parts.append(f"targets={','.join(self.lora_targets)}")
-        if self.is_lora and self.lora_dropout:
-            parts.append(f"drop={self.lora_dropout:g}")
-        if self.train_embeddings != "none":
-            parts.append(f"emb={self.train_embeddings}")
-        return " ".join(parts)
+@lru_cache(maxsize=4096)
+def _checked_value(name: str, kind: type, value: Any) -> Any:
+    # `kind` in the key: True == 1, yet a count may not be a boolean
+    return (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
 
 
 def rule_violation(cfg: Config) -> str | None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autofit.config import fp32_trainable, trained_token_count
+from autofit.config import fp32_trainable
+from autofit.settings import trained_token_count
 
 # ----- dtypes -----------------------------------------------------------------------------------
 # Named by string so this module needs no torch; `autofit.builder.dtypes` maps them to torch dtypes.

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
@@ -36,7 +37,7 @@ class SearchBudget:
 
     trials: int = 20  # real trials, all workers together
     timeout: float | None = None  # seconds for the whole search (--search-timeout)
-    trial_timeout: float = 600.0  # seconds one trial may run (--trial-timeout)
+    trial_timeout: float = TRIAL_TIMEOUT_S  # seconds one trial may run (--trial-timeout)
     steps: int = 3  # measured steps per trial (--steps)
     gpu_memory: int | None = None  # bytes each trial is held to (None: the whole GPU)
 
@@ -85,7 +86,7 @@ class PlanRequest:
         calibration: str = "auto",
         trials: int = 20,
         timeout: float | None = None,
-        trial_timeout: float = 600.0,
+        trial_timeout: float = TRIAL_TIMEOUT_S,
         steps: int = 3,
         gpu_memory: int | None = None,
         storage: str | None = None,

@@ -42,14 +42,13 @@ from autofit.config import (
     SETTING_HELP,
     Config,
     broken_rule,
-    coerce_setting,
     derive_grad_accum,
     knob_error,
     knob_type,
     loss_unavailable,
-    setting_error,
 )
 from autofit.errors import SpaceError, did_you_mean
+from autofit.settings import coerce_setting, setting_error
 
 
 def spaces_dir() -> Path:
@@ -223,14 +222,14 @@ def _config_dict(seq_len: int, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fast_config(prefix: dict[str, Any], knob: str, value: Any, grad_accum: int) -> Config:
-    """A Config of the fields in `prefix` (`_config_dict` with knob values the loader already
-    validated) with `knob` at `value`, skipping re-validation."""
+    """A Config of the fields in `prefix` (`_config_dict`) with `knob` at `value`: every value
+    came from the space's schema, which checks each with the knob's own type
+    (`autofit.config.knob_type`), so none is checked again (`Config.of_checked_values`); the
+    caller checks the rules between knobs (`broken_rule`)."""
     attrs = prefix.copy()
     attrs[knob] = value
     attrs["grad_accum"] = grad_accum
-    cfg = object.__new__(Config)
-    object.__setattr__(cfg, "__dict__", attrs)
-    return cfg
+    return Config.of_checked_values(attrs)
 
 
 def _settings(given: dict[str, Any], where: str = "") -> dict[str, Any]:

@@ -247,7 +247,7 @@ def test_calibrate_refuses_bad_input_before_any_trial(args, fragment):
 
 def test_trial_timeout_must_be_positive():
     with pytest.raises(AutofitError, match="must be a positive number of seconds; got 0"):
-        autofit.trial("llama-debug", "2", device="cpu", seq_len=64, timeout=0)
+        autofit.trial("llama-debug", "2", device="cpu", seq_len=64, trial_timeout=0)
 
 
 def test_a_study_name_cannot_leave_the_run_folder(tmp_path, monkeypatch):

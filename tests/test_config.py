@@ -283,3 +283,36 @@ def test_train_embeddings_round_trips_and_shows_in_the_label():
     assert Config.from_dict(json.loads(json.dumps(data))) == cfg
     assert "train_embeddings" not in Config(lora_rank=16).to_dict()  # the default stays out
     assert cfg.short() == "lora r16 mb1x1 wrap=layer emb=tokens:3"
+
+
+def _readme_rows(first_header: str) -> list[list[str]]:
+    """The rows of README.md's table whose header starts with `| {first_header} |`."""
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_readmes_knob_and_setting_tables_are_the_declarations():
+    # The README's tables are for people, but their names, order and values are the ones
+    # declared on `Config` (`autofit.config.DECLARED`): a knob added, renamed or given a new
+    # value without its row (or the other way round) fails here.
+    from autofit.config import DECLARED
+
+    knobs = _readme_rows("knob")
+    assert [row[0].strip("`") for row in knobs] == list(KNOBS)
+    for name, values, _ in knobs:
+        declared = DECLARED[name.strip("`")]
+        if declared.choices is None:
+            assert values in ("int", "`0` or r"), (name, values)
+        else:
+            shown = [v.strip().strip("`") for v in values.split(",")]
+            assert shown == [str(v).lower() for v in declared.choices], (name, values)
+    settings = _readme_rows("setting")
+    assert sorted(row[0].strip("`") for row in settings) == sorted(LORA_SETTINGS)

@@ -1,0 +1,174 @@
+"""The LoRA settings' values: what each may be and the one sentence for a value it cannot be.
+
+The settings are declared with the knobs on `autofit.config.Config` (name, default, help); this
+module holds the checks that are more than a list of choices: `lora_targets` (module names),
+`lora_dropout` (a share), `lora_alpha` (a whole number) and `train_embeddings` (`none`, `full`
+or `tokens:N`). Plain data, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from typing import Any
+
+from autofit.errors import ConfigError
+
+# `train_embeddings` values: `none`, `full`, or `tokens:N` (the last N ids of the vocabulary).
+TRAIN_EMBEDDINGS = ("none", "full")
+TOKENS_PREFIX = "tokens:"
+
+# `lora_targets` spellings of the default: every linear projection of the decoder blocks.
+ALL_LINEAR = "all-linear"
+_ALL_LINEAR_WORDS = (ALL_LINEAR, "all")
+# a module name: a leaf (`q_proj`) or a dotted path inside a decoder layer (`self_attn.q_proj`)
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+
+
+def _targets_problem(value: Any) -> tuple[tuple[str, ...] | None, str | None]:
+    """(`lora_targets` normalised, None) or (None, why it cannot be)."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        if value.strip().lower() in _ALL_LINEAR_WORDS:
+            return None, None
+        items: list[Any] = value.split(",")
+        if not any(item.strip() for item in items):
+            return None, "it names no module"
+    elif isinstance(value, list | tuple):
+        items = list(value)
+        if not items:
+            return None, None  # an empty list: the default
+    else:
+        return None, "it is neither text nor a list of module names"
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            return None, f"{item!r} is not a module name"
+        name = item.strip()
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        return None, "it names no module"
+    if any(name.lower() in _ALL_LINEAR_WORDS for name in names):
+        if len(names) == 1:
+            return None, None
+        return None, f"{ALL_LINEAR} already means every projection; give it alone"
+    for name in names:
+        if not _MODULE_NAME.fullmatch(name):
+            return None, f"{name!r} is not a module name (letters, digits, _ and . only)"
+    return tuple(names), None
+
+
+def _number(value: Any) -> float | None:
+    """A real number from a number or its text; None for anything else (booleans too)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
+    """(the setting's normalised value, None), or (None, what is wrong with `value`)."""
+    if name == "lora_targets":
+        return _targets_problem(value)
+    if name == "lora_dropout":
+        number = _number(0.0 if value is None else value)
+        if number is None or not 0 <= number < 1:  # NaN fails the test too
+            return None, "out of range"
+        return number, None
+    if name == "lora_alpha":
+        if value is None:
+            return None, None
+        number = _number(value)
+        if number is None or not math.isfinite(number) or number != int(number) or number < 1:
+            return None, "not a whole number"
+        return int(number), None
+    if name == "train_embeddings":
+        return _train_embeddings_problem(value)
+    raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
+
+
+def _train_embeddings_problem(value: Any) -> tuple[str | None, str | None]:
+    """(`train_embeddings` normalised: `none`, `full` or `tokens:N`, None) or (None, why not)."""
+    if value is None:
+        return "none", None
+    if not isinstance(value, str):
+        return None, "not text"
+    text = "".join(value.split()).lower()  # `Tokens: 8` reads as tokens:8
+    if text in TRAIN_EMBEDDINGS:
+        return text, None
+    if text.startswith(TOKENS_PREFIX):
+        count = text[len(TOKENS_PREFIX) :]
+        if count.isascii() and count.isdigit() and int(count) >= 1:
+            return f"{TOKENS_PREFIX}{int(count)}", None
+        return None, "N must be a whole number >= 1"
+    return None, "unknown value"
+
+
+def trained_token_count(train_embeddings: str) -> int | None:
+    """N of a normalised `tokens:N` value; None for `none` and `full`."""
+    if train_embeddings.startswith(TOKENS_PREFIX):
+        return int(train_embeddings[len(TOKENS_PREFIX) :])
+    return None
+
+
+def trained_tokens_error(train_embeddings: str, vocab: int) -> str | None:
+    """The sentence for a `tokens:N` that asks for more token ids than the model's vocabulary of
+    `vocab` tokens has, or None."""
+    count = trained_token_count(train_embeddings)
+    if count is None or count <= vocab:
+        return None
+    return (
+        f"train_embeddings={train_embeddings} trains the last {count} token ids, but this "
+        f"model's vocabulary has {vocab:,} tokens. Use tokens:N with N <= {vocab} (the tokens "
+        "your chat template added), or full to train every row."
+    )
+
+
+def setting_error(name: str, value: Any, where: str = "") -> str | None:
+    """The sentence for a value setting `name` cannot take (the setting, the value and what is
+    allowed), or None when it can take it."""
+    _, why = _setting_problem(name, value)
+    if why is None:
+        return None
+    place = f" in {where}" if where else ""
+    if name == "lora_dropout":
+        return (
+            f"Setting 'lora_dropout'{place} must be a number >= 0 and < 1 (the share of each "
+            f"adapted layer's input that LoRA drops, e.g. 0.05; 0 = no dropout); got {value!r}."
+        )
+    if name == "lora_alpha":
+        return f"Setting 'lora_alpha'{place} must be a whole number >= 1; got {value!r}."
+    if name == "train_embeddings":
+        return (
+            f"Setting 'train_embeddings'{place} cannot be {value!r} ({why}). Allowed: none (the "
+            "default: embeddings and LM head frozen), full (a trainable copy of the input "
+            "embeddings and of the LM head beside the frozen originals, peft modules_to_save), "
+            "or tokens:N with N a whole number >= 1 (only the rows of the last N token ids, "
+            "e.g. tokens:8 for the 8 tokens a chat template added; peft trainable_token_indices)."
+        )
+    return (
+        f"Setting 'lora_targets'{place} cannot be {value!r}: {why}. Allowed: module names of the "
+        "decoder layers, comma-separated or as a list, e.g. q_proj,v_proj (leaf names such as "
+        f"q_proj or gate_up_proj, or paths inside a layer such as self_attn.q_proj); or "
+        f"{ALL_LINEAR} for every linear projection of the decoder blocks (the default)."
+    )
+
+
+def coerce_setting(name: str, value: Any, where: str = "") -> Any:
+    """Check and normalise one LoRA setting (`LORA_SETTINGS`); raise `ConfigError` naming the
+    setting, the value and what is allowed. `lora_targets`: a tuple of module names, or None for
+    every linear projection (`all-linear`, `all`, an empty list); `lora_dropout`: a float;
+    `train_embeddings`: `none`, `full` or `tokens:N`."""
+    problem = setting_error(name, value, where)
+    if problem is not None:
+        raise ConfigError(problem)
+    return _setting_problem(name, value)[0]
