@@ -438,6 +438,15 @@ def _checked_value(name: str, kind: type, value: Any) -> Any:
     return (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
 
 
+QUANT_NEEDS_LORA = "quant needs LoRA"
+"""The short reason of the first rule, which a space also applies to whole blocks of configs."""
+
+
+def quant_without_lora(quant: str, lora_rank: int) -> bool:
+    """A quantized base cannot be fully fine-tuned: `quant` needs `lora_rank > 0`."""
+    return quant != "none" and lora_rank == 0
+
+
 def rule_violation(cfg: Config) -> str | None:
     """The first rule between knobs that `cfg` breaks, as a user-facing sentence, or None."""
     broken = broken_rule(cfg)
@@ -446,9 +455,9 @@ def rule_violation(cfg: Config) -> str | None:
 
 def broken_rule(cfg: Config) -> tuple[str, str] | None:
     """(short reason, full sentence) of the first rule `cfg` breaks, or None."""
-    if cfg.quant != "none" and cfg.lora_rank == 0:
+    if quant_without_lora(cfg.quant, cfg.lora_rank):
         return (
-            "quant needs LoRA",
+            QUANT_NEEDS_LORA,
             f"quant={cfg.quant} needs LoRA: a quantized base cannot be fully fine-tuned. "
             "Set lora_rank > 0 (e.g. 16 or 64), or use quant=none for a full fine-tune.",
         )

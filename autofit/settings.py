@@ -26,6 +26,13 @@ _ALL_LINEAR_WORDS = (ALL_LINEAR, "all")
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 
 
+def targeted(path: str, names: tuple[str, ...] | None) -> bool:
+    """Whether `lora_targets` (`names`; None: every projection) names the projection at `path`
+    inside a decoder layer (`self_attn.q_proj`): by its leaf (`q_proj`) or by its path. The
+    builder adapts, and the estimator counts, exactly these."""
+    return names is None or path.rsplit(".", 1)[-1] in names or path in names
+
+
 def _targets_problem(value: Any) -> tuple[tuple[str, ...] | None, str | None]:
     """(`lora_targets` normalised, None) or (None, why it cannot be)."""
     if value is None:

@@ -39,6 +39,7 @@ from autofit.config import (
     KNOB_HELP,
     KNOBS,
     LORA_SETTINGS,
+    QUANT_NEEDS_LORA,
     SETTING_HELP,
     Config,
     broken_rule,
@@ -46,6 +47,7 @@ from autofit.config import (
     knob_error,
     knob_type,
     loss_unavailable,
+    quant_without_lora,
 )
 from autofit.errors import SpaceError, did_you_mean
 from autofit.settings import coerce_setting, setting_error
@@ -177,8 +179,8 @@ class Space:
         )
         inner_values = knobs[inner]
         for combo in itertools.product(*(knobs[k] for k in outer)):
-            if combo[quant_at] != "none" and combo[rank_at] == 0:
-                skipped["quant needs LoRA"] += len(inner_values) * len(accum_values)
+            if quant_without_lora(combo[quant_at], combo[rank_at]):  # the whole block at once
+                skipped[QUANT_NEEDS_LORA] += len(inner_values) * len(accum_values)
                 continue
             why = unavailable[combo[loss_at]]
             if why:

@@ -10,8 +10,8 @@ from typing import Any
 from torch import nn
 
 from autofit.builder.model import decoder_layers, decoder_projections, model_parts
-from autofit.config import trained_tokens_error
 from autofit.recipe import EMBEDDING_MODULE, HEAD_MODULE, embedding_peft_options
+from autofit.settings import targeted, trained_tokens_error
 
 
 def lora_target_modules(model: nn.Module, targets: tuple[str, ...] | None) -> list[str]:
@@ -24,7 +24,7 @@ def lora_target_modules(model: nn.Module, targets: tuple[str, ...] | None) -> li
         for name, _ in decoder_projections(layer):
             leaf = name.rsplit(".", 1)[-1]
             seen.add(leaf)
-            if targets is None or leaf in targets or name in targets:
+            if targeted(name, targets):
                 names.append(f"{prefix}.{i}.{name}")
     if not names:
         raise ValueError(
