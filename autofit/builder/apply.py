@@ -216,13 +216,20 @@ def prepare(
 
 
 def keep_lora_inputs(model: nn.Module) -> None:
-    """Under autocast, stop peft casting each adapter's input to the adapter's fp32 dtype
-    (`cast_input_dtype_enabled`, peft's `disable_input_dtype_casting`): autocast casts it back to
-    bf16 for the matmul anyway, and autograd would keep that extra bf16 copy of every adapted
-    layer's input for backward (+40% activations at 7B). The adapter then saves the very input
-    tensor the base projection saves."""
+    """Under autocast, stop peft casting each adapter's input to the adapter's fp32 dtype (the
+    public `cast_input_dtype_enabled` of each `LoraLayer`): autocast casts it back to bf16 for the
+    matmul anyway, and autograd would keep that extra bf16 copy of every adapted layer's input for
+    backward (+40% activations at 7B). The adapter then saves the very input tensor the base
+    projection saves.
+
+    peft's `disable_input_dtype_casting` sets the same flag, but only while its context is open:
+    activation checkpointing re-runs the forward inside backward, after a context around the
+    forward has closed, and a user's own loop calls the model outside any context of ours. The
+    flag must hold for the model's lifetime, so it is set once here."""
+    from peft.tuners.lora import LoraLayer
+
     for mod in model.modules():
-        if hasattr(mod, "lora_A"):
+        if isinstance(mod, LoraLayer):
             mod.cast_input_dtype_enabled = False
 
 

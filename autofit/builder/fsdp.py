@@ -136,7 +136,7 @@ def unshardable_params(params: Iterable[nn.Parameter], shards: int) -> set[nn.Pa
     the mesh's `shard_degree`.
     """
     whole = {cls for quant, cls in QUANT_TENSOR_CLASS.items() if base_stays_whole(quant, shards)}
-    return {p for p in params if type(p.data).__name__ in whole}
+    return {p for p in params if any(c.__name__ in whole for c in type(p.data).__mro__)}
 
 
 def fsdp_root(model: nn.Module) -> FSDPModule | None:

@@ -130,8 +130,8 @@ def _norm_neutral(cls: type, dim: int) -> float:
         with _disable_current_modes(), torch.device("cpu"):
             fresh = cls(dim)
             return float(next(fresh.parameters()).reshape(-1)[0])
-    except Exception:  # a norm whose constructor wants more: the common neutral scale
-        return 1.0
+    except (TypeError, AttributeError):  # it wants more than its width (a config, say): HF's
+        return 1.0  # common neutral scale; any other failure is a real error and surfaces
 
 
 def _init_rope(mod: nn.Module) -> None:

@@ -17,11 +17,15 @@ on a `block_size * scaler_block_size` boundary. So:
 * `nf4_block_sizes` picks the block and scaler block so that every FSDP2 chunk boundary is such a
   boundary, for every shard count that divides the world size (QLoRA's 64 x 256 when the shape
   allows, smaller blocks only where a chunk would split a block);
-* `enable_uneven_sharding` registers, in torchao's own `implements` table, dim-0 `split`, `slice`,
-  `new_zeros` and `new_empty` for any aligned row range, and replaces the two FSDP2 extension
+* `ShardableNF4Tensor`, the subclass `to_shardable_nf4` creates, handles dim-0 `split`, `slice`,
+  `new_zeros` and `new_empty` for any aligned row range, and overrides the two FSDP2 extension
   methods with versions that pad each inner array to the padded chunk and gather exactly the
   unsharded tensor. With an even split (rows divisible by the world size) they return what
-  torchao's own do.
+  torchao's own do. Every other op is torchao's, its result re-wrapped in the subclass.
+
+Only autofit's own weights are of the subclass: torchao's `NF4Tensor`, its op table and its
+`CHUNK_SIZE` are left as they are, so a user's NF4Tensor in the same process (`autofit.apply`)
+behaves as torchao wrote it.
 
 torchao keeps `n_blocks` of the unsharded tensor on every shard (its `split`, `new_zeros` and
 `fsdp_post_all_gather` copy it unchanged, and `copy_` requires it equal), so a shard knows the
@@ -38,7 +42,7 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 from torch.distributed.device_mesh import DeviceMesh
 from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor as _nf4
-from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor, to_nf4
+from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor
 
 from autofit.recipe import NF4_BLOCK, NF4_QUANTIZE_CHUNK, NF4_SCALER_BLOCK
 
@@ -84,22 +88,20 @@ def nf4_block_sizes(
     return blocks[0], max(s for s in range(1, scaler_block + 1) if scalers % s == 0)
 
 
-def to_shardable_nf4(weight: torch.Tensor, shards: int = 1) -> NF4Tensor:
-    """`to_nf4(weight)` with block sizes from `nf4_block_sizes`, FSDP2 sharding enabled.
+def to_shardable_nf4(weight: torch.Tensor, shards: int = 1) -> ShardableNF4Tensor:
+    """`to_nf4(weight)` with block sizes from `nf4_block_sizes`, as a `ShardableNF4Tensor`."""
+    return ShardableNF4Tensor.from_tensor(weight, *nf4_block_sizes(weight.shape, shards))
 
-    torchao finds each weight's nearest NF4 level in chunks of `CHUNK_SIZE` weights, holding
-    ~32 B per weight of the chunk meanwhile: 34 MiB per chunk of 1M, more than a whole decoder
-    layer of a small model. Chunks of at most 1/8 of the weight keep that transient below the
-    layer's own size (same codes: the chunking only bounds memory); weights of 8M elements and
-    more (any 7B+ projection) keep torchao's chunk.
+
+def quantize_chunk(numel: int) -> int:
+    """Weights whose nearest NF4 level is found at once, for a weight of `numel` elements.
+
+    torchao holds ~32 B per weight of the chunk meanwhile (16 bf16 distances each): 34 MiB for its
+    `CHUNK_SIZE` of 1M, more than a whole decoder layer of a small model. Chunks of at most 1/8 of
+    the weight keep that transient below the layer's own size (same codes: the chunking only
+    bounds memory); weights of 8M elements and more (any 7B+ projection) keep torchao's chunk.
     """
-    enable_uneven_sharding()
-    chunk = min(NF4_QUANTIZE_CHUNK, max(64 * 1024, weight.numel() // 8))
-    saved, _nf4.CHUNK_SIZE = _nf4.CHUNK_SIZE, chunk
-    try:
-        return to_nf4(weight, *nf4_block_sizes(weight.shape, shards))
-    finally:
-        _nf4.CHUNK_SIZE = saved
+    return min(NF4_QUANTIZE_CHUNK, max(64 * 1024, numel // 8))
 
 
 def _elements_per_item(block_size: int, scaler_block_size: int) -> dict[str, int]:
@@ -119,7 +121,7 @@ def _with(t: NF4Tensor, size: Sequence[int], inner: dict[str, torch.Tensor]) -> 
     """A new NF4Tensor like `t` (same blocks, `n_blocks`, `scaler_mean`) of `size`."""
     size = torch.Size(size)
     attrs = {"size": size, "stride": make_contiguous_strides_for(size), **inner}
-    return NF4Tensor(*_nf4.construct_nf4_args(t, attrs))
+    return ShardableNF4Tensor(*_nf4.construct_nf4_args(t, attrs))
 
 
 def _inner_lengths(t: NF4Tensor, numel: int, what: str) -> dict[str, int]:
@@ -167,39 +169,22 @@ def _dim0(t: NF4Tensor, dim: int) -> bool:
     return dim % max(t.dim(), 1) == 0
 
 
-def _register(op: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register `fn(fallback, args, kwargs)` for `op`; `fallback` is torchao's own handler."""
-    fallback = _nf4.NF4_OPS_TABLE.get(op)
-
-    def unsupported(func: Any, args: Any, kwargs: Any = None) -> Any:
-        raise NotImplementedError(f"NF4Tensor dispatch: attempting to run {func}")
-
-    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def handler(func: Any, args: Any, kwargs: Any = None) -> Any:
-            return fn(fallback or unsupported, func, args, kwargs or {})
-
-        _nf4.implements([op])(handler)
-        return fn
-
-    return decorator
-
-
-def _split(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+def _split(torchao: Callable[[], Any], args: Any, kwargs: dict[str, Any]) -> Any:
     """`aten.split.Tensor` on dim 0 (what `torch.chunk` runs): the last chunk may be shorter."""
     t, size = args[0], args[1]
     dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
     if not _dim0(t, dim):
-        return fallback(func, args, kwargs)
+        return torchao()
     rows = t.size(0)
     return [_rows(t, a, min(a + size, rows)) for a in range(0, max(rows, 1), size)]
 
 
-def _slice(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+def _slice(torchao: Callable[[], Any], args: Any, kwargs: dict[str, Any]) -> Any:
     """`aten.slice.Tensor` on dim 0, step 1 (what `narrow` runs): a view of whole blocks."""
     t = args[0]
     dim, start, end, step = [*args[1:], *(0, None, None, 1)[len(args) - 1 :]]
     if not _dim0(t, dim) or step != 1:
-        return fallback(func, args, kwargs)
+        return torchao()
     rows = t.size(0)
     start = 0 if start is None else start + rows if start < 0 else start
     end = rows if end is None else end + rows if end < 0 else end
@@ -207,17 +192,19 @@ def _slice(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     return _rows(t, start, min(max(end, start), rows))
 
 
-def _new_zeros(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+def _new_zeros(torchao: Callable[[], Any], args: Any, kwargs: dict[str, Any]) -> Any:
     """`aten.new_zeros` of any size that is whole blocks (FSDP2's padded chunk)."""
     return _new(args[0], tuple(args[1]), fill=True, device=kwargs.get("device"))
 
 
-def _new_empty(fallback: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+def _new_empty(torchao: Callable[[], Any], args: Any, kwargs: dict[str, Any]) -> Any:
     """`aten.new_empty` (FSDP2's `_chunk_with_empty` makes `new_empty(0)` for ranks left empty)."""
     return _new(args[0], tuple(args[1]), fill=False, device=kwargs.get("device"))
 
 
-def _fsdp_pre_all_gather(self: NF4Tensor, mesh: DeviceMesh) -> tuple[tuple[torch.Tensor, ...], Any]:
+def _fsdp_pre_all_gather(
+    self: ShardableNF4Tensor, mesh: DeviceMesh
+) -> tuple[tuple[torch.Tensor, ...], Any]:
     """torchao's `fsdp_pre_all_gather`, each inner array padded to FSDP2's padded chunk.
 
     The one-argument signature is kept: with the five-argument one FSDP2 asserts that every
@@ -257,13 +244,13 @@ def _fsdp_pre_all_gather(self: NF4Tensor, mesh: DeviceMesh) -> tuple[tuple[torch
 
 
 def _fsdp_post_all_gather(
-    self: NF4Tensor,
+    self: ShardableNF4Tensor,
     all_gather_outputs: tuple[torch.Tensor, ...],
     metadata: Any,
     param_dtype: torch.dtype,
     *,
     out: torch.Tensor | None = None,
-) -> tuple[NF4Tensor, tuple[torch.Tensor, ...]] | None:
+) -> tuple[ShardableNF4Tensor, tuple[torch.Tensor, ...]] | None:
     """torchao's `fsdp_post_all_gather`, the padding at the end of each gathered array dropped."""
     tensor_meta, block_size, n_blocks, scaler_block_size, scaler_mean, nf4 = metadata
     if out is not None:  # later all-gathers write into the first one's output buffers
@@ -280,7 +267,7 @@ def _fsdp_post_all_gather(
         gathered.narrow(0, 0, numel // per[name])
         for name, gathered in zip(_GATHERED, all_gather_outputs, strict=True)
     )
-    unsharded = _nf4.nf4_constructor(
+    unsharded = ShardableNF4Tensor(
         tensor_meta,
         block_size,
         n_blocks,
@@ -294,23 +281,83 @@ def _fsdp_post_all_gather(
     return unsharded, tuple(all_gather_outputs)
 
 
-_ENABLED = False
+# Dim-0 ops FSDP2 runs on any row range; `fn(torchao, args, kwargs)` calls `torchao()` (torchao's
+# own handler) for what it leaves to torchao (other dims, steps).
+_DIM0_OPS: dict[Any, Callable[..., Any]] = {
+    aten.split.Tensor: _split,
+    aten.slice.Tensor: _slice,
+    aten.new_zeros.default: _new_zeros,
+    aten.new_empty.default: _new_empty,
+}
 
 
-def enable_uneven_sharding() -> None:
-    """Let FSDP2 shard every NF4Tensor over any world size (idempotent, process-wide).
+def _as_shardable(out: Any) -> Any:
+    """`out` with every plain `NF4Tensor` in it (torchao's handlers build those) re-wrapped."""
+    if isinstance(out, (list, tuple)):
+        return type(out)(_as_shardable(x) for x in out)
+    if isinstance(out, NF4Tensor) and not isinstance(out, ShardableNF4Tensor):
+        return ShardableNF4Tensor(*_nf4.construct_nf4_args(out))
+    return out
 
-    Registers dim-0 `split`, `slice`, `new_zeros`, `new_empty` in torchao's NF4 op table (other
-    dims and steps fall back to torchao's handlers) and replaces `NF4Tensor.fsdp_pre_all_gather`
-    and `fsdp_post_all_gather` with padding-aware versions.
+
+class ShardableNF4Tensor(NF4Tensor):
+    """torchao's `NF4Tensor` that FSDP2 shards over any number of ranks (see the module's text).
+
+    A subclass rather than entries in torchao's op table and methods of its class: those would
+    change every NF4Tensor of the process, a user's own included. Ops run torchao's handlers and
+    wrap their results back in the subclass, so a shard, a detached copy or a gathered weight
+    stays shardable.
     """
-    global _ENABLED
-    if _ENABLED:
-        return
-    _register(aten.split.Tensor)(_split)
-    _register(aten.slice.Tensor)(_slice)
-    _register(aten.new_zeros.default)(_new_zeros)
-    _register(aten.new_empty.default)(_new_empty)
-    NF4Tensor.fsdp_pre_all_gather = _fsdp_pre_all_gather
-    NF4Tensor.fsdp_post_all_gather = _fsdp_post_all_gather
-    _ENABLED = True
+
+    fsdp_pre_all_gather = _fsdp_pre_all_gather
+    fsdp_post_all_gather = _fsdp_post_all_gather
+
+    @staticmethod
+    def convert_to_norm_float_weight(
+        input_tensor: torch.Tensor, n_blocks: int, block_size: int, nf4: torch.Tensor
+    ) -> torch.Tensor:
+        """torchao's, the nearest levels found in chunks of `quantize_chunk` weights.
+
+        torchao reads its chunk from the module-wide `CHUNK_SIZE`, which no function takes as an
+        argument; setting it around `to_nf4` would race with other threads quantizing.
+        `from_tensor` calls this through the class, so the chunk is per call here.
+        """
+        numel = input_tensor.numel()
+        flat = input_tensor.flatten()
+        scales = _nf4.get_block_absmax(flat, block_size).unsqueeze(-1)
+        scaled = (flat.view(n_blocks, block_size) / scales).flatten()
+        codes = torch.empty(numel, dtype=torch.uint8, device=input_tensor.device)
+        chunk = quantize_chunk(numel)
+        for start in range(0, numel, chunk):
+            end = min(start + chunk, numel)
+            codes[start:end] = NF4Tensor.quantize_tensor_nearest(scaled[start:end], nf4)
+        return codes[::2] << 4 | codes[1::2]  # two codes per byte, as torchao packs them
+
+    @classmethod
+    @torch.compiler.disable
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+
+        def torchao() -> Any:
+            return _as_shardable(
+                super(ShardableNF4Tensor, cls).__torch_dispatch__(func, types, args, kwargs)
+            )
+
+        handler = _DIM0_OPS.get(func)
+        return handler(torchao, args, kwargs) if handler else torchao()
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return _as_shardable(super().__torch_function__(func, types, args, kwargs))
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner_tensors: dict[str, torch.Tensor], metadata: Any, outer_size: Any, outer_stride: Any
+    ) -> ShardableNF4Tensor:
+        return _as_shardable(
+            NF4Tensor.__tensor_unflatten__(inner_tensors, metadata, outer_size, outer_stride)
+        )

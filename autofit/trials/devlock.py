@@ -2,27 +2,25 @@
 
 Two planners (or a planner and `autofit trial`) on one machine would otherwise measure at the same
 time on the same GPUs or cores and slow each other down, so one's numbers would be wrong. Every
-trial holds an exclusive `flock` on one file per device it uses (`cuda-<id>` per GPU it sees, one
-`cpu` for the host's cores) in a folder shared by every process of the host. The kernel drops a
-lock when its holder dies, `kill -9` included, so a crashed planner never leaves a device locked.
-Locks are re-entrant within a thread (a verification that holds them can run its trial); two
-threads of one process take turns like two processes.
+trial holds a `filelock.FileLock` (an exclusive `flock`) on one file per device it uses
+(`cuda-<id>` per GPU it sees, one `cpu` for the host's cores) in a folder shared by every process
+of the host. The kernel drops a lock when its holder dies, `kill -9` included, so a crashed
+planner never leaves a device locked. Locks are re-entrant within a thread (a verification that
+holds them can run its trial); two threads of one process take turns like two processes
+(filelock's per-thread holds).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-LOCK_DIR_ENV = "AUTOFIT_LOCK_DIR"  # where the lock files live (default: <tmp>/autofit-locks)
+from filelock import FileLock, Timeout
 
-_held: dict[tuple[str, int], tuple[int, int]] = {}  # (key, thread) -> (fd, depth)
-_guard = threading.Lock()
+LOCK_DIR_ENV = "AUTOFIT_LOCK_DIR"  # where the lock files live (default: <tmp>/autofit-locks)
 
 
 def lock_dir() -> Path:
@@ -50,41 +48,30 @@ def holder(key: str) -> str:
     return ""
 
 
-def _acquire(key: str, on_wait: Callable[[str, str], None] | None) -> None:
-    me = (key, threading.get_ident())
-    with _guard:
-        if me in _held:
-            fd, depth = _held[me]
-            _held[me] = (fd, depth + 1)
-            return
-    fd = os.open(lock_dir() / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+def _lock(key: str) -> FileLock:
+    """The process's one `FileLock` of `key` (a singleton per path: holds are counted on it)."""
+    path = lock_dir() / f"{key}.lock"
+    return FileLock(path, mode=0o666, is_singleton=True, preserve_lock_file=True)
+
+
+def _acquire(key: str, on_wait: Callable[[str, str], None] | None) -> FileLock:
+    lock = _lock(key)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait(key, holder(key))
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    with _guard:
-        _held[me] = (fd, 1)
+        lock.acquire(blocking=False)
+    except Timeout:
+        if on_wait is not None:
+            on_wait(key, holder(key))
+        lock.acquire()
+    if lock.lock_counter == 1:  # a new holder: say who (flock locks the file, not its text)
+        Path(lock.lock_file).write_text(f"pid {os.getpid()}\n")
+    return lock
 
 
-def _release(key: str) -> None:
-    me = (key, threading.get_ident())
-    with _guard:
-        fd, depth = _held[me]
-        if depth > 1:
-            _held[me] = (fd, depth - 1)
-            return
-        del _held[me]
-    with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)
-    os.close(fd)  # closing the only descriptor drops the flock
+def _release(lock: FileLock) -> None:
+    if lock.lock_counter == 1:  # still ours: the next holder writes its own line
+        with contextlib.suppress(OSError):
+            os.truncate(lock.lock_file, 0)
+    lock.release()
 
 
 @contextlib.contextmanager
@@ -95,12 +82,11 @@ def device_lock(
 
     `on_wait(key, holder)` is called once per device that is busy, before waiting for it.
     """
-    taken: list[str] = []
+    taken: list[FileLock] = []
     try:
         for key in device_keys(device, nprocs):
-            _acquire(key, on_wait)
-            taken.append(key)
+            taken.append(_acquire(key, on_wait))
         yield
     finally:
-        for key in reversed(taken):
-            _release(key)
+        for lock in reversed(taken):
+            _release(lock)

@@ -116,7 +116,7 @@ def test_every_parameter_is_replicated_across_nodes_and_sharded_within(seen, cas
             assert local[0] * 2 == rows or not local, (name, local, flat[name][3])
     if case == "nf4-lora":
         classes = {cls for _, _, cls, _ in seen[0][case, "node"]["layout"].values()}
-        assert "NF4Tensor" in classes
+        assert "ShardableNF4Tensor" in classes
 
 
 @pytest.mark.parametrize("case", list(CASES))

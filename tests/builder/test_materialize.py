@@ -58,3 +58,31 @@ def test_a_fake_build_first_does_not_change_the_real_init() -> None:
     real = materialize(build_meta_model(spec), torch.device("cpu"))
     norms = [p for n, p in real.named_parameters() if "norm" in n]
     assert norms and all(bool((p == 0).all()) for p in norms)
+
+
+class ConfigNorm(torch.nn.Module):
+    """A norm built from a config object, as some families' are: `_norm_neutral` cannot build a
+    fresh one from its width alone."""
+
+    def __init__(self, config: object) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(config.hidden_size))  # type: ignore[attr-defined]
+
+
+class BrokenNorm(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        if dim:  # the meta original is built with 0, a fresh one with its real width
+            raise RuntimeError("out of memory")
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+
+def test_a_norm_built_from_a_config_gets_scale_one_and_other_failures_surface() -> None:
+    config = type("Config", (), {"hidden_size": 4})()
+    with torch.device("meta"):
+        norm = ConfigNorm(config)
+    assert materialize(norm, torch.device("cpu")).weight.tolist() == [1.0] * 4
+    with torch.device("meta"):
+        broken = BrokenNorm(0)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        materialize(broken, torch.device("cpu"))

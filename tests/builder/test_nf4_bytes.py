@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torchao.quantization import NF4Tensor
 
 from autofit.builder.quantize import quantize_layer
 from autofit.estimate.memory import base_bytes_per_param
@@ -28,7 +29,7 @@ def test_nf4_weight_bytes_match_the_block_rule():
     torch.manual_seed(0)
     layer = quantize_layer(OneProjection(), "nf4")  # the builder's path: `to_shardable_nf4`
     weight = layer.q_proj.weight
-    assert type(weight.data).__name__ == "NF4Tensor" and not weight.requires_grad
+    assert isinstance(weight.data, NF4Tensor) and not weight.requires_grad
     inner = storage_bytes(weight.data)
 
     # By hand (QLoRA, Dettmers et al. 2023, double quantization; torchao `to_nf4` 64 x 256):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,47 +16,99 @@ from autofit.trials import guard
 from autofit.trials.devlock import device_keys, device_lock
 from autofit.trials.launcher import WORKER_MODULE
 
+# A planner's trial on GPU 0: say when it waits and when it holds the lock, log entering and
+# leaving to a file every process appends to, and leave when the test writes a line to stdin.
 HOLD = """
-import os, sys, time
+import sys
 from autofit.trials.devlock import device_lock
-with device_lock("cpu", 2):
+
+def log(event):
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{sys.argv[2]} {event}\\n")
+
+waiting = lambda key, who: print(f"waiting {key} {who}", flush=True)
+with device_lock("cuda", 1, on_wait=waiting):
+    log("enter")
     print("held", flush=True)
-    time.sleep(float(sys.argv[1]))
+    sys.stdin.readline()
+    log("leave")
 """
 
 
-def _holder(tmp_path: Path, seconds: float) -> subprocess.Popen[str]:
-    env = {**os.environ, "AUTOFIT_LOCK_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(seconds)], env=env,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-    return proc
+def _planner(tmp_path: Path, name: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "AUTOFIT_LOCK_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": "0"}
+    argv = [sys.executable, "-c", HOLD, str(tmp_path / "events"), name]
+    return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def test_a_second_planner_waits_until_the_first_trial_is_done(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _says(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+def _events(tmp_path: Path) -> list[str]:
+    return (tmp_path / "events").read_text().splitlines()
+
+
+def test_two_planners_on_one_gpu_take_turns(tmp_path: Path) -> None:
+    first = _planner(tmp_path, "first")
+    assert _says(first) == "held"
+    second = _planner(tmp_path, "second")
+    try:
+        # The second finds GPU 0 held by the first, and is told who holds it.
+        assert _says(second) == f"waiting cuda-0 pid {first.pid}"
+        first.communicate("\n", timeout=60)  # the first's trial ends
+        assert _says(second) == "held"
+        second.communicate("\n", timeout=60)
+    finally:
+        first.kill()
+        second.kill()
+    assert _events(tmp_path) == ["first enter", "first leave", "second enter", "second leave"]
+    assert first.returncode == second.returncode == 0
+
+
+def test_a_killed_holder_frees_the_gpu(tmp_path: Path) -> None:
+    first = _planner(tmp_path, "first")
+    assert _says(first) == "held"
+    second = _planner(tmp_path, "second")
+    try:
+        assert _says(second) == f"waiting cuda-0 pid {first.pid}"
+        first.kill()  # SIGKILL: no `finally`, no release of its own
+        first.wait()
+        assert _says(second) == "held"  # the kernel dropped the dead holder's flock
+        second.communicate("\n", timeout=60)
+    finally:
+        second.kill()
+    assert _events(tmp_path) == ["first enter", "second enter", "second leave"]
+
+
+def test_threads_of_one_process_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOFIT_LOCK_DIR", str(tmp_path))
-    other = _holder(tmp_path, 2.0)
-    waited: list[tuple[str, str]] = []
-    start = time.monotonic()
-    with device_lock("cpu", 1, on_wait=lambda key, who: waited.append((key, who))):
-        took = time.monotonic() - start
-    other.wait(timeout=30)
-    assert took >= 1.5  # the other planner held it for 2 s
-    assert waited == [("cpu", f"pid {other.pid}")]
+    events: list[str] = []
+    entered, leave = threading.Event(), threading.Event()
+    waited = threading.Event()
 
+    def first() -> None:
+        with device_lock("cpu", 1):
+            events.append("first enter")
+            entered.set()
+            leave.wait()
+            events.append("first leave")
 
-def test_a_killed_holder_frees_the_devices_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("AUTOFIT_LOCK_DIR", str(tmp_path))
-    other = _holder(tmp_path, 600.0)
-    other.kill()
-    other.wait()
-    start = time.monotonic()
-    with device_lock("cpu", 1):
-        assert time.monotonic() - start < 1.0
+    def second() -> None:
+        with device_lock("cpu", 1, on_wait=lambda key, who: waited.set()):
+            events.append("second enter")
+
+    one = threading.Thread(target=first)
+    one.start()
+    entered.wait()
+    two = threading.Thread(target=second)
+    two.start()
+    waited.wait()  # the second thread found the lock held
+    leave.set()
+    one.join()
+    two.join()
+    assert events == ["first enter", "first leave", "second enter"]
 
 
 def test_locks_are_reentrant_within_a_thread(

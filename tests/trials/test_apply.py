@@ -97,3 +97,40 @@ def test_train_step_is_the_hand_written_loop() -> None:
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="grad_accum=2"):
         run.train_step([batch])
+
+
+def test_a_users_nf4tensor_keeps_torchaos_behaviour_after_apply_builds_qlora() -> None:
+    """autofit's uneven sharding lives on its own subclass: torchao's op table, FSDP2 methods and
+    `CHUNK_SIZE` are as torchao ships them after `apply` quantized a model in this process."""
+    from torchao.quantization import NF4Tensor
+    from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor as torchao_nf4
+
+    from autofit.builder.nf4 import ShardableNF4Tensor, to_shardable_nf4
+
+    run = apply(small_model(), Config(lora_rank=8, quant="nf4", wrap="none"))
+    built = run.model.get_base_model().model.layers[0].mlp.down_proj.base_layer.weight.data
+    assert type(built) is ShardableNF4Tensor
+
+    aten = torch.ops.aten
+    table = torchao_nf4.NF4_OPS_TABLE
+    assert table[aten.split.Tensor] is torchao_nf4.nf4_split
+    assert table[aten.slice.Tensor] is torchao_nf4.nf4_slice
+    assert table[aten.new_zeros.default] is torchao_nf4.nf4_new_zeros
+    assert aten.new_empty.default not in table
+    for method in ("fsdp_pre_all_gather", "fsdp_post_all_gather"):
+        assert getattr(NF4Tensor, method).__module__ == torchao_nf4.__name__
+    assert torchao_nf4.CHUNK_SIZE == 1024**2
+
+    # The same 256 x 1024 weight, the user's in torchao's default 64 x 256 blocks, autofit's in
+    # blocks for 3 shards.
+    weight = torch.randn(256, 1024, dtype=torch.bfloat16)
+    users, ours = torchao_nf4.to_nf4(weight), to_shardable_nf4(weight, shards=3)
+    assert type(users) is NF4Tensor and type(users.detach()) is NF4Tensor
+    # torch.chunk into 3 splits by ceil(256 / 3) = 86 rows; torchao's split makes 256 // 86 = 2
+    # chunks of 128 rows, where autofit's subclass makes torch.chunk's 86, 86, 84.
+    assert [c.size(0) for c in torch.chunk(users, 3)] == [128, 128]
+    assert [c.size(0) for c in torch.chunk(ours, 3)] == [86, 86, 84]
+    with pytest.raises(NotImplementedError):  # torchao slices only from row 0
+        users[64:128]
+    with pytest.raises(NotImplementedError):  # and makes no new_empty
+        users.new_empty((64, 1024))
