@@ -17,7 +17,7 @@ ROOT = Path(autofit.__file__).parent
 # Lowest first. A unit may import units of its own layer or of layers below, never above; the
 # public API (`autofit/__init__.py`) and the CLI sit on top. docs/architecture.md draws the same.
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "units", "checks", "interrupt"},  # plain facts and helpers
+    {"_version", "errors", "units", "checks", "interrupt", "files"},  # plain facts and helpers
     {"config", "models", "hardware", "space", "request", "recipe", "structure"},  # the inputs
     {"builder"},  # the torch builder: the model as trials and `apply` set it up, its traces
     {"arch"},  # a model's structure and layer traces, read with the builder and kept on disk

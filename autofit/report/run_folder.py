@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autofit.export import atomic_write
+from autofit.files import atomic_write
 from autofit.plan import Plan
 from autofit.report.plot import plot_trials
 
