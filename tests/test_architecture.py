@@ -25,8 +25,8 @@ LAYERS: list[set[str]] = [
     {"trials", "export"},  # trial processes; export reads a plan's fields
     {"calibration"},  # the napkin corrected by measured trials; this machine's stored calibration
     {"plan"},  # candidates, pruning, ranking, the plan and its sentences
-    {"report"},  # what people read (tables, live progress, picture, run folder)
-    {"search"},  # the Optuna study: estimate -> trials -> plan
+    {"search"},  # the Optuna study: estimate -> trials -> plan, reported as events
+    {"report"},  # what people read (tables, the search's events shown live, picture, run folder)
     {"", "cli", "__main__"},  # the public API and the CLI
 ]
 # the worker's entry too: it must guard itself before torch takes seconds to import
