@@ -10,14 +10,15 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same folder and `os.replace`."""
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` via a temporary file in the same folder and `os.replace`: a reader
+    sees the old file or the new one, never half of one. An existing file keeps its mode."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if path.exists():
