@@ -1,7 +1,7 @@
 """A search's run folder: `plan.json` (everything), `plan.yaml` (the `autofit` export, when there is
 a winner) and `trials.png` (the picture). The search itself keeps only its study there
 (`study.db` by default); the plan files are written by whoever asked for the plan, once it is done.
-Every file is replaced whole (`export.atomic_write`), never left half-written."""
+Every file is replaced whole (`autofit.files.atomic_write`), never left half-written."""
 
 from __future__ import annotations
 
