@@ -53,7 +53,9 @@ class SearchListener(Protocol):
 class Silent:
     """The listener of a search nobody watches."""
 
-    def intro(self, *args: Any) -> None:
+    def intro(
+        self, setting: Setting, cands: Candidates, name: str, url: str, folder: Path, done: int
+    ) -> None:
         pass
 
     def note(self, text: str) -> None:
