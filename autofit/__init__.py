@@ -198,6 +198,7 @@ def plan(
             PlanRequest.of(spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin,
                            device=device, calibration=calibration)
         )  # fmt: skip
+    from autofit.report.live import SearchDisplay
     from autofit.report.run_folder import write_run_folder
     from autofit.search import search
 
@@ -213,7 +214,7 @@ def plan(
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), storage=storage, study=study,
         run_dir=folder,
     )  # fmt: skip
-    result = search(request, console=console, node_rank=rank)
+    result = search(request, listener=SearchDisplay(console), node_rank=rank)
     if rank == 0:  # node 0 writes the run folder; the others return the plan it stored
         write_run_folder(result, folder)
     return result

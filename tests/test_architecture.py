@@ -17,7 +17,7 @@ ROOT = Path(autofit.__file__).parent
 # Lowest first. A unit may import units of its own layer or of layers below, never above; the
 # public API (`autofit/__init__.py`) and the CLI sit on top. docs/architecture.md draws the same.
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "units", "checks", "interrupt"},  # plain facts and helpers
+    {"_version", "errors", "units", "checks", "interrupt", "files"},  # plain facts and helpers
     {"config", "settings", "models", "hardware", "space", "request", "recipe", "structure"},  # in
     {"builder"},  # the torch builder: the model as trials and `apply` set it up, its traces
     {"arch"},  # a model's structure and layer traces, read with the builder and kept on disk
@@ -25,8 +25,8 @@ LAYERS: list[set[str]] = [
     {"trials", "export"},  # trial processes; export reads a plan's fields
     {"calibration"},  # the napkin corrected by measured trials; this machine's stored calibration
     {"plan"},  # candidates, pruning, ranking, the plan and its sentences
-    {"report"},  # what people read (tables, live progress, picture, run folder)
-    {"search"},  # the Optuna study: estimate -> trials -> plan
+    {"search"},  # the Optuna study: estimate -> trials -> plan, reported as events
+    {"report"},  # what people read (tables, the search's events shown live, picture, run folder)
     {"", "cli", "__main__"},  # the public API and the CLI
 ]
 # the worker's entry too: it must guard itself before torch takes seconds to import

@@ -23,12 +23,12 @@ from autofit.export import example_script, launch_command, launch_note
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import Candidate, plan_estimates, trial_status
-from autofit.report.live import trial_line
+from autofit.report.live import SearchDisplay, trial_line
 from autofit.report.plot import trials_figure
 from autofit.request import PlanRequest
 from autofit.search import search
+from autofit.search.advice import no_winner_advice
 from autofit.search.candidates import Setting, enumerate_candidates
-from autofit.search.driver import no_winner_advice
 from autofit.space import load_space, parse_space
 from autofit.trials import TrialResult
 from autofit.units import GB, GiB, MiB, fmt_bytes, fmt_size, size_unit
@@ -176,7 +176,7 @@ def test_progress_lines_table_and_plot_number_trials_alike_and_say_over_line(tmp
     fake = FakeTrials()
     console = Console(record=True, width=250)
     kw = tiny_kwargs(tmp_path, space=wide_space(), trials=6, calibration="off")
-    plan = search(run_trial=over_line_for_unsharded(fake), console=console, **kw)
+    plan = search(run_trial=over_line_for_unsharded(fake), listener=SearchDisplay(console), **kw)
     progress = console.export_text()
     line_numbers = [int(m) for m in re.findall(r"^#(\d+)\s", progress, flags=re.M)]
     numbers = [c.number for c in plan.trials]

@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from importlib import metadata
@@ -34,6 +33,7 @@ from typing import Any
 
 import platformdirs
 
+from autofit.files import atomic_write
 from autofit.models import ModelSpec
 from autofit.structure import ActivationKey, LayerActivations, StepEvents, Structure
 
@@ -164,12 +164,4 @@ def _disk_update(spec: ModelSpec, **parts: Any) -> None:
             entry[name] = value
     path = _cache_file(spec)
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".arch-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(entry, handle)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        atomic_write(path, json.dumps(entry))

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Iterable
 from importlib import metadata
@@ -28,6 +27,7 @@ from typing import Any
 
 from autofit.arch import TRACE_VERSION, cache_dir
 from autofit.calibration import Calibration, Observation, fit_calibration
+from autofit.files import atomic_write
 from autofit.hardware import Hardware
 from autofit.request import PlanRequest
 
@@ -152,18 +152,5 @@ def save(
         "calibration": {**fitted.to_dict(), "source": "stored"},
         "observations": rows,
     }
-    _write_atomic(path, json.dumps(record, indent=1))
+    atomic_write(path, json.dumps(record, indent=1))
     return path, Calibration.from_dict(record["calibration"])
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

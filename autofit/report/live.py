@@ -1,10 +1,13 @@
-"""What the user watches during a search: a progress bar over trials and one line per trial."""
+"""What the user watches during a search: a progress bar over trials and one line per trial, from
+the events the search reports (`autofit.search.events`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autofit.plan import Candidate, Outcome, trial_status
@@ -12,20 +15,23 @@ from autofit.report.style import OUTCOME_STYLE
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_size
 
+if TYPE_CHECKING:
+    from autofit.search.candidates import Candidates, Setting
+
 
 class SearchDisplay:
-    """Progress over real trials and a line per finished one; silent when `console` is None."""
+    """The `autofit.search.events.SearchListener` people watch: progress over real trials and a
+    line per finished one; silent when `console` is None."""
 
-    def __init__(self, console: Console | None, total: int, done: int, allowed: float) -> None:
+    def __init__(self, console: Console | None) -> None:
         self.console = console
-        self.allowed = allowed
+        self.allowed = 0.0
         self.progress: Progress | None = None
         self.task: Any = None
         self.running = ""  # the config of the trial that runs now
-        self.total = total
-        self.done = done
 
-    def __enter__(self) -> SearchDisplay:
+    def begin(self, total: int, done: int, allowed: float) -> None:
+        self.allowed = allowed
         if self.console is not None:
             self.progress = Progress(
                 TextColumn("[bold]trials"),
@@ -37,12 +43,33 @@ class SearchDisplay:
                 transient=True,
             )
             self.progress.start()
-            self.task = self.progress.add_task("", total=self.total, completed=self.done)
-        return self
+            self.task = self.progress.add_task("", total=total, completed=done)
 
-    def __exit__(self, *exc: object) -> None:
+    def end(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+    def intro(
+        self, setting: Setting, cands: Candidates, name: str, url: str, folder: Path, done: int
+    ) -> None:
+        s = setting
+        skipped = sum(cands.counts.values())
+        self.say(
+            f"[bold]{escape(s.model.name)}[/] on {s.hardware.describe()}: {cands.considered:,} "
+            "combinations, "
+            f"{len(cands.trialable):,} may fit, {skipped:,} ruled out without a trial; headroom "
+            f"line {fmt_size(s.allowed_bytes)} per GPU."
+        )
+        self.say(calibration_line(cands, s.calibration))
+        resumed = f", resuming with {done} trial(s) done" if done else ""
+        self.say(
+            f"study [bold]{escape(name)}[/] in {escape(url)}{resumed}; run folder "
+            f"{escape(str(folder))}"
+        )
+
+    def note(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text, soft_wrap=True, highlight=False, markup=False)
 
     def say(self, text: str) -> None:
         if self.console is not None:
@@ -106,3 +133,25 @@ def trial_line(number: int, cand: Candidate, result: TrialResult, allowed: float
         f"#{number:<3} [{style}]{status:<9}[/] {cand.config.short():<40} "
         f"{peak} / line {line}  {speed}"
     )
+
+
+def calibration_line(cands: Candidates, mode: str) -> str:
+    """What the search starts from: the napkin, this machine's stored calibration, or a resumed
+    study's own."""
+    cal = cands.calibration
+    if mode == "off":
+        return "calibration off: the napkin alone judges and orders candidates"
+    if cal.source == "none":
+        where = " (none stored for this machine yet)" if mode == "auto" else ""
+        return f"starting from the napkin{where}; every trial calibrates the estimate"
+    err = (
+        f"; its measured error: memory {cal.memory_band:.1%}, speed {cal.speed_band:.1%}"
+        if cal.n_trials >= 2
+        else ""
+    )
+    if cal.source == "stored":
+        return (
+            f"starting from this machine's stored calibration ({cal.n_trials} measured trial(s)"
+            f"{err}); --no-calibration ignores it"
+        )
+    return f"calibrated on {cal.n_trials} measured trial(s) so far{err}"

@@ -3,9 +3,11 @@ the headroom line, and measured vs estimated tokens/s, the winner marked."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from autofit.files import atomic_write
 from autofit.plan import Outcome, Plan, trial_status
 from autofit.units import fmt_size, size_unit
 
@@ -18,10 +20,9 @@ def plot_trials(plan: Plan, path: Path, allowed_bytes: float) -> Path | None:
     fig = trials_figure(plan, allowed_bytes)
     if fig is None:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
-    tmp.replace(path)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    atomic_write(path, png.getvalue())
     return path
 
 

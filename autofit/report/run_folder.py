@@ -1,14 +1,14 @@
 """A search's run folder: `plan.json` (everything), `plan.yaml` (the `autofit` export, when there is
 a winner) and `trials.png` (the picture). The search itself keeps only its study there
 (`study.db` by default); the plan files are written by whoever asked for the plan, once it is done.
-Every file is replaced whole (`export.atomic_write`), never left half-written."""
+Every file is replaced whole (`autofit.files.atomic_write`), never left half-written."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from autofit.export import atomic_write
+from autofit.files import atomic_write
 from autofit.plan import Plan
 from autofit.report.plot import plot_trials
 

@@ -5,6 +5,7 @@ says a candidate may fit and may be fast, and declares a verified winner.
 the plan of an existing study without running anything (`autofit export`).
 """
 
-from autofit.search.driver import load_study_plan, search
+from autofit.search.assemble import load_study_plan
+from autofit.search.driver import search
 
 __all__ = ["load_study_plan", "search"]

@@ -28,6 +28,7 @@ from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.request import PlanRequest
 from autofit.space import Space
+from autofit.trials.cluster import STORAGE_ERRORS
 from autofit.trials.guard import alive, hostname, identity
 
 SCHEMA = 2  # 2: the metadata is `PlanRequest.to_dict()`; 1 had a subset of its keys
@@ -278,7 +279,7 @@ def heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
 
     def beat() -> None:
         while not done.is_set():
-            with contextlib.suppress(Exception):  # a lost beat is retried on the next
+            with contextlib.suppress(*STORAGE_ERRORS):  # a lost beat is retried on the next
                 storage.record_heartbeat(trial_id)
             done.wait(HEARTBEAT_S)
 
@@ -306,17 +307,41 @@ def owner_gone(t: optuna.trial.FrozenTrial) -> bool:
 def fail_orphans(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Mark FAIL the running trials whose owner on this host is gone; return the ones this call
     failed (of two workers that race for the same trial, only one gets it)."""
-    storage = study._storage  # noqa: SLF001 - the storage's compare-and-set, as Study.ask uses
-    failed = []
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if not owner_gone(t):
-            continue
-        try:
-            if storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
-                failed.append(t)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another worker failed it first
-    return failed
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    return [t for t in running if owner_gone(t) and fail_running(study, t)]
+
+
+def fail_running(study: optuna.Study, t: optuna.trial.FrozenTrial) -> bool:
+    """Mark FAIL a trial another worker left RUNNING (its planner is gone): `Study.tell` takes a
+    trial number and does not ask which worker runs it. True when this call failed it; False when
+    it finished meanwhile: `tell` refuses a trial that is no longer running (ValueError "Cannot
+    tell a ... trial"), the storage one that finishes during the write."""
+    try:
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def claimed(study: optuna.Study, t: optuna.trial.FrozenTrial) -> Iterator[optuna.Trial | None]:
+    """Run the WAITING trial `t` now, ahead of older queued ones: yields its `Trial`, RUNNING and
+    heartbeating, or None when another worker took it first.
+
+    No public API serves: `Study.ask` pops the oldest waiting trial and cannot be given one
+    (optuna 5.0), so this does for `t` what `ask` and `optimize` do: the storage's compare-and-set
+    WAITING -> RUNNING (`study._storage`, `t._trial_id`), a `Trial` over it (`optuna.Trial(study,
+    trial_id)`), and its heartbeat. docs/architecture.md, "Private APIs", lists these."""
+    storage, trial_id = study._storage, t._trial_id  # noqa: SLF001 - see the docstring
+    try:
+        took = storage.set_trial_state_values(trial_id, optuna.trial.TrialState.RUNNING)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        took = False
+    if not took:
+        yield None
+        return
+    with heartbeat(storage, trial_id):
+        yield optuna.Trial(study, trial_id)
 
 
 def interrupted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -37,6 +37,7 @@ from dataclasses import asdict
 from typing import Any, NoReturn
 
 import optuna
+import sqlalchemy.exc
 
 from autofit.config import Config
 from autofit.errors import AutofitError
@@ -47,6 +48,11 @@ from autofit.trials.launcher import run_trial as launch_trial
 from autofit.trials.result import TrialResult
 
 PREFIX = "autofit:cluster:"
+# What a write to or read of the shared storage raises when the storage is out of reach for a
+# moment (a lost connection, a locked SQLite file, a network file system): optuna's RDB storage
+# wraps a failed commit in StorageInternalError; a failed connection surfaces from sqlalchemy.
+# Anything else is a bug and surfaces.
+STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError)
 BEAT_S = 1.0
 LOST_ENV, LOST_S = "AUTOFIT_NODE_LOST_S", 15.0  # a heartbeat that stood still this long: lost
 JOIN_ENV, JOIN_S = "AUTOFIT_NODE_JOIN_S", 300.0  # the most a launch waits for every node
@@ -146,7 +152,7 @@ class Cluster:
 
         def loop() -> None:
             while not self._stop.wait(BEAT_S):
-                with contextlib.suppress(Exception):  # a lost beat is sent again on the next
+                with contextlib.suppress(*STORAGE_ERRORS):  # a lost beat is sent again on the next
                     self._beat()
 
         self._thread = threading.Thread(target=loop, name="autofit-node-beat", daemon=True)
@@ -157,7 +163,7 @@ class Cluster:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if gone:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*STORAGE_ERRORS):
                 self._beat(gone)
 
     def lost(self, node: int, attrs: dict[str, Any] | None = None) -> str | None:
@@ -195,7 +201,7 @@ class Cluster:
             now = time.monotonic()
             if now - look[0] >= LOOK_S:
                 look[0] = now
-                with contextlib.suppress(Exception):  # the storage out of reach: look later
+                with contextlib.suppress(*STORAGE_ERRORS):  # the storage out of reach: look later
                     attrs = self._attrs()
                     look[1] = self._any_lost(attrs) or self._failed_part(seq, attrs)
             return look[1]
@@ -212,7 +218,7 @@ class Cluster:
 
     def _report(self, seq: int, result: TrialResult) -> None:
         """How this node's part of launch `seq` ended, for the other nodes."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*STORAGE_ERRORS):
             self._put("part", self.session, seq, self.node_rank,
                       value={"status": result.status, "message": result.message,
                              "oom_of": result.oom_of})  # fmt: skip
@@ -227,7 +233,7 @@ class Cluster:
 
     def finish(self, error: str | None = None) -> None:
         """Node 0's search ended: tell the other nodes (and what went wrong, if it did)."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*STORAGE_ERRORS):
             self._put("done", self.session, value={"ok": error is None, "message": error or ""})
         self.stop_heartbeat(error)
 

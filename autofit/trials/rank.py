@@ -39,6 +39,7 @@ from autofit.builder.compile import CompileStats, recompile_reasons
 from autofit.builder.optim import is_compiled_step
 from autofit.config import Config
 from autofit.errors import oom_kind
+from autofit.files import atomic_write
 from autofit.models import ModelSpec
 from autofit.trials.memory import (
     TensorTracker,
@@ -249,9 +250,7 @@ def compile_result(
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(data))
 
 
 def main(argv: list[str] | None = None) -> None:

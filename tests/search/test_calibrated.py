@@ -13,6 +13,7 @@ from autofit.config import Config
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
 from autofit.plan import TIE_TOLERANCE
+from autofit.report.live import SearchDisplay
 from autofit.search import search
 from autofit.search.candidates import Setting, enumerate_candidates
 
@@ -110,7 +111,7 @@ def test_a_second_plan_on_this_machine_starts_from_the_stored_calibration(search
     console = Console(file=text, width=200)
     again = {**kw, "space": wide_space(), "run_dir": kw["run_dir"] / "again"}
     second = search(run_trial=FakeTrials(peak_factor=lambda cfg: 0.8), calibration="auto",
-                    console=console, **again)  # fmt: skip
+                    listener=SearchDisplay(console), **again)  # fmt: skip
     assert "starting from this machine's stored calibration" in text.getvalue()
     c = second.trials[0]  # its estimate was calibrated before any trial of its own study:
     assert c.calibrated["source"] == "stored"  # by the first plan's three full fine-tunes, so
@@ -119,8 +120,8 @@ def test_a_second_plan_on_this_machine_starts_from_the_stored_calibration(search
 
     text = io.StringIO()
     ignored = {**again, "run_dir": kw["run_dir"] / "off"}
-    off = search(run_trial=FakeTrials(), calibration="off", console=Console(file=text, width=200),
-                 **ignored)  # fmt: skip
+    shown = SearchDisplay(Console(file=text, width=200))
+    off = search(run_trial=FakeTrials(), calibration="off", listener=shown, **ignored)
     assert "calibration off" in text.getvalue()
     assert all(t.calibrated is None for t in off.trials)
     assert off.calibration["source"] == "none"
@@ -132,8 +133,8 @@ def test_the_search_stops_when_nothing_untried_may_beat_the_best_measured(search
     fake = FakeTrials()
     kw = {**search_kwargs, "space": wide_space(), "trials": 20}
     text = io.StringIO()
-    plan = search(run_trial=fake, calibration="study", console=Console(file=text, width=200),
-                  **kw)  # fmt: skip
+    shown = SearchDisplay(Console(file=text, width=200))
+    plan = search(run_trial=fake, calibration="study", listener=shown, **kw)
     assert len(plan.trials) < 10
     assert "the search stops here" in text.getvalue()
     assert as_fast_as_the_grid(plan, kw, fake)

@@ -1,0 +1,353 @@
+"""A calibration and what it is fitted on: `Observation` (one measured trial's terms), `SideCheck`
+(whether a side's fit paid for itself), `Calibration` (the factors, constants and bands), each
+with its plain-data form for the study and the stored file; `NAPKIN`, the uncalibrated prior."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from autofit.calibration.terms import (
+    MEMORY_MODE_TERMS,
+    MEMORY_TERMS,
+    OFFLOADED_TERMS,
+    PEAK_TERMS,
+    SPEED_MODE_TERMS,
+    SPEED_TERMS,
+    TIME_FACTOR_TERMS,
+    memory_terms,
+    time_terms,
+    tokens,
+)
+from autofit.estimate import MEMORY_ERROR, Estimate
+from autofit.estimate.memory import usable_host_bytes
+from autofit.trials.result import TrialResult
+
+# Prior widths of the log-factors: how far from the prior one believes a factor may be (1 sigma).
+# The napkin's memory terms are held to 10% by bench/accuracy.py with outliers to 30-40%; its
+# speed constants are assumptions (MFU, link and PCIe efficiency) that may be off by 2x.
+NAPKIN_MEMORY_SIGMA = 0.3
+NAPKIN_SPEED_SIGMA = 0.7
+# A stored calibration of this machine was fitted on measurements: a tighter prior.
+STORED_MEMORY_SIGMA = 0.15
+STORED_SPEED_SIGMA = 0.3
+# Measurement noise, relative: a peak repeats within ~1% between runs of one config (trials of the
+# suite; allocator and tracker noise), tokens/s of a few steps within ~5% (CPU and GPU alike).
+MEMORY_NOISE = 0.02
+SPEED_NOISE = 0.05
+# Prior width of the share of offloaded bytes that shows on the device (prior mean 0).
+OFFLOADED_SIGMA = 0.15
+# Prior width of a mode's share (prior mean 0): wider than a factor's, so where only the
+# candidates of one mode are off, their share moves rather than every candidate's factors.
+MODE_SIGMA = 0.5
+# Before any measurement the napkin's speed error is not known; this is its stated spread.
+NAPKIN_SPEED_BAND = 0.25
+SOURCES = ("none", "stored", "study")
+Z90 = 1.6449  # |x| of a standard normal is below this 90% of the time
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured trial as the fit sees it: the napkin's terms for its config and what the
+    trial measured. An OOM gives a lower bound on the peak (it ran past `peak_bytes`) and no
+    step time; a timeout or an error gives nothing."""
+
+    memory: tuple[float, ...]  # napkin memory terms (`PEAK_TERMS`)
+    time: tuple[float, ...]  # napkin time terms (`SPEED_TERMS`)
+    micro_steps: int  # grad_accum: micro-steps per optimizer step
+    peak_bytes: float | None = None  # measured peak, or the bound an OOM ran past
+    oom: bool = False
+    step_time_s: float | None = None
+    label: str = ""
+
+    @classmethod
+    def of(cls, est: Estimate, result: TrialResult) -> Observation:
+        """`est`: the napkin's estimate of the trial's config (on the hardware and cap it ran
+        under); `result`: what the trial measured."""
+        peak: float | None = None
+        step: float | None = None
+        oom = False
+        if result.status == "ok":
+            peak = float(result.peak_bytes) if result.peak_bytes else None
+            # the step time of the tokens the search ranks by (what tokens/s was measured of)
+            step = tokens(est) / result.tokens_per_s if result.tokens_per_s else None
+        elif result.status == "oom" and result.oom_of != "host":
+            oom, peak = True, float(est.usable_bytes)  # it needed more than the GPU could give
+        return cls(
+            memory=memory_terms(est),
+            time=time_terms(est),
+            micro_steps=int(est.config.grad_accum),
+            peak_bytes=peak,
+            oom=oom,
+            step_time_s=step,
+            label=est.config.short(),
+        )
+
+    @property
+    def informative(self) -> bool:
+        return self.peak_bytes is not None or self.step_time_s is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "memory": list(self.memory),
+            "time": list(self.time),
+            "micro_steps": self.micro_steps,
+            "peak_bytes": self.peak_bytes,
+            "oom": self.oom,
+            "step_time_s": self.step_time_s,
+            "label": self.label,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Observation:
+        return cls(
+            memory=tuple(float(x) for x in d["memory"]),
+            time=tuple(float(x) for x in d["time"]),
+            micro_steps=int(d.get("micro_steps", 1)),
+            peak_bytes=d.get("peak_bytes"),
+            oom=bool(d.get("oom", False)),
+            step_time_s=d.get("step_time_s"),
+            label=str(d.get("label", "")),
+        )
+
+
+NAPKIN_MEMORY = {
+    **dict.fromkeys(MEMORY_TERMS, 1.0),
+    **dict.fromkeys(OFFLOADED_TERMS, 0.0),
+    **dict.fromkeys(MEMORY_MODE_TERMS, 0.0),
+}
+NAPKIN_SPEED = {**dict.fromkeys(TIME_FACTOR_TERMS, 1.0), **dict.fromkeys(SPEED_MODE_TERMS, 0.0)}
+
+
+PRIOR_NAMES = {
+    "none": "the napkin",
+    "stored": "this machine's stored calibration",
+    "study": "the study's earlier calibration",
+}
+
+
+@dataclass(frozen=True)
+class SideCheck:
+    """Whether the fitted correction of one side (memory or speed) paid for itself on the trials
+    it was fitted on, and so was applied. Errors are the median |relative error| over the measured
+    trials (an OOM counts only where a prediction fell below the bound it ran past), in the
+    measure the plan reports: estimated / measured - 1 of the peak, and of tokens/s."""
+
+    side: str  # memory, speed
+    applied: bool
+    prior: str  # the prior's source (`SOURCES`): what the fit was held against
+    n: int  # trials compared on
+    prior_error: float | None  # the prior's error on them
+    fitted_error: float | None  # the fit's, each trial predicted by a fit that did not see it
+    in_sample_error: float | None  # the fit's, by the fit on all of them
+    reason: str = ""  # in words, for the plan's output
+
+    @property
+    def note(self) -> str:
+        """A line for the plan's output when the correction was not applied, else ""."""
+        return "" if self.applied else self.reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "applied": self.applied,
+            "prior": self.prior,
+            "n": self.n,
+            "prior_error": self.prior_error,
+            "fitted_error": self.fitted_error,
+            "in_sample_error": self.in_sample_error,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, side: str, d: dict[str, Any]) -> SideCheck:
+        return cls(
+            side=side,
+            applied=bool(d.get("applied", True)),
+            prior=str(d.get("prior", "none")),
+            n=int(d.get("n", 0)),
+            prior_error=d.get("prior_error"),
+            fitted_error=d.get("fitted_error"),
+            in_sample_error=d.get("in_sample_error"),
+            reason=str(d.get("reason", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Factors per napkin term and a constant, for memory and for speed, with the relative error
+    the calibration was measured to have (`memory_band`, `speed_band`)."""
+
+    memory: dict[str, float] = field(default_factory=lambda: dict(NAPKIN_MEMORY))
+    memory_constant: float = 0.0  # bytes
+    speed: dict[str, float] = field(default_factory=lambda: dict(NAPKIN_SPEED))
+    speed_constant: float = 0.0  # seconds per micro-step
+    memory_band: float = MEMORY_ERROR
+    speed_band: float = NAPKIN_SPEED_BAND
+    source: str = "none"  # none (the napkin), stored (this machine's), study (fitted on trials)
+    n_trials: int = 0  # measured trials it was fitted on (stored ones included)
+    memory_error: float | None = None  # median leave-one-out |error| over its trials
+    speed_error: float | None = None
+    # posterior covariance of the parameters (log-factors, shares, constant) where fitted; else
+    # the prior's widths (`spreads`)
+    memory_cov: Any = field(default=None, compare=False, repr=False)
+    speed_cov: Any = field(default=None, compare=False, repr=False)
+    # whether each side's fitted correction paid for itself and was applied (None: not fitted)
+    memory_check: SideCheck | None = None
+    speed_check: SideCheck | None = None
+
+    @property
+    def is_napkin(self) -> bool:
+        return self.source == "none"
+
+    @property
+    def notes(self) -> list[str]:
+        """What the plan says of a side whose correction was not applied (and why)."""
+        checks = (self.memory_check, self.speed_check)
+        return [c.note for c in checks if c is not None and c.note]
+
+    # One estimate at a time (plan output) ...
+    def peak_bytes(self, est: Estimate) -> float:
+        f = self._memory_vector()
+        return max(float(np.dot(f, memory_terms(est))) + self.memory_constant, 1.0)
+
+    def step_time_s(self, est: Estimate) -> float:
+        g = self._speed_vector()
+        step = float(np.dot(g, time_terms(est))) + self.speed_constant * est.config.grad_accum
+        return max(step, 1e-9)
+
+    def tokens_per_s(self, est: Estimate) -> float:
+        return tokens(est) / self.step_time_s(est)
+
+    def apply(self, est: Estimate) -> Estimate:
+        """The estimate as this calibration corrects it: peak (its breakdown scaled term by term,
+        the constant beside it) and step time (time breakdown scaled likewise)."""
+        if self.is_napkin:
+            return est
+        f, g = self.memory, self.speed
+        breakdown = {k: int(round(v * f.get(k, 1.0))) for k, v in est.breakdown.items()}
+        overhead = dict(est.overhead)
+        if "allocator" in overhead:
+            overhead["allocator"] = int(round(overhead["allocator"] * f["allocator"]))
+        peak = int(round(self.peak_bytes(est)))
+        rest = peak - overhead.get("allocator", 0) - sum(breakdown.values())
+        if rest:  # shares and constant: what no breakdown term of the napkin holds
+            breakdown["calibration"] = rest
+        times = {k: v * g.get(k, 1.0) for k, v in est.time_breakdown.items()}
+        step = self.step_time_s(est)
+        if step - sum(times.values()):  # mode shares and the cost per micro-step
+            times["calibration"] = step - sum(times.values())
+        return replace(
+            est,
+            peak_bytes=peak,
+            peak_allocated_bytes=peak - overhead.get("allocator", 0),
+            breakdown=breakdown,
+            overhead=overhead,
+            within_capacity=peak <= est.usable_bytes
+            and est.host_bytes <= usable_host_bytes(est.host_capacity_bytes),
+            step_time_s=step,
+            tokens_per_s=tokens(est) / step,
+            time_breakdown=times,
+        )
+
+    # ... and a whole space at once (the search re-ranks every candidate after each trial).
+    def peaks(self, memory: np.ndarray) -> np.ndarray:
+        """Calibrated peaks of the rows of `memory` (n x len(PEAK_TERMS) napkin terms)."""
+        return np.maximum(memory @ self._memory_vector() + self.memory_constant, 1.0)
+
+    def step_times(self, time: np.ndarray, micro_steps: np.ndarray) -> np.ndarray:
+        """Calibrated step times of the rows of `time` (n x len(SPEED_TERMS))."""
+        steps = time @ self._speed_vector() + self.speed_constant * micro_steps
+        return np.maximum(steps, 1e-9)
+
+    def spreads(
+        self, memory: np.ndarray, time: np.ndarray, micro_steps: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """How uncertain the calibrated peak and step time of each row are: the standard
+        deviation of their logarithm, from the parameters' posterior covariance (a row whose
+        terms mix like the measured ones is known well; one unlike them is not) and the
+        measurement noise."""
+        k = len(MEMORY_TERMS)
+        f = self._memory_vector()
+        peaks = self.peaks(memory)
+        g_mem = np.column_stack([memory[:, :k] * f[:k], memory[:, k:], np.ones(len(memory))])
+        g_mem /= peaks[:, None]
+        g = self._speed_vector()
+        steps = self.step_times(time, micro_steps)
+        ks = len(TIME_FACTOR_TERMS)
+        g_spd = np.column_stack([time[:, :ks] * g[:ks], time[:, ks:], micro_steps])
+        g_spd /= steps[:, None]
+        cov_mem = self.memory_cov if self.memory_cov is not None else self._prior_cov("memory")
+        cov_spd = self.speed_cov if self.speed_cov is not None else self._prior_cov("speed")
+        # beside the parameters' uncertainty, what the fitted terms leave unexplained: its
+        # measured error (the band is the 90th percentile of |leave-one-out error|)
+        rest_mem = max(MEMORY_NOISE, self.memory_band / Z90)
+        rest_spd = max(SPEED_NOISE, self.speed_band / Z90)
+        var_mem = np.einsum("ij,jk,ik->i", g_mem, cov_mem, g_mem) + rest_mem**2
+        var_spd = np.einsum("ij,jk,ik->i", g_spd, cov_spd, g_spd) + rest_spd**2
+        return np.sqrt(var_mem), np.sqrt(var_spd)
+
+    def _prior_cov(self, side: str) -> np.ndarray:
+        """Without a fit of its own: the prior's widths (the constant taken as known)."""
+        stored = self.source != "none"
+        if side == "memory":
+            width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
+            sd = [width] * len(MEMORY_TERMS) + [OFFLOADED_SIGMA] * len(OFFLOADED_TERMS)
+            sd += [MODE_SIGMA] * len(MEMORY_MODE_TERMS) + [0.0]
+        else:
+            width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA
+            sd = [width] * len(TIME_FACTOR_TERMS) + [MODE_SIGMA] * len(SPEED_MODE_TERMS) + [0.0]
+        return np.diag(np.square(sd))
+
+    def _memory_vector(self) -> np.ndarray:
+        return np.array([self.memory.get(k, NAPKIN_MEMORY[k]) for k in PEAK_TERMS])
+
+    def _speed_vector(self) -> np.ndarray:
+        return np.array([self.speed.get(k, NAPKIN_SPEED[k]) for k in SPEED_TERMS])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "n_trials": self.n_trials,
+            "memory": {k: round(v, 4) for k, v in self.memory.items()},
+            "memory_constant_bytes": int(round(self.memory_constant)),
+            "speed": {k: round(v, 4) for k, v in self.speed.items()},
+            "speed_constant_s": self.speed_constant,
+            "memory_band": self.memory_band,
+            "speed_band": self.speed_band,
+            "memory_error": self.memory_error,
+            "speed_error": self.speed_error,
+            **{
+                f"{c.side}_check": c.to_dict()
+                for c in (self.memory_check, self.speed_check)
+                if c is not None
+            },
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        return cls(
+            memory={k: float(d.get("memory", {}).get(k, v)) for k, v in NAPKIN_MEMORY.items()},
+            memory_constant=float(d.get("memory_constant_bytes", 0.0)),
+            speed={k: float(d.get("speed", {}).get(k, v)) for k, v in NAPKIN_SPEED.items()},
+            speed_constant=float(d.get("speed_constant_s", 0.0)),
+            memory_band=float(d.get("memory_band", MEMORY_ERROR)),
+            speed_band=float(d.get("speed_band", NAPKIN_SPEED_BAND)),
+            source=str(d.get("source", "stored")),
+            n_trials=int(d.get("n_trials", 0)),
+            memory_error=d.get("memory_error"),
+            speed_error=d.get("speed_error"),
+            memory_check=_check_of(d, "memory"),
+            speed_check=_check_of(d, "speed"),
+        )
+
+
+def _check_of(d: dict[str, Any], side: str) -> SideCheck | None:
+    check = d.get(f"{side}_check")
+    return SideCheck.from_dict(side, check) if isinstance(check, dict) else None
+
+
+NAPKIN = Calibration()
+"""The uncalibrated napkin: every factor 1, no constant, the napkin's stated error as its band."""

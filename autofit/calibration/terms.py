@@ -1,0 +1,72 @@
+"""The calibration's terms: what a peak and a step time are made of, each a factor (1.0 in the
+napkin) or an added share (0.0), and their values for one estimate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.estimate import BREAKDOWN_KEYS, TIME_KEYS, Estimate
+
+MEMORY_TERMS: tuple[str, ...] = (*BREAKDOWN_KEYS, "allocator")
+"""What a peak is made of: the napkin's breakdown at its peak moment, and the caching allocator's
+slack (`Estimate.overhead["allocator"]`; 0 on CPU). Each has a factor, 1.0 in the napkin."""
+OFFLOADED_TERMS: tuple[str, ...] = ("offloaded_params", "offloaded_optimizer")
+"""What the napkin holds on the host per GPU, under `offload: params` and `offload: optimizer`:
+none of it should show on the device, so each has a share (0.0 in the napkin) that measurements
+may find does (staging copies, a device that is the host: CPU trials)."""
+MODES: tuple[str, ...] = (
+    "lora", "quant=nf4", "quant=int8", "checkpointing=full", "checkpointing=every-2",
+    "checkpointing=selective", "offload=params", "offload=optimizer", "wrap=none", "compile",
+)  # fmt: skip
+"""Knob values that change how a step runs. Where the napkin is off for one of them alone (its
+layout under param offload, recomputation's working set, peft's or NF4's kernels), a share of
+the dynamic memory (activations and logits) and of the step time under that mode, 0 in the napkin,
+lets a calibration correct those candidates without moving the factors every candidate shares."""
+MEMORY_MODE_TERMS: tuple[str, ...] = tuple(f"activations|{m}" for m in MODES)
+PEAK_TERMS: tuple[str, ...] = (*MEMORY_TERMS, *OFFLOADED_TERMS, *MEMORY_MODE_TERMS)
+TIME_FACTOR_TERMS: tuple[str, ...] = TIME_KEYS
+SPEED_MODE_TERMS: tuple[str, ...] = tuple(f"step|{m}" for m in MODES)
+SPEED_TERMS: tuple[str, ...] = (*TIME_FACTOR_TERMS, *SPEED_MODE_TERMS)
+SHARE_TERMS = frozenset((*OFFLOADED_TERMS, *MEMORY_MODE_TERMS, *SPEED_MODE_TERMS))
+"""Terms fitted as an added share (0 in the napkin), not a factor."""
+"""What a step time is made of: the napkin's `time_breakdown`."""
+
+
+def mode_on(cfg: Any, mode: str) -> bool:
+    """Whether `cfg` runs in `mode` (one of `MODES`)."""
+    if mode == "lora":
+        return cfg.lora_rank > 0
+    if mode == "compile":
+        return bool(cfg.compile)
+    knob, value = mode.split("=")
+    return str(getattr(cfg, knob)) == value
+
+
+def memory_terms(est: Estimate) -> tuple[float, ...]:
+    """The napkin's memory terms of an estimate, in `PEAK_TERMS` order."""
+    b = est.breakdown
+    cfg = est.config
+    host = float(est.host_bytes) / max(est.host_ranks, 1)  # per GPU: one node's host
+    dynamic = float(b.get("activations", 0) + b.get("logits_loss", 0))
+    return (
+        *(float(b.get(k, 0)) for k in BREAKDOWN_KEYS),
+        float(est.overhead.get("allocator", 0)),
+        host if cfg.offload == "params" else 0.0,
+        host if cfg.offload == "optimizer" else 0.0,
+        *(dynamic if mode_on(cfg, m) else 0.0 for m in MODES),
+    )
+
+
+def time_terms(est: Estimate) -> tuple[float, ...]:
+    """The napkin's time terms of an estimate, in `SPEED_TERMS` order."""
+    t = est.time_breakdown
+    step = float(est.step_time_s)
+    return (
+        *(float(t.get(k, 0.0)) for k in TIME_FACTOR_TERMS),
+        *(step if mode_on(est.config, m) else 0.0 for m in MODES),
+    )
+
+
+def tokens(est: Estimate) -> float:
+    c = est.config
+    return float(c.micro_batch * c.grad_accum * max(est.n_gpus, 1) * c.seq_len)

@@ -1,0 +1,142 @@
+"""The commands that start training with an export: one rule (`launch_lines`) for the exports'
+comments and the CLI, on one node or several (torchrun with c10d rendezvous, `accelerate launch`,
+and the `srun` line of a SLURM job)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autofit.config import Sharding
+from autofit.export.layout import hsdp_env, plan_nodes, plan_sharding
+from autofit.export.schema import env_text, plan_document, side_path
+
+# autofit cannot know the user's training script: launch commands name this placeholder, and
+# `launch_note` says what it stands for and runs the plan with an example shipped in the sources.
+TRAIN_SCRIPT = "<your_train.py>"
+EXAMPLE_SCRIPTS = {"accelerate": "accelerate_train.py"}  # other formats: train_with_plan.py
+
+
+RDZV_PORT = 29500
+"""The rendezvous port of a multi-node launch (torchrun's and Accelerate's default)."""
+SLURM_FIRST_NODE = "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)"
+"""The first node of a SLURM job, expanded by the batch script's shell: the rendezvous host."""
+SLURM_NODE_RANK = r"\$SLURM_NODEID"
+"""The node's rank inside `srun ... bash -c "..."`: escaped so each task's shell expands it."""
+
+
+@dataclass(frozen=True)
+class LaunchLine:
+    command: str
+    where: str = ""  # "" on one node; else which nodes run it and what its variables stand for
+
+
+def launch_lines(
+    plan: Any, format: str, path: str | Path, script: str = TRAIN_SCRIPT
+) -> list[LaunchLine]:
+    """The commands that launch training with this export (the one rule the exports and the CLI
+    print). One node: `python` for a one-GPU plain-module plan (no process group needed),
+    `torchrun`/`accelerate launch` for DDP and FSDP2. Several nodes: the command each node runs
+    (torchrun with c10d rendezvous at node 0, or `accelerate launch` with its machine rank), then
+    the `srun` line that runs it once on every node of a SLURM job. `script` is the training
+    script (the placeholder `<your_train.py>` unless named); the CUDA allocator setting is set
+    only for a CUDA plan; a trainer export of an HSDP plan sets the `PARALLELISM_CONFIG_*`
+    variables its Accelerator reads (`hsdp_env`)."""
+    doc = plan if isinstance(plan, dict) else plan_document(plan)
+    n = int(doc["hardware"]["n_gpus"])
+    nodes, per_node = plan_nodes(doc)
+    env_vars = " ".join(f"{k}={v}" for k, v in hsdp_env(doc).items()) if format == "trainer" else ""
+    env = " ".join(t for t in (env_text(doc), env_vars) if t)
+    env = f"{env} " if env else ""
+    p = Path(path)
+    if format == "accelerate":
+        tail = f"{script} --plan {side_path(p)}"
+    elif format == "trainer":
+        tail = (f"{script}  # TrainingArguments(**json.load(open('{p}'))); "
+                f"autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
+    else:
+        tail = f"{script} --plan {p}"
+    if nodes <= 1:
+        if format == "accelerate":
+            return [LaunchLine(f"{env}accelerate launch --config_file {p} {tail}")]
+        single = plan_sharding(doc) is Sharding.NONE
+        runner = "python" if single else f"torchrun --nproc-per-node {n}"
+        return [LaunchLine(f"{env}{runner} {tail}")]
+    srun = f"srun --nodes={nodes} --ntasks-per-node=1 --gpus-per-node={per_node}"
+    if format == "accelerate":
+
+        def accelerate(rank: str, host: str) -> str:
+            return (
+                f"accelerate launch --config_file {p} --num_machines {nodes} --machine_rank {rank}"
+                f" --main_process_ip {host} --main_process_port {RDZV_PORT} {tail}"
+            )
+
+        node = accelerate("$NODE_RANK", "$MASTER_ADDR")
+        slurm = f'bash -c "{accelerate(SLURM_NODE_RANK, SLURM_FIRST_NODE)}"'
+        names = f"NODE_RANK: 0 to {nodes - 1}, MASTER_ADDR: node 0's address"
+    else:
+
+        def torchrun(host: str, job: str) -> str:
+            return (
+                f"torchrun --nnodes={nodes} --nproc-per-node={per_node} --rdzv-backend=c10d "
+                f"--rdzv-endpoint={host}:{RDZV_PORT} --rdzv-id={job} {tail}"
+            )
+
+        node, slurm = (
+            torchrun("$MASTER_ADDR", "$JOB_ID"),
+            torchrun(SLURM_FIRST_NODE, "$SLURM_JOB_ID"),
+        )
+        names = "MASTER_ADDR: node 0's address, JOB_ID: any id the nodes share"
+    return [
+        LaunchLine(f"{env}{node}", f"on each of the {nodes} nodes; {names}"),
+        LaunchLine(f"{env}{srun} {slurm}", "under SLURM, from the batch script: one task per node"),
+    ]
+
+
+def launch_command(plan: Any, format: str, path: str | Path, script: str = TRAIN_SCRIPT) -> str:
+    """The first of `launch_lines`: the whole command on one node, each node's on several."""
+    return launch_lines(plan, format, path, script)[0].command
+
+
+def launch_comments(doc: dict[str, Any], format: str, path: Path) -> list[str]:
+    return [
+        f"# Launch{f' ({line.where})' if line.where else ''}: {line.command}"
+        for line in launch_lines(doc, format, path)
+    ]
+
+
+def example_script(format: str) -> Path | None:
+    """The example training script for `format` (examples/ of autofit's sources), when autofit
+    runs from its source tree (a checkout, an editable install); None for an installed wheel."""
+    name = EXAMPLE_SCRIPTS.get(format, "train_with_plan.py")
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    return path if path.is_file() else None
+
+
+def launch_note(plan: Any, format: str, path: str | Path) -> str:
+    """What `<your_train.py>` in `launch_command` stands for, and a command that runs the plan
+    for a few steps with the example script shipped in autofit's sources (random weights)."""
+    doc = plan if isinstance(plan, dict) else plan_document(plan)
+    name = EXAMPLE_SCRIPTS.get(format, "train_with_plan.py")
+    text = (
+        f"{TRAIN_SCRIPT} is your training script: autofit.load_plan(...) then "
+        "autofit.apply(model, plan.best.config) builds the measured layout."
+    )
+    example = example_script(format)
+    if example is None:
+        return f"{text} examples/{name} in autofit's source repository is a complete one."
+    rel = os.path.relpath(example)
+    shown = rel if not rel.startswith("..") else str(example)
+    p = Path(path)
+    plan_file = p if format == "autofit" else side_path(p)
+    if format == "accelerate":
+        cmd = launch_command(doc, format, p, script=shlex.quote(shown))
+    else:
+        cmd = launch_command(doc, "autofit", plan_file, script=shlex.quote(shown))
+        if doc["hardware"].get("device") == "cuda":
+            cmd += " --device cuda"
+    cmd += f" --model {shlex.quote(str(doc['model']))}"
+    return f"{text} To try the plan with the example {shown} (random weights): {cmd}"

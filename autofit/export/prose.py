@@ -1,0 +1,246 @@
+"""The comment lines an export starts with: the path the trials measured and what a format
+cannot say (quantization, LoRA, embeddings, loss, compile), so the file explains itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autofit._version import __version__
+from autofit.config import (
+    ALL_LINEAR,
+    Sharding,
+    fp32_trainable,
+    trained_token_count,
+    wrap_group_size,
+)
+from autofit.export.layout import accelerate_hsdp, plan_mesh, plan_nodes, plan_sharding
+from autofit.export.schema import MARKER, env_text
+from autofit.recipe import trained_embedding_modules, trained_token_ids
+
+
+def measured_path(doc: dict[str, Any]) -> list[str]:
+    """Comment lines naming the path the trials measured, which `autofit.apply` builds."""
+    cfg = doc["config"]
+    n = int(doc["hardware"]["n_gpus"])
+    nodes, per_node = plan_nodes(doc)
+    gpus = f"{n} GPUs ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} GPUs"
+    sharding = plan_sharding(doc)
+    mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
+    if sharding is Sharding.NONE:
+        lines = [
+            "# Measured path: the plain module on one GPU (no DDP, no FSDP), "
+            + ("fp32 trainable params under bf16 autocast." if mixed else "all in bf16.")
+        ]
+    elif sharding is Sharding.DDP:
+        lines = [
+            f"# Measured path: PyTorch DDP replicas on {gpus}, gradients all-reduced from DDP's "
+            "buckets (gradient_as_bucket_view)."
+        ]
+        if cfg.get("lora_rank", 0):
+            lines.append(
+                "# The frozen (quantized) base is held whole on each GPU, left out of DDP."
+            )
+        if mixed:
+            lines.append("# fp32 trainable params under bf16 autocast.")
+    else:
+        spec = doc.get("model_spec") or {}
+        k = wrap_group_size(cfg["wrap"], int(spec.get("layers") or 0))
+        layers = "each decoder layer" if k == 1 else f"each group of {k} decoder layers"
+        if spec.get("tied_embeddings"):
+            units = (
+                "one root unit holds everything (tied embeddings and LM head included)"
+                if cfg["wrap"] == "model"
+                else f"units of {layers}; the tied embeddings and LM head stay in the root unit"
+            )
+        elif cfg["wrap"] == "model":
+            units = "units of the token embeddings and [final norm, LM head]; the root unit holds "
+            units += "the decoder layers"
+        else:
+            units = f"units of the token embeddings, {layers} and [final norm, LM head]; the root "
+            units += "unit holds the rest"
+        replicas, shards = plan_mesh(doc) or (1, n)
+        if replicas > 1:
+            lines = [
+                f"# Measured path: HSDP, FSDP2 on a 2-D (dp_replicate, dp_shard) mesh of {gpus}: "
+                f"each parameter sharded over the {shards} GPU{'s' if shards > 1 else ''} of a "
+                f"node and replicated on each of the {replicas} nodes (gradients reduce-scattered "
+                f"in a node, then all-reduced across nodes), laid out as torchtitan: {units}."
+            ]
+        else:
+            where = f"{n} GPU{'s' if n > 1 else ''}" if nodes == 1 else gpus
+            lines = [f"# Measured path: FSDP2 on {where} laid out as torchtitan: {units}."]
+        extra = []
+        if cfg.get("train_embeddings", "none") == "full":
+            extra.append(
+                "The frozen originals beside the trainable embedding and head copies are a unit "
+                "of their own, never gathered"
+            )
+        if cfg["offload"] == "params":
+            extra.append("Params offloaded to CPU (CPUOffloadPolicy)")
+        if mixed:
+            extra.append("fp32 trainable params, gathered in bf16 (MixedPrecisionPolicy)")
+        if extra:
+            lines.append(f"# {'; '.join(extra)}.")
+    lines.append(
+        "# autofit.apply(model, plan.best.config) builds exactly this layout, with the "
+        "quantization, LoRA, checkpointing and optimizer measured."
+    )
+    return lines
+
+
+def header(doc: dict[str, Any], what: str) -> list[str]:
+    cfg = doc["config"]
+    lines = [
+        f"# {what}, {MARKER} {doc.get('autofit_version', __version__)} for {doc['model']} on "
+        f"{doc['hardware']['description']}.",
+        f"# Winner: {doc.get('label', '')}; {doc.get('reason', '')}".rstrip(),
+        *measured_path(doc),
+    ]
+    if env_text(doc):  # CUDA allocator settings; none for a CPU plan
+        lines.append(f"# Trials ran with {env_text(doc)}: set it for your run too.")
+    if cfg.get("quant", "none") != "none":
+        lines.append(f"# Base weights quantized to {cfg['quant']} (torchao), frozen.")
+    if cfg.get("lora_rank", 0):
+        lora = doc.get("lora") or {}
+        targets = lora.get("target_modules", cfg.get("lora_targets") or ALL_LINEAR)
+        where = (
+            "every linear projection of the decoder blocks (all-linear)"
+            if targets == ALL_LINEAR
+            else ", ".join(targets)
+        )
+        dropout = lora.get("dropout", cfg.get("lora_dropout", 0.0))
+        lines.append(
+            f"# LoRA rank {cfg['lora_rank']}, alpha {lora.get('alpha', 2 * cfg['lora_rank'])}"
+            + (f", dropout {dropout:g}" if dropout else "")
+            + f" on {where}."
+        )
+        lines += embedding_notes(doc)
+    lines += loss_and_compile_notes(cfg)
+    return lines
+
+
+def embedding_notes(doc: dict[str, Any]) -> list[str]:
+    """What `train_embeddings` trains, in words and in peft's terms (the `lora:` section of the
+    autofit plan holds the options themselves)."""
+    value = doc["config"].get("train_embeddings", "none")
+    if value == "none":
+        return []
+    spec = doc.get("model_spec") or {}
+    tied = bool(spec.get("tied_embeddings"))
+    head = "the LM head tied to it (one trained weight)" if tied else "the LM head"
+    count = trained_token_count(value)
+    if count is None:
+        modules = ", ".join(trained_embedding_modules(value, tied))
+        tying = ", ensure_weight_tying=True" if tied else ""
+        return [
+            f"# Trains the input embeddings and {head} too: a trainable copy beside each frozen "
+            f"original (peft modules_to_save: {modules}{tying})."
+        ]
+    vocab = int(spec.get("vocab") or 0)
+    rows = trained_token_ids(value, vocab)
+    where = f"ids {rows.start}-{rows.stop - 1}" if vocab else f"the last {count} ids"
+    return [
+        f"# Trains the rows of the last {count} token ids ({where}, e.g. a chat template's "
+        f"added tokens) of the input embeddings and {head} (peft trainable_token_indices)."
+    ]
+
+
+def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
+    cfg = doc["config"]
+    sharding = plan_sharding(doc)
+    notes = [
+        f"# Per GPU: micro-batch {cfg['micro_batch']} x {cfg['grad_accum']} accumulation steps, "
+        f"seq_len {cfg['seq_len']} (set these in your script/dataloader).",
+        f"# In the script `accelerate launch` runs: run = autofit.apply(model, autofit.load_plan("
+        f"'{side.name}').best.config, device=accelerator.device), then train run.model with "
+        "run.optimizer, run.autocast() and run.gradient_sync() (examples/accelerate_train.py).",
+    ]
+    if sharding is Sharding.NONE:
+        notes.append(
+            "# Do not accelerator.prepare() the model or optimizer: there is nothing to wrap, and "
+            "run.autocast() is the measured autocast. The Accelerator launches and logs."
+        )
+    elif sharding is Sharding.DDP:
+        notes.append(
+            "# Do not accelerator.prepare() the model: Accelerate's prepare_model would wrap "
+            "autofit's DDP model in a second DistributedDataParallel. The Accelerator only "
+            "launches, sets up the process group autofit.apply uses, and logs."
+        )
+    else:
+        notes.append(
+            "# Do not accelerator.prepare() the model: Accelerate's fsdp2_prepare_model returns an "
+            "FSDPModule as it is"
+            + (
+                ", but prepare() still puts a second activation-checkpoint wrapper on each layer "
+                "(fsdp_activation_checkpointing) over autofit's."
+                if cfg["checkpointing"] != "none"
+                else " (nothing to gain)."
+            )
+            + " The Accelerator only launches, sets up the process group autofit.apply uses, "
+            "and logs."
+        )
+    mesh = plan_mesh(doc)
+    if mesh is not None and mesh[0] > 1:
+        notes.append(
+            "# HSDP: autofit.apply builds the measured (dp_replicate, dp_shard) mesh itself from "
+            "torchrun's LOCAL_WORLD_SIZE (accelerate launch runs torchrun)"
+            + (
+                "; parallelism_config gives the Accelerator's own mesh the same shape."
+                if accelerate_hsdp(doc)
+                else "; Accelerate has no HSDP with one GPU per node, so no parallelism_config."
+            )
+        )
+    if cfg["wrap"].startswith("every-"):
+        notes.append(
+            f"# autofit measured FSDP2 units of {cfg['wrap'][6:]} decoder layers; "
+            "Accelerate's own wrapping would wrap each layer (autofit.apply groups them)."
+        )
+    if cfg["checkpointing"] != "none" and (
+        sharding is not Sharding.FSDP2 or cfg["checkpointing"] != "full"
+    ):
+        notes.append(
+            f"# Checkpointing measured: {cfg['checkpointing']} (autofit.apply sets it; "
+            + (
+                "Accelerate's FSDP flag is all-layer)."
+                if sharding is Sharding.FSDP2
+                else "this config has no field for it)."
+            )
+        )
+    if cfg["offload"] == "optimizer":
+        notes.append(
+            "# Optimizer state and step on the CPU (torchao CPUOffloadOptimizer): "
+            "Accelerate cannot say this; run.optimizer is that optimizer."
+        )
+    if cfg["optimizer"] != "adamw":
+        notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
+    if not fp32_trainable(cfg["precision"], cfg["optimizer"]):
+        notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
+    if cfg.get("compile"):
+        notes.append(
+            "# dynamo_config is the same compile for Accelerate's prepare(), which this recipe "
+            "does not call on the model: autofit.apply compiles the layers."
+        )
+    return notes
+
+
+def loss_and_compile_notes(cfg: dict[str, Any]) -> list[str]:
+    """What the `loss` and `compile` knobs measured, and who sets them up."""
+    notes = []
+    loss = cfg.get("loss", "standard")
+    if loss == "chunked":
+        notes.append(
+            "# Loss: LM head + cross-entropy over chunks of tokens (autofit.builder.loss; "
+            "autofit.apply sets it on the model: model(input_ids=..., labels=...).loss)."
+        )
+    elif loss == "fused":
+        notes.append(
+            "# Loss: Liger's fused linear cross-entropy (pip install 'autofit[liger]'); "
+            "autofit.apply sets it on the model."
+        )
+    if cfg.get("compile"):
+        notes.append(
+            "# Compile: each decoder layer torch.compile'd after checkpointing, before sharding "
+            "(autofit.apply does it as measured; compile time is not in the measured tokens/s)."
+        )
+    return notes

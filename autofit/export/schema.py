@@ -1,0 +1,187 @@
+"""The plan file (the `autofit` export format): the document an export is rendered from, and
+reading it back (`load_plan`), so a training script can `autofit.apply` the winner."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autofit._version import __version__
+from autofit.config import ALL_LINEAR, Config
+from autofit.errors import AutofitError
+from autofit.models import ModelSpec
+from autofit.recipe import embedding_peft_options
+
+FORMATS = ("autofit", "accelerate", "trainer")
+SCHEMA = 1
+MARKER = "written by autofit"
+ALLOC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def plan_document(plan: Any) -> dict[str, Any]:
+    """Everything an export needs, as plain data: the `autofit` YAML is this document."""
+    if isinstance(plan, LoadedPlan):
+        return plan.document
+    best = plan.best
+    if best is None:
+        raise AutofitError(
+            "This plan has no winner, so there is nothing to export. "
+            + (plan.advice or "Widen the space, add GPUs or shorten --seq-len.")
+        )
+    cfg = best.config
+    trial = best.trial
+    return {
+        "autofit_plan": SCHEMA,
+        "autofit_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": plan.model.name,
+        "model_spec": asdict(plan.model),
+        "decoder_layer": plan.model.decoder_layer_class,
+        "hardware": {
+            "description": plan.hardware.describe(),
+            "n_gpus": plan.hardware.n_gpus,
+            "nodes": plan.hardware.nodes,
+            "gpus_per_node": plan.hardware.gpus_per_node,
+            "capacity_bytes": plan.hardware.capacity_bytes,
+            "device": plan.device,
+        },
+        "seq_len": plan.seq_len,
+        "global_batch": plan.global_batch,
+        "margin": plan.margin,
+        "config": cfg.to_dict(),
+        "label": cfg.short(),
+        "measured": best.measured,
+        "verified": best.verified,
+        "tokens_per_s": best.tokens_per_s,
+        "peak_bytes": best.peak_bytes,
+        "step_time_s": best.step_time_s,
+        "estimate": {
+            "peak_bytes": best.estimate.peak_bytes,
+            "tokens_per_s": best.estimate.tokens_per_s,
+        },
+        "trial": trial.to_dict() if trial is not None else None,
+        "reason": plan.reason,
+        "lora": lora_section(cfg, plan.model) if cfg.is_lora else None,
+        "env": dict(ALLOC_ENV) if plan.device != "cpu" else {},  # a CUDA setting: none on CPU
+        "study": {"storage": plan.storage, "name": plan.study_name},
+        "trials": [
+            {
+                "label": c.config.short(),
+                "status": c.trial.status if c.trial is not None else None,
+                "peak_bytes": c.trial.peak_bytes if c.trial is not None else None,
+                "tokens_per_s": c.trial.tokens_per_s if c.trial is not None else None,
+                "estimated_peak_bytes": c.estimate.peak_bytes,
+            }
+            for c in plan.trials
+        ],
+    }
+
+
+def lora_section(cfg: Config, model: ModelSpec | None = None) -> dict[str, Any]:
+    """The LoRA part of an export, in peft's `LoraConfig` terms: `target_modules` is the list of
+    module names the user chose, or peft's "all-linear" (every linear layer but the output head:
+    autofit's default, every linear projection of the decoder blocks). With `train_embeddings`,
+    also `modules_to_save` (and `ensure_weight_tying` for a tied head) or
+    `trainable_token_indices` of `model`'s vocabulary, as the builder passes them to peft
+    (`autofit.recipe.embedding_peft_options`, by the leaf names peft matches)."""
+    section: dict[str, Any] = {
+        "rank": cfg.lora_rank,
+        "alpha": cfg.alpha,
+        "dropout": cfg.lora_dropout,
+        "target_modules": list(cfg.lora_targets) if cfg.lora_targets is not None else ALL_LINEAR,
+    }
+    if cfg.train_embeddings != "none" and model is not None:
+        section.update(
+            embedding_peft_options(cfg.train_embeddings, model.vocab, model.tied_embeddings)
+        )
+    return section
+
+
+@dataclass
+class LoadedBest:
+    config: Config
+    tokens_per_s: float | None = None
+    peak_bytes: int | None = None
+    step_time_s: float | None = None
+    measured: bool = False
+    verified: bool = False
+
+
+@dataclass
+class LoadedPlan:
+    """A plan read back from an `autofit` YAML: `.best.config` is what to `autofit.apply`."""
+
+    best: LoadedBest
+    model: str
+    seq_len: int
+    global_batch: int | None
+    n_gpus: int
+    env: dict[str, str]
+    reason: str
+    path: Path
+    document: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    def export(self, format: str, path: str | Path) -> list[Path]:
+        from autofit.export.write import export_plan
+
+        return export_plan(self, format, path)
+
+
+def load_plan(path: str | Path) -> LoadedPlan:
+    """Read an `autofit` plan YAML (from `--export PATH --format autofit`, or the side file
+    `<name>.autofit.yaml` of the other formats)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise AutofitError(
+            f"No plan file at {str(p)!r}. Write one with `autofit plan ... --export plan.yaml` "
+            "or `autofit export --storage URL --study NAME --format autofit --output plan.yaml`."
+        )
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise AutofitError(f"{p}: not a readable YAML plan ({exc}).") from None
+    if not isinstance(data, dict) or "autofit_plan" not in data:
+        raise AutofitError(
+            f"{p} is not an autofit plan (no `autofit_plan:` key). Pass the file written by "
+            "`--format autofit`, or the `.autofit.yaml` file next to an accelerate/trainer export."
+        )
+    if not isinstance(data.get("config"), dict):
+        raise AutofitError(f"{p}: the plan has no `config:` mapping with the winner's knobs.")
+    config = Config.from_dict(data["config"], where=str(p))  # ConfigError names the bad knob
+    best = LoadedBest(
+        config=config,
+        tokens_per_s=data.get("tokens_per_s"),
+        peak_bytes=data.get("peak_bytes"),
+        step_time_s=data.get("step_time_s"),
+        measured=bool(data.get("measured")),
+        verified=bool(data.get("verified")),
+    )
+    hw = data.get("hardware") or {}
+    return LoadedPlan(
+        best=best,
+        model=str(data.get("model", "")),
+        seq_len=int(data.get("seq_len") or config.seq_len),
+        global_batch=data.get("global_batch"),
+        n_gpus=int(hw.get("n_gpus") or 1),
+        env=dict(data["env"] if data.get("env") is not None else ALLOC_ENV),
+        reason=str(data.get("reason", "")),
+        path=p,
+        document=data,
+    )
+
+
+def env_text(doc: dict[str, Any]) -> str:
+    """The environment the trials ran with, as `K=V ...`; empty for a CPU plan (the CUDA
+    allocator setting means nothing there)."""
+    if (doc.get("hardware") or {}).get("device") == "cpu":
+        return ""
+    env = doc.get("env") or ALLOC_ENV
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def side_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.autofit.yaml")

@@ -1,0 +1,100 @@
+"""What to change when nothing measured fits: the sentences of `Plan.advice`."""
+
+from __future__ import annotations
+
+from autofit.plan import Candidate, Outcome, infeasible_advice, trial_status
+from autofit.search.candidates import Candidates, Setting
+from autofit.units import fmt_size
+
+
+def no_winner_advice(
+    s: Setting,
+    cands: Candidates,
+    trial_cands: list[Candidate],
+    *,
+    trials: int | None = None,
+    timeout: float | None = None,
+    trial_timeout: float | None = None,
+) -> str:
+    """Nothing measured fits: say what happened and what to change. Every candidate ruled out
+    before a trial: what bound and what would help (`infeasible_advice`); no trial finished: the
+    search time limit; trials timed out: --trial-timeout and its value; trials failed: the first
+    error; trials ran out of memory or crossed the line: the nearest one; candidates left untried:
+    the budget or time that ran out."""
+    if not cands.trialable and not trial_cands:
+        return _infeasible(s, cands, list(cands.all.values()))
+    may_fit = len(cands.trialable)
+    if not trial_cands:
+        if timeout is not None:
+            each = (
+                f" (each may take up to --trial-timeout {trial_timeout:g} s)"
+                if trial_timeout
+                else ""
+            )
+            return (
+                f"No trial ran within the search time limit (--search-timeout {timeout:g} s), so "
+                f"none of the {may_fit:,} candidate(s) that may fit was measured. Raise "
+                f"--search-timeout to leave time for at least one trial{each}, or leave it unset."
+            )
+        return (
+            f"No trial has finished yet, so none of the {may_fit:,} candidate(s) that may fit was "
+            "measured: run the same command again to measure them (finished trials are kept)."
+        )
+    latest = list({c.config: c for c in trial_cands}.values())
+    outcome = {id(c): trial_status(c.trial, s.allowed_bytes) for c in latest}
+    by_status: dict[str, int] = {}
+    for c in latest:
+        by_status[outcome[id(c)]] = by_status.get(outcome[id(c)], 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(by_status.items()))
+    line = fmt_size(s.allowed_bytes)
+    ran = f"{len(latest)} trial{'s' if len(latest) != 1 else ''} ran"
+    lines = [f"{ran} ({summary}); none finished under the {line} headroom line."]
+    timeouts = [c for c in latest if c.trial.status == Outcome.TIMEOUT]
+    if timeouts:
+        limit = trial_timeout or max(c.trial.wall_s for c in timeouts)
+        lines.append(
+            f"{len(timeouts)} timed out at the per-trial limit of {limit:g} s: raise "
+            f"--trial-timeout (e.g. --trial-timeout {2 * limit:g}); a trial also builds the "
+            "model and warms up before its measured steps."
+        )
+    errors = [c for c in latest if c.trial.status == Outcome.ERROR]
+    if errors:
+        first = errors[0]
+        text = (first.trial.message or "").strip()
+        msg = text.splitlines()[0][:200] if text else "(no message)"
+        lines.append(
+            f"{len(errors)} failed with an error; the first ('{first.config.short()}'): {msg} "
+            "Fix that, or run the config alone with `autofit trial` to see its whole output."
+        )
+    memory = [c for c in latest if outcome[id(c)] in (Outcome.OOM, Outcome.OVER_LINE)]
+    over = [c for c in latest if outcome[id(c)] == Outcome.OVER_LINE]
+    if over:
+        near = min(over, key=lambda c: c.trial.peak_bytes or 0)
+        lines.append(
+            f"Nearest measured: '{near.config.short()}' peaked at "
+            f"{fmt_size(near.trial.peak_bytes)}."
+        )
+    measured = {c.config for c in latest}
+    untried = [c for c in cands.trialable if c.config not in measured]
+    if untried:
+        if trials is not None and len(latest) >= trials:
+            why, change = f"the trial budget (--trials {trials}) was spent", "raise --trials"
+        elif timeout is not None:
+            why = f"the search time limit (--search-timeout {timeout:g} s) ran out"
+            change = "raise --search-timeout (or leave it unset)"
+        else:
+            why, change = "the search stopped", "run the same command again"
+        lines.append(
+            f"{len(untried):,} candidate(s) that may fit were not tried because {why}: {change} "
+            "to measure them."
+        )
+    elif memory:
+        lines.append(_infeasible(s, cands, [cands.all[cfg] for cfg in cands.pruned] + memory))
+    return " ".join(lines)
+
+
+def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str:
+    return infeasible_advice(
+        s.model, s.hardware, s.space, rejected, s.seq_len, s.global_batch, s.margin, s.device,
+        skipped=cands.counts,
+    )  # fmt: skip
