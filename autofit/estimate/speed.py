@@ -21,7 +21,7 @@ GPU measurement calibrates them, and docs/accuracy.md tracks them. The terms (`T
 
 from __future__ import annotations
 
-from typing import Any
+from functools import lru_cache
 
 from autofit.config import trained_token_count, wrap_units
 from autofit.estimate.memory import (
@@ -313,42 +313,35 @@ def layer_module_calls(s: Structure, rank: int, targets: tuple[str, ...] | None)
     return LAYER_MODULE_CALLS + len(s.projections) + lora
 
 
+@lru_cache(maxsize=1024)
 def layer_param_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None) -> int:
     """Parameter tensors of one decoder layer: projection weights and biases, norm scales (one per
     `hidden` values), a router and the experts' three stacked tensors, two per LoRA adapter."""
-    memo: dict[Any, int] = s.__dict__.setdefault("_tensor_memo", {})
-    if (rank > 0, targets) in memo:
-        return memo[(rank > 0, targets)]
     norms = max(1, round(s.layer_norm_params / max(s.hidden, 1)))
     n = len(s.projections) + sum(p.bias for p in s.projections) + norms
     if s.experts:
         n += 4
     if rank > 0:
         n += 2 * len(s.targets(targets))
-    memo[(rank > 0, targets)] = n
     return n
 
 
 # ----- one micro-step, memoised -------------------------------------------------------------------
+@lru_cache(maxsize=4096)
 def micro_step_times(
     s: Structure, tokens: int, seq_len: int, rank: int, targets: tuple[str, ...] | None,
     checkpointing: str, flops_per_s: float, bytes_per_s: float, train_embeddings: str = "none",
 ) -> dict[str, float]:  # fmt: skip
-    """Seconds of one eager micro-step on one GPU, memoised on the structure: `compute` (matmuls),
-    `memory_bound` (elementwise kernels) and `overhead` (CPU-side module calls), each split as
-    `layers_*`
-    (inside the decoder layers, what compile touches) and the whole; `backward` is the part of
+    """Seconds of one eager micro-step on one GPU, memoised by value (an equal structure is the
+    same model, so an entry never answers for another; the returned dict is shared: read it):
+    `compute` (matmuls), `memory_bound` (elementwise kernels) and `overhead` (CPU-side module
+    calls), each split as `layers_*` (inside the decoder layers, what compile touches) and the
+    whole; `backward` is the part of
     both that runs in backward (what a reduce-scatter or gradient copy can hide behind).
 
     `flops_per_s` and `bytes_per_s` are the achievable throughputs (peak x efficiency). A LoRA
     run that trains the embeddings and head (`train_embeddings`) computes the head's weight
     gradient and the embedding's (`trained_embedding_bytes`)."""
-    memo: dict[Any, dict[str, float]] = s.__dict__.setdefault("_time_memo", {})
-    key = (tokens, seq_len, rank, targets, checkpointing, flops_per_s, bytes_per_s,
-           train_embeddings)  # fmt: skip
-    found = memo.get(key)
-    if found is not None:
-        return found
     frozen = rank > 0
     fwd = dgrad = wgrad = 0.0
     for m, k, n in layer_gemms(s, tokens):
@@ -392,7 +385,7 @@ def micro_step_times(
         layer_fwd_mm * recompute + layer_bwd_mm + (layer_fwd_mb + calls) * recompute_mb
         + layer_bwd_mb + calls
     ) + head_bwd + root_mb_bwd + root_calls  # fmt: skip
-    found = memo[key] = {
+    return {
         "layers_compute": layers_mm,
         "compute": layers_mm + hf + head_bwd,
         "layers_memory_bound": layers_mb,
@@ -401,7 +394,6 @@ def micro_step_times(
         "overhead": layers_calls + 2 * root_calls,
         "backward": backward,
     }
-    return found
 
 
 def compiled_layer_time(layers_compute: float, layers_memory_bound: float) -> tuple[float, float]:
@@ -428,16 +420,13 @@ def dequant_passes(checkpointing: str) -> float:
     return 2.0 + _recompute_share(checkpointing)
 
 
+@lru_cache(maxsize=1024)
 def dequant_time(s: Structure, quant: str, checkpointing: str, mem_bw_gbs: float) -> float:
     """Dequantizing int8/NF4 weights to bf16 before each matmul, one micro-step: the kernels
     torchao runs (`NF4_DEQUANT_BYTES`, `INT8_DEQUANT_BYTES`) over HBM bandwidth, at least their
     launches per weight tensor (`KERNEL_LAUNCH_S`)."""
     if quant == "none":
         return 0.0
-    memo: dict[Any, float] = s.__dict__.setdefault("_dequant_memo", {})
-    key = (quant, checkpointing, mem_bw_gbs)
-    if key in memo:
-        return memo[key]
     nbytes, kernels = {
         "nf4": (NF4_DEQUANT_BYTES, NF4_DEQUANT_KERNELS),
         "int8": (INT8_DEQUANT_BYTES, INT8_DEQUANT_KERNELS),
@@ -446,8 +435,7 @@ def dequant_time(s: Structure, quant: str, checkpointing: str, mem_bw_gbs: float
     for p in s.projections:
         moved = p.weight_params * nbytes / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)
         per_pass += max(moved, kernels * KERNEL_LAUNCH_S)
-    memo[key] = dequant_passes(checkpointing) * s.layers * per_pass
-    return memo[key]
+    return dequant_passes(checkpointing) * s.layers * per_pass
 
 
 # ----- communication ------------------------------------------------------------------------------
