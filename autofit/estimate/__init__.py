@@ -19,6 +19,7 @@ from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
 from autofit.estimate.speed import TIME_KEYS
+from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.structure import Structure
@@ -185,7 +186,7 @@ def estimate_many(
                   outside=(flat, hsdp), optimizer_impl=optimizer_impl,
                   expandable_segments=expandable_segments)  # fmt: skip
     step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
-    parts_memo: dict[Any, Any] = {}  # `step_time`'s parts, per value of the knobs each reads
+    parts = step_time_terms(s, hardware)  # `step_time`'s parts, per value of their knobs
     capacity = gpu.memory_bytes
     host_cap = hardware.host_ram_bytes
     host_usable = mem.usable_host_bytes(host_cap)
@@ -201,7 +202,7 @@ def estimate_many(
         if timed is None:
             if len(step_times) >= MEMO_SIZE:
                 step_times.clear()
-            times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts_memo)
+            times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts)
             timed = step_times[key] = times, sum(times.values()), links
         times, step, links = timed
         tokens = config.micro_batch * config.grad_accum * n * config.seq_len
@@ -295,9 +296,15 @@ def _slack_group(config: Config, peak: Any) -> tuple[Any, ...]:
     return config.micro_batch, config.checkpointing, config.lora_rank > 0, peak.sharding
 
 
+def step_time_terms(s: Structure, hardware: Hardware) -> tuple[Callable[..., Any], ...]:
+    """`step_time`'s two parts for configs of one model on one piece of hardware, each computed
+    once per value of the knobs it reads (`autofit.estimate.terms`)."""
+    return _gpu_work.memo(s, hardware), _transfers.memo(s, hardware)
+
+
 def step_time(
     s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int,
-    memo: dict[Any, Any] | None = None,
+    terms: tuple[Callable[..., Any], ...] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
     """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step;
     and the `communication` by link (`LINK_KEYS`).
@@ -310,21 +317,12 @@ def step_time(
     runs behind its backward: `_transfers` sizes them. Only the exposed parts count as
     `communication` and `offload`. Past one node each collective moves at its group's link
     (`_transfers`); the exposed communication is split by link in proportion to the seconds each
-    link's collectives take. `memo` (one per hardware) keeps both parts per value of the knobs
-    they read: `estimate_many` scores a space with it.
+    link's collectives take. `terms` (`step_time_terms`, of the same model and hardware) keeps
+    both parts per value of the knobs they read: `estimate_many` scores a space with it.
     """
-    memo = {} if memo is None else memo
-    wkey = ("work", config.micro_batch, config.seq_len, config.lora_rank, config.lora_targets,
-            config.checkpointing, config.compile, config.quant,
-            config.train_embeddings)  # fmt: skip
-    work = memo.get(wkey)
-    if work is None:
-        work = memo[wkey] = _gpu_work(s, hardware, config)
-    tkey = ("transfers", config.wrap, shard, config.reshard, config.quant, config.lora_rank,
-            config.lora_targets, config.offload, config.precision, config.optimizer)  # fmt: skip
-    tr = memo.get(tkey)
-    if tr is None:
-        tr = memo[tkey] = _transfers(s, hardware, config, trainable, shard)
+    work_of, transfers_of = terms or step_time_terms(s, hardware)
+    work = work_of(config)
+    tr = transfers_of(config, trainable, shard)
     compute, memory_bound, overhead, dequant, backward = work
     (gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim,
      gather_net, reduce_net, reduce_busy_net) = tr  # fmt: skip
@@ -368,7 +366,9 @@ def step_time(
     return times, {"intra": times["communication"] - inter, "inter": inter, "network_busy": network}
 
 
-def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, ...]:
+@reads("micro_batch", "seq_len", "lora_rank", "lora_targets", "checkpointing", "compile", "quant",
+       "train_embeddings")  # fmt: skip
+def _gpu_work(k: Any, s: Structure, hardware: Hardware) -> tuple[float, ...]:
     """One micro-step's (compute, memory_bound, overhead, dequant, backward) seconds on one GPU,
     with `compile` applied (`speed.compiled_layer_time`: its saving taken from the CPU overhead
     first, then the memory-bound kernels); `backward` is the part of the four that runs in
@@ -377,12 +377,12 @@ def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, 
     flops_per_s = gpu.bf16_tflops * 1e12 * spd.GEMM_EFFICIENCY
     bytes_per_s = gpu.mem_bw_gbs * 1e9 * spd.MEM_BW_EFFICIENCY
     micro = spd.micro_step_times(
-        s, config.micro_batch * config.seq_len, config.seq_len, config.lora_rank,
-        config.lora_targets, config.checkpointing, flops_per_s, bytes_per_s,
-        config.train_embeddings,
+        s, k.micro_batch * k.seq_len, k.seq_len, k.lora_rank,
+        k.lora_targets, k.checkpointing, flops_per_s, bytes_per_s,
+        k.train_embeddings,
     )  # fmt: skip
     compute, memory_bound, overhead = micro["compute"], micro["memory_bound"], micro["overhead"]
-    if config.compile:
+    if k.compile:
         layers_oh = micro["layers_overhead"]
         layers_mm, layers_rest = spd.compiled_layer_time(
             micro["layers_compute"], micro["layers_memory_bound"] + layers_oh
@@ -391,14 +391,16 @@ def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, 
         compute += layers_mm - micro["layers_compute"]
         overhead -= min(removed, layers_oh)
         memory_bound -= removed - min(removed, layers_oh)
-    dequant = spd.dequant_time(s, config.quant, config.checkpointing, gpu.mem_bw_gbs)
+    dequant = spd.dequant_time(s, k.quant, k.checkpointing, gpu.mem_bw_gbs)
     eager = micro["compute"] + micro["memory_bound"] + micro["overhead"] + dequant
     busy = compute + memory_bound + overhead + dequant
     return compute, memory_bound, overhead, dequant, micro["backward"] * busy / eager
 
 
+@reads("wrap", "shard", "reshard", "quant", "lora_rank", "lora_targets", "offload", "precision",
+       "optimizer")  # fmt: skip
 def _transfers(
-    s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int
+    k: Any, s: Structure, hardware: Hardware, trainable: int, shard: int
 ) -> tuple[Any, ...]:
     """What moves between GPUs and host in one step, in seconds before any overlap: per
     micro-step all-gathers (`gather`, per-call latency included) and param H2D copies (`h2d`),
@@ -409,7 +411,7 @@ def _transfers(
     all-gathers do (1.0) or not (0.0), the share of `reduce` that does, and the reduction's
     seconds on the network before any overlap.
 
-    Each collective runs over its group of the mesh (`autofit.config.mesh_shape`, whose shard
+    Each collective runs over its group of the mesh (`autofit.k.mesh_shape`, whose shard
     degree `shard` is) at that group's bandwidth (`speed.group_bw`) with a latency per network
     step (`speed.collective_latency`): the all-gathers and the reduce-scatter over the shard
     dimension (every GPU under `shard: all`, so across nodes; one node's GPUs under HSDP), and
@@ -419,41 +421,41 @@ def _transfers(
     two pipeline over the units). DDP's all-reduce spans every GPU."""
     gpu = hardware.smallest_gpu
     n = max(hardware.n_gpus, 1)
-    sharding = sharding_for(config.wrap, n)
+    sharding = sharding_for(k.wrap, n)
     fsdp = sharding is Sharding.FSDP2
     # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
     # behind, so nothing overlaps there.
     on_cpu = hardware.source == "cpu"
     per_node = min(max(hardware.gpus_per_node, 1), n)
-    replicas = mesh_shape(config.shard, n, per_node)[0] if fsdp else 1
+    replicas = mesh_shape(k.shard, n, per_node)[0] if fsdp else 1
     # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
     group = shard if fsdp else n
     group_nodes = -(-group // per_node)
     group_bw = spd.group_bw(hardware.link_bw_gbs, hardware.inter_node_bw_gbs, group_nodes,
                             min(group, per_node))  # fmt: skip
     latency = spd.collective_latency(on_cpu, group_nodes - 1)
-    units = len(wrap_units(config.wrap, s.layers))
-    gathers, reduces = spd.fsdp_collectives(units, s.tied_embeddings, config.reshard)
-    prefetch_units = 1 if on_cpu or not units else gathers - units * config.reshard
-    pb = mem.master_bytes(config.precision, config.optimizer)
+    units = len(wrap_units(k.wrap, s.layers))
+    gathers, reduces = spd.fsdp_collectives(units, s.tied_embeddings, k.reshard)
+    prefetch_units = 1 if on_cpu or not units else gathers - units * k.reshard
+    pb = mem.master_bytes(k.precision, k.optimizer)
     per_gpu = trainable / shard
     gathered = spd.comm_bytes_per_micro_step(
-        s, config.quant, config.lora_rank, config.wrap, config.reshard, config.lora_targets
+        s, k.quant, k.lora_rank, k.wrap, k.reshard, k.lora_targets
     )
     gather = spd.ring_time(gathered, shard, group_bw)
     if fsdp and shard > 1:
         gather += gathers * latency
     h2d = 0.0
-    if config.offload == "params":  # the sharded params in their stored dtype (fp32 masters)
-        stored = gathered / shard * (pb / mem.BF16 if not config.lora_rank else 1.0)
+    if k.offload == "params":  # the sharded params in their stored dtype (fp32 masters)
+        stored = gathered / shard * (pb / mem.BF16 if not k.lora_rank else 1.0)
         h2d = spd.pcie_time(stored, gpu.pcie_bw_gbs)
     overhead_micro = overhead_step = 0.0
     if fsdp:  # FSDP2's per-parameter work in each all-gather, and in the one reduce-scatter
-        tensors = s.layers * spd.layer_param_tensors(s, config.lora_rank, config.lora_targets)
-        overhead_micro = (2 if config.reshard else 1) * tensors * spd.FSDP2_PER_PARAM_S
+        tensors = s.layers * spd.layer_param_tensors(s, k.lora_rank, k.lora_targets)
+        overhead_micro = (2 if k.reshard else 1) * tensors * spd.FSDP2_PER_PARAM_S
         overhead_step = tensors * spd.FSDP2_PER_PARAM_S
     ddp = sharding is Sharding.DDP
-    reduced = spd.reduce_bytes_per_step(trainable, config.precision, config.optimizer, ddp)
+    reduced = spd.reduce_bytes_per_step(trainable, k.precision, k.optimizer, ddp)
     reduce = spd.ring_time(reduced, group, group_bw)
     if reduce and fsdp:
         reduce += reduces * latency
@@ -472,13 +474,11 @@ def _transfers(
     if across:  # on two streams: each unit's all-reduce runs beside the next reduce-scatter
         chain = reduce + across if on_cpu else max(reduce, across)
         reduce = chain + (0.0 if on_cpu else min(reduce, across) / max(reduces, 1))
-    d2h = spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if config.offload != "none" else 0.0
+    d2h = spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload != "none" else 0.0
     # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
-    h2d_step = (
-        spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if config.offload == "optimizer" else 0.0
-    )
+    h2d_step = spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload == "optimizer" else 0.0
     optim = spd.optimizer_step_time(
-        per_gpu, config.optimizer, config.precision, gpu.mem_bw_gbs, config.offload != "none"
+        per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != "none"
     )
     return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
             reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim, net, reduce_net,

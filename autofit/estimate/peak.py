@@ -14,7 +14,6 @@ LoRA with `full` or `every-2` recomputation, whose compiled MLP backward holds m
 from __future__ import annotations
 
 from dataclasses import fields
-from functools import lru_cache, partial
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -22,6 +21,7 @@ from autofit.arch import step_events_of, structure_of
 from autofit.config import Config, Sharding, sharding_for, uses_autocast
 from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
+from autofit.estimate.terms import reads
 from autofit.models import ModelSpec
 from autofit.recipe import DTYPE_BYTES, base_stays_whole, checkpointed_layers, reduce_dtype
 from autofit.structure import ActivationKey, Structure
@@ -92,12 +92,10 @@ class Peaks:
         if outside is None:
             flat = mem.outside_allocator_bytes(device, n)
             outside = (flat, flat)
-        self._model_state = lru_cache(maxsize=None)(
-            partial(
-                _model_state, s, n, per_node, device, float(workspace), outside, optimizer_impl
-            )  # fmt: skip
+        self._model_state = _model_state.memo(
+            s, n, per_node, device, float(workspace), outside, optimizer_impl
         )
-        self._activations = lru_cache(maxsize=None)(partial(_activations, model, s))
+        self._activations = _activations.memo(model, s)
         self._workspace = float(workspace)
         self._outside = outside
         self._model = model
@@ -174,18 +172,11 @@ class Peaks:
         return replay_slack(per_layer, shape, expandable_segments=self._expandable)
 
     def _state(self, c: Config) -> _ModelState:
-        return self._model_state(
-            c.wrap, c.shard if self._hsdp else "all", c.reshard, c.quant, c.lora_rank,
-            c.lora_targets, c.precision, c.optimizer, c.offload, c.grad_accum > 1,
-            c.train_embeddings,
-        )  # fmt: skip
+        return self._model_state(c, c.shard if self._hsdp else "all", c.grad_accum > 1)
 
     def _peak(self, c: Config) -> Peak:
         m = self._state(c)
-        a = self._activations(
-            c.micro_batch, c.seq_len, c.lora_rank, c.checkpointing, m.autocast, c.lora_targets,
-            c.lora_dropout, c.loss, c.quant, c.train_embeddings,
-        )  # fmt: skip
+        a = self._activations(c, m.autocast)
         outside = self._outside[1 if self._hsdp and c.shard == "node" else 0]
         if c.compile and mem.compiled_fusion_applies(c.lora_rank, c.checkpointing):
             fused = mem.compiled_mlp_fusion_bytes(
@@ -206,34 +197,39 @@ class _ModelState(NamedTuple):
     later_total: float
 
 
+@reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "precision", "optimizer", "offload",
+       "train_embeddings")  # fmt: skip
 def _model_state(
-    s: Structure, n: int, per_node: int, device: str, workspace: float,
-    outsides: tuple[dict[str, int], dict[str, int]], optimizer_impl: str, wrap: str, mesh: str,
-    reshard: bool,
-    quant: str, lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool, embeddings: str = "none",
+    k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
+    outsides: tuple[dict[str, int], dict[str, int]], optimizer_impl: str, mesh: str,
+    accumulates: bool,
 ) -> _ModelState:  # fmt: skip
     """The model state of a config: its persistent state, its gathered parameters (through
     autocast's copies, which its precision and sharding decide) and the moments after forward.
-    `mesh` is the `shard` knob; `per_node` the GPUs of a node (`n` on one node); `embeddings`
-    the `train_embeddings` setting."""
-    st = _states(s, n, per_node, device, wrap, mesh, quant, lora, targets, precision, optimizer,
-                 offload, accumulates, embeddings)  # fmt: skip
+    `mesh` is the `shard` knob (`all` on one node, where `node` is the same mesh); `per_node` the
+    GPUs of a node (`n` on one node); `accumulates` whether `grad_accum` > 1."""
+    st = _states(
+        s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
+        k.optimizer, k.offload, accumulates, k.train_embeddings,
+    )  # fmt: skip
     if (
         optimizer_impl != "fused"
         and device != "cpu"
-        and optimizer == "adamw"
-        and (offload == "none")
+        and k.optimizer == "adamw"
+        and (k.offload == "none")
     ):  # a launch that leaves torch's AdamW at its default (the step runs on the GPU)
         temp = mem.foreach_temp_bytes(
-            st.trainable, mem.master_bytes(precision), st.shard, optimizer_impl
+            st.trainable, mem.master_bytes(k.precision), st.shard, optimizer_impl
         )
         st = st._replace(opt_temp=max(st.opt_temp, temp))
-    autocast = uses_autocast(precision, optimizer, st.sharding)
-    g = _gathered(s, n, device, wrap, reshard, quant, lora, targets, autocast, embeddings)
+    autocast = uses_autocast(k.precision, k.optimizer, st.sharding)
+    g = _gathered(
+        s, n, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
+        k.train_embeddings
+    )  # fmt: skip
     # a trained head's gradient exists from its backward on, the last layer's included
     head_grad = mem.trained_head_grad_bytes(
-        s, embeddings, st.sharding, st.shard, precision, optimizer, accumulates
+        s, k.train_embeddings, st.sharding, st.shard, k.precision, k.optimizer, accumulates
     )
     g = g._replace(layer_grads=g.layer_grads + head_grad)
     outside = outsides[1 if mesh == "node" and per_node < n else 0]
@@ -451,31 +447,35 @@ class _Activations(NamedTuple):
     head_out_grad: float = 0.0  # the head output's gradient in its compute dtype (`standard`)
 
 
-def _activations(
-    model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora: int, checkpointing: str,
-    autocast: bool, targets: mem.Targets, dropout: float, loss: str, quant: str,
-    embeddings: str = "none",
-) -> _Activations:  # fmt: skip
+@reads("micro_batch", "seq_len", "lora_rank", "checkpointing", "lora_targets", "lora_dropout",
+       "loss", "quant", "train_embeddings")  # fmt: skip
+def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Activations:
     """Activations of one micro-batch, from the traced layer (and a trained head's, which the
-    trace of the frozen one does not keep: `mem.trained_head_loss_bytes`)."""
+    trace of the frozen one does not keep: `mem.trained_head_loss_bytes`), under `autocast`
+    (what the model state's precision and sharding decide)."""
     acts, logits = mem.activation_bytes(
-        model, s, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout, loss
-    )
+        model, s, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
+        k.lora_dropout, k.loss
+    )  # fmt: skip
     backward = mem.layer_backward_bytes(
-        model, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout
-    ) + mem.dequant_transient_bytes(s, quant)
-    if quant == "int8":
-        acts += mem.int8_saved_weight_bytes(s, checkpointing)
+        model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
+        k.lora_dropout
+    ) + mem.dequant_transient_bytes(s, k.quant)  # fmt: skip
+    if k.quant == "int8":
+        acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
-        model, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout, loss
-    )
+        model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
+        k.lora_dropout, k.loss
+    )  # fmt: skip
     head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
-        s, micro_batch, seq_len, embeddings, loss
+        s, k.micro_batch, k.seq_len, k.train_embeddings, k.loss
     )
     # the head's backward runs on its output's bf16 gradient, once the fp32 loss tensors over
     # the vocabulary are freed (the chunked loss computes the head's gradient itself)
     head_out_grad = (
-        micro_batch * seq_len * s.vocab * mem.BF16 if mem.traced_loss(loss) == "standard" else 0.0
+        k.micro_batch * k.seq_len * s.vocab * mem.BF16
+        if mem.traced_loss(k.loss) == "standard"
+        else 0.0
     )
     return _Activations(
         acts, logits + head_at_loss, loss_forward + head_in_forward, backward, head_out_grad
