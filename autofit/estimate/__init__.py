@@ -6,7 +6,6 @@ of thousands of candidates per second, which is what lets the search prune befor
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
@@ -230,13 +229,15 @@ def estimate_many(
     return out
 
 
-REPLAY_BUDGET_S = 0.05
-"""Seconds a batch of estimates spends replaying allocation sequences (`autofit.estimate.slack`,
-tens of milliseconds each at 7B-70B) beyond the first: the candidates nearest the capacity line
-are replayed first, the rest take the slack share of the replayed configs like them. 0 replays
-none (every slack is then `memory.allocator_overhead`'s assumed share: what a test that scores
-thousands of single configs sets)."""
-_LAST_REPLAY = [0.0]  # seconds the last fresh replay took in this process
+REPLAY_BUDGET_EVENTS = 17_000
+"""Allocator events a batch of estimates replays (`autofit.estimate.slack`) beyond the first
+replay: the candidates nearest the capacity line are replayed first, the rest take the slack
+share of the replayed configs like them. Counted in events, not seconds, so that a plan gives the
+same slacks however loaded the machine: 50 ms at the allocator model's 340,000 events/s on one
+core (`python bench/allocator_speed.py`, expandable segments). A replay of a 7B-70B step is
+16,000-18,000 events (two steps of 16 layers), so today a batch replays one distinct config.
+0 replays none (every slack is then `memory.allocator_overhead`'s assumed share: what a test that
+scores thousands of single configs sets)."""
 
 NEAR_CAPACITY = (0.5, 1.3)
 """Allocated peaks, as shares of the usable memory, whose allocator slack decides whether they
@@ -248,8 +249,9 @@ def _allocator_slacks(
 ) -> Callable[[Config, Any], int]:
     """The caching allocator's slack of a config's peak, as a function of (config, peak): a
     replay of its step through the allocator model (`Peaks.replayed_slack`) for the configs
-    nearest the capacity line within `REPLAY_BUDGET_S` (the first one always, unless the budget
-    is 0), and for the others the largest slack share (slack / allocated) among the replayed
+    nearest the capacity line within `REPLAY_BUDGET_EVENTS` (the first one always, unless the
+    budget is 0; a config whose replay this batch has already made costs nothing), and for the
+    others the largest slack share (slack / allocated) among the replayed
     configs of the same micro-batch, checkpointing, LoRA and sharding (else of all), or the
     assumed share where none was replayed. Nothing on CPU, which has no caching allocator."""
     if device == "cpu" or not held:
@@ -261,18 +263,22 @@ def _allocator_slacks(
         near = [min(range(len(held)), key=lambda i: abs(share[i] - 0.95))]
     replayed: dict[int, int] = {}  # id(peak) -> slack
     ratios: dict[tuple[Any, ...], float] = {}
-    budget = REPLAY_BUDGET_S
-    deadline = time.monotonic() + budget
-    for count, i in enumerate(near):
+    budget = REPLAY_BUDGET_EVENTS
+    spent = last = 0  # events of this batch's distinct replays, and of the last one
+    made: set[Any] = set()  # their keys
+    for i in near:
         config, peak = estimates[i].config, held[i]
-        fresh = not peaks.has_replayed(config)
-        # a replay that would end past the deadline is not begun (the first always is)
-        if budget <= 0 or (count and fresh and time.monotonic() + _LAST_REPLAY[0] > deadline):
+        key = peaks.replay_key(config)
+        fresh = key not in made
+        # a replay expected (as large as the last) to end past the budget is not begun (the
+        # first always is)
+        if budget <= 0 or (made and fresh and spent + last > budget):
             break
-        start = time.monotonic()
-        slack = replayed[id(peak)] = peaks.replayed_slack(config).slack
+        replay = peaks.replayed_slack(config)
+        slack = replayed[id(peak)] = replay.slack
         if fresh:
-            _LAST_REPLAY[0] = time.monotonic() - start
+            made.add(key)
+            spent, last = spent + replay.events, replay.events
         g = _slack_group(config, peak)
         ratios[g] = max(ratios.get(g, 0.0), slack / max(peak.allocated, 1))
     overall = max(ratios.values()) if ratios else None

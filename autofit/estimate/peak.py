@@ -122,7 +122,7 @@ class Peaks:
         """The caching allocator's slack at `c`'s peak, from a replay of two of its steps
         (`autofit.estimate.slack`), once per distinct value of the knobs a peak reads (and per
         process: `_REPLAYS` keeps them across batches)."""
-        key = self._replay_key(c)
+        key = self.replay_key(c)
         found = _REPLAYS.get(key)
         if found is None:
             if len(_REPLAYS) >= REPLAY_MEMO_SIZE:
@@ -130,10 +130,8 @@ class Peaks:
             found = _REPLAYS[key] = self._replay(c)
         return found
 
-    def has_replayed(self, c: Config) -> bool:
-        return self._replay_key(c) in _REPLAYS
-
-    def _replay_key(self, c: Config) -> tuple[Any, ...]:
+    def replay_key(self, c: Config) -> tuple[Any, ...]:
+        """What a replay depends on: configs with equal keys have the same slack."""
         return (self._model, self._n, self._per_node, self.device, self._expandable,
                 self._optimizer_impl, EAGER_KNOBS(c))  # fmt: skip
 
