@@ -24,7 +24,7 @@ __all__ = ["Term", "reads"]
 class Term(Generic[T]):
     """A function of a config's `knobs` (given as a named tuple of just them) and of arguments
     that are not knobs: what a model or hardware fixes (`memo`'s `context`), or values derived
-    from other terms (passed with each call, and part of the key)."""
+    from other terms (passed with each call, and part of the key). Called through `memo` only."""
 
     def __init__(self, fn: Callable[..., T], knobs: tuple[str, ...]) -> None:
         unknown = set(knobs) - {f for f in Config.__dataclass_fields__}
@@ -34,9 +34,6 @@ class Term(Generic[T]):
         self.knobs = knobs
         self.key = attrgetter(*knobs)
         self.view = namedtuple(f"{fn.__name__.lstrip('_')}_knobs", knobs)._make  # type: ignore[misc]
-
-    def __call__(self, config: Config, *args: Any) -> T:
-        return self.fn(self.view(self.key(config)), *args)
 
     def memo(self, *context: Any) -> Callable[..., T]:
         """The term with `context` bound, computed once per distinct value of its knobs and of the
