@@ -233,11 +233,12 @@ REPLAY_BUDGET_EVENTS = 17_000
 """Allocator events a batch of estimates replays (`autofit.estimate.slack`) beyond the first
 replay: the candidates nearest the capacity line are replayed first, the rest take the slack
 share of the replayed configs like them. Counted in events, not seconds, so that a plan gives the
-same slacks however loaded the machine: 50 ms at the allocator model's 340,000 events/s on one
-core (`python bench/allocator_speed.py`, expandable segments). A replay of a 7B-70B step is
-16,000-18,000 events (two steps of 16 layers), so today a batch replays one distinct config.
-0 replays none (every slack is then `memory.allocator_overhead`'s assumed share: what a test that
-scores thousands of single configs sets)."""
+same slacks however loaded the machine. A replay of a 7B-70B step is 16,000-18,000 events (two
+steps of 16 layers) and took 26-150 ms end to end on this project's loaded 2-core machine (the
+allocator model alone: 0.3-1.4 million events/s, `python bench/allocator_speed.py`), so the
+earlier budget of 0.05 s let a batch replay one distinct config; 17,000 events keeps exactly
+that. 0 replays none (every slack is then `memory.allocator_overhead`'s assumed share: what a
+test that scores thousands of single configs sets)."""
 
 NEAR_CAPACITY = (0.5, 1.3)
 """Allocated peaks, as shares of the usable memory, whose allocator slack decides whether they
