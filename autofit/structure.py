@@ -8,7 +8,7 @@ This module imports no torch and nothing of the builder's.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from autofit.errors import ConfigError
@@ -172,11 +172,7 @@ class Structure:
 
     def lora_per_rank(self, targets: tuple[str, ...] | None = None) -> int:
         """LoRA parameters per unit of rank (memoised: the estimator asks per candidate)."""
-        memo: dict[Any, int] = self.__dict__.setdefault("_lora_memo", {})
-        if targets not in memo:
-            per_layer = sum(p.in_features + p.out_features for p in self.targets(targets))
-            memo[targets] = self.layers * per_layer
-        return memo[targets]
+        return _lora_per_rank(self, targets)
 
     def largest_lora_matrix(self, targets: tuple[str, ...] | None = None) -> int:
         """Width of the largest adapter matrix per unit of rank (max of in and out)."""
@@ -193,6 +189,13 @@ class Structure:
         values = dict(data)
         values["projections"] = tuple(Projection(**p) for p in data["projections"])
         return cls(**values)
+
+
+@lru_cache(maxsize=1024)
+def _lora_per_rank(s: Structure, targets: tuple[str, ...] | None) -> int:
+    """`Structure.lora_per_rank`, memoised by value: an equal structure has the same projections,
+    so an entry cannot answer for another model; the cache holds at most `maxsize` structures."""
+    return s.layers * sum(p.in_features + p.out_features for p in s.targets(targets))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Latency of small gloo collectives between two CPU processes: what a CPU trial's FSDP2 pays per
-all-gather and reduce-scatter, the figure `autofit.estimate.speed.GLOO_LATENCY_S` records.
+all-gather and reduce-scatter, the figure `autofit.estimate.comm.GLOO_LATENCY_S` records.
 
 Run: `python bench/gloo_latency.py` (two processes, one thread each, on this machine's cores).
 """

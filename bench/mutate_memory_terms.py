@@ -5,7 +5,7 @@
 Runs the CPU trials of `tests/estimate/measured.py` once (or reads them from `--json`, which it
 writes after measuring) and the FSDPMemTracker traces of `tests/estimate/tracked.py` (seconds, no
 cache), prints each case's error against what docs/accuracy.md records, then for every
-byte-counting function of `autofit/estimate/memory.py` and each factor replaces the function with
+byte-counting function of `autofit/estimate/memory/` and each factor replaces the function with
 one that returns factor x the original and asks the tests' own checks (`measured.problem`,
 `tracked.problem`) whether any case now fails. A function that returns several byte counts
 (`activation_bytes`: the decoder layers' and those outside them) is scaled whole and then one part
@@ -15,6 +15,7 @@ at a time. Every cell of the table should say "caught".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import sys
@@ -46,7 +47,7 @@ def memory_terms() -> list[Term]:
     one returning a tuple of byte counts is a term whole and a term per part."""
     terms: list[Term] = []
     for name, fn in vars(mem).items():
-        if not callable(fn) or getattr(fn, "__module__", None) != mem.__name__:
+        if not callable(fn) or not getattr(fn, "__module__", "").startswith(f"{mem.__name__}."):
             continue
         if inspect.isclass(fn) or name.startswith("_") or name in GPU_ONLY | CAPACITIES:
             continue
@@ -82,7 +83,11 @@ def caught(
     def scaled(*args, **kwargs):  # type: ignore[no-untyped-def]
         return scale(original(*args, **kwargs), factor, part)
 
-    with mock.patch.object(mem, name, scaled):
+    # the term is bound in its own module, in the package and in every module that imported it
+    bound = [m for m in list(sys.modules.values()) if getattr(m, name, None) is original]
+    with contextlib.ExitStack() as stack:
+        for module in bound:
+            stack.enter_context(mock.patch.object(module, name, scaled))
         return [c.name for c in CASES if problem(c, measured[c.name])] + [
             c.name for c in tracked.CASES if tracked.problem(c, traced[c.name])
         ]

@@ -6,22 +6,20 @@ of thousands of candidates per second, which is what lets the search prune befor
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
 from autofit.arch import structure_of
-from autofit.config import Config, Sharding, mesh_shape, sharding_for, wrap_units
+from autofit.config import Config
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
-from autofit.estimate import speed as spd
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
 from autofit.estimate.speed import TIME_KEYS
+from autofit.estimate.step import step_time, step_time_terms
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
-from autofit.structure import Structure
 
 __all__ = [
     "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "OUTSIDE_KEYS", "TIME_KEYS", "Estimate",
@@ -185,7 +183,7 @@ def estimate_many(
                   outside=(flat, hsdp), optimizer_impl=optimizer_impl,
                   expandable_segments=expandable_segments)  # fmt: skip
     step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
-    parts_memo: dict[Any, Any] = {}  # `step_time`'s parts, per value of the knobs each reads
+    parts = step_time_terms(s, hardware)  # `step_time`'s parts, per value of their knobs
     capacity = gpu.memory_bytes
     host_cap = hardware.host_ram_bytes
     host_usable = mem.usable_host_bytes(host_cap)
@@ -201,7 +199,7 @@ def estimate_many(
         if timed is None:
             if len(step_times) >= MEMO_SIZE:
                 step_times.clear()
-            times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts_memo)
+            times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts)
             timed = step_times[key] = times, sum(times.values()), links
         times, step, links = timed
         tokens = config.micro_batch * config.grad_accum * n * config.seq_len
@@ -231,13 +229,16 @@ def estimate_many(
     return out
 
 
-REPLAY_BUDGET_S = 0.05
-"""Seconds a batch of estimates spends replaying allocation sequences (`autofit.estimate.slack`,
-tens of milliseconds each at 7B-70B) beyond the first: the candidates nearest the capacity line
-are replayed first, the rest take the slack share of the replayed configs like them. 0 replays
-none (every slack is then `memory.allocator_overhead`'s assumed share: what a test that scores
-thousands of single configs sets)."""
-_LAST_REPLAY = [0.0]  # seconds the last fresh replay took in this process
+REPLAY_BUDGET_EVENTS = 17_000
+"""Allocator events a batch of estimates replays (`autofit.estimate.slack`) beyond the first
+replay: the candidates nearest the capacity line are replayed first, the rest take the slack
+share of the replayed configs like them. Counted in events, not seconds, so that a plan gives the
+same slacks however loaded the machine. A replay of a 7B-70B step is 16,000-18,000 events (two
+steps of 16 layers) and took 26-150 ms end to end on this project's loaded 2-core machine (the
+allocator model alone: 0.3-1.4 million events/s, `python bench/allocator_speed.py`), so the
+earlier budget of 0.05 s let a batch replay one distinct config; 17,000 events keeps exactly
+that. 0 replays none (every slack is then `memory.allocator_overhead`'s assumed share: what a
+test that scores thousands of single configs sets)."""
 
 NEAR_CAPACITY = (0.5, 1.3)
 """Allocated peaks, as shares of the usable memory, whose allocator slack decides whether they
@@ -249,8 +250,9 @@ def _allocator_slacks(
 ) -> Callable[[Config, Any], int]:
     """The caching allocator's slack of a config's peak, as a function of (config, peak): a
     replay of its step through the allocator model (`Peaks.replayed_slack`) for the configs
-    nearest the capacity line within `REPLAY_BUDGET_S` (the first one always, unless the budget
-    is 0), and for the others the largest slack share (slack / allocated) among the replayed
+    nearest the capacity line within `REPLAY_BUDGET_EVENTS` (the first one always, unless the
+    budget is 0; a config whose replay this batch has already made costs nothing), and for the
+    others the largest slack share (slack / allocated) among the replayed
     configs of the same micro-batch, checkpointing, LoRA and sharding (else of all), or the
     assumed share where none was replayed. Nothing on CPU, which has no caching allocator."""
     if device == "cpu" or not held:
@@ -262,18 +264,22 @@ def _allocator_slacks(
         near = [min(range(len(held)), key=lambda i: abs(share[i] - 0.95))]
     replayed: dict[int, int] = {}  # id(peak) -> slack
     ratios: dict[tuple[Any, ...], float] = {}
-    budget = REPLAY_BUDGET_S
-    deadline = time.monotonic() + budget
-    for count, i in enumerate(near):
+    budget = REPLAY_BUDGET_EVENTS
+    spent = last = 0  # events of this batch's distinct replays, and of the last one
+    made: set[Any] = set()  # their keys
+    for i in near:
         config, peak = estimates[i].config, held[i]
-        fresh = not peaks.has_replayed(config)
-        # a replay that would end past the deadline is not begun (the first always is)
-        if budget <= 0 or (count and fresh and time.monotonic() + _LAST_REPLAY[0] > deadline):
+        key = peaks.replay_key(config)
+        fresh = key not in made
+        # a replay expected (as large as the last) to end past the budget is not begun (the
+        # first always is)
+        if budget <= 0 or (made and fresh and spent + last > budget):
             break
-        start = time.monotonic()
-        slack = replayed[id(peak)] = peaks.replayed_slack(config).slack
+        replay = peaks.replayed_slack(config)
+        slack = replayed[id(peak)] = replay.slack
         if fresh:
-            _LAST_REPLAY[0] = time.monotonic() - start
+            made.add(key)
+            spent, last = spent + replay.events, replay.events
         g = _slack_group(config, peak)
         ratios[g] = max(ratios.get(g, 0.0), slack / max(peak.allocated, 1))
     overall = max(ratios.values()) if ratios else None
@@ -293,193 +299,3 @@ def _slack_group(config: Config, peak: Any) -> tuple[Any, ...]:
     """The configs whose slack share (slack / allocated) one replay stands for: the same
     micro-batch, checkpointing, LoRA or not, and sharding."""
     return config.micro_batch, config.checkpointing, config.lora_rank > 0, peak.sharding
-
-
-def step_time(
-    s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int,
-    memo: dict[Any, Any] | None = None,
-) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
-    """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step;
-    and the `communication` by link (`LINK_KEYS`).
-
-    Per micro-step the GPU runs the matmuls (`compute`), the memory-bound kernels
-    (`memory_bound`) and the dequantisation (`dequant`), and the CPU issues them: module calls and
-    FSDP2's per-parameter work (`overhead`): `_gpu_work`. FSDP2 prefetches
-    the next unit's all-gather and, with `offload: params`, its H2D copy behind that work
-    (`speed.prefetched_exposed`), and the last micro-step's reduce-scatter (and gradient D2H copy)
-    runs behind its backward: `_transfers` sizes them. Only the exposed parts count as
-    `communication` and `offload`. Past one node each collective moves at its group's link
-    (`_transfers`); the exposed communication is split by link in proportion to the seconds each
-    link's collectives take. `memo` (one per hardware) keeps both parts per value of the knobs
-    they read: `estimate_many` scores a space with it.
-    """
-    memo = {} if memo is None else memo
-    wkey = ("work", config.micro_batch, config.seq_len, config.lora_rank, config.lora_targets,
-            config.checkpointing, config.compile, config.quant,
-            config.train_embeddings)  # fmt: skip
-    work = memo.get(wkey)
-    if work is None:
-        work = memo[wkey] = _gpu_work(s, hardware, config)
-    tkey = ("transfers", config.wrap, shard, config.reshard, config.quant, config.lora_rank,
-            config.lora_targets, config.offload, config.precision, config.optimizer)  # fmt: skip
-    tr = memo.get(tkey)
-    if tr is None:
-        tr = memo[tkey] = _transfers(s, hardware, config, trainable, shard)
-    compute, memory_bound, overhead, dequant, backward = work
-    (gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim,
-     gather_net, reduce_net, reduce_busy_net) = tr  # fmt: skip
-    busy = compute + memory_bound + overhead + dequant
-    on_cpu = hardware.source == "cpu"
-
-    comm = offload = gathered = 0.0
-    if gather + h2d > 0:  # prefetched behind each micro-step's work
-        exposed = spd.prefetched_exposed(gather + h2d, busy, units)
-        comm = gathered = config.grad_accum * exposed * gather / (gather + h2d)
-        offload = config.grad_accum * exposed * h2d / (gather + h2d)
-    if not fsdp:  # DDP's bucketed all-reduce; torchao's gradient copies in backward hooks
-        hide = 0.0 if on_cpu else backward
-        if ddp:
-            comm += spd.ddp_exposed_reduce_time(reduce, hide, ddp)
-        offload += max(d2h - hide, 0.0)
-    elif reduce + d2h > 0:
-        # each unit's reduce-scatter (under HSDP then its all-reduce across the replicas), then
-        # its gradient's D2H copy (`foreach_reduce`, non-blocking into pinned memory), run behind
-        # the rest of the last micro-step's backward
-        hidden = spd.prefetched_exposed(reduce + d2h, backward, 1 if on_cpu else max(units - 2, 1))
-        comm += hidden * reduce / (reduce + d2h)
-        offload += hidden * d2h / (reduce + d2h)
-    inter = gathered * gather_net + (comm - gathered) * reduce_net
-    network = config.grad_accum * gather * gather_net + reduce_busy_net
-    times = {
-        "compute": config.grad_accum * compute,
-        "memory_bound": config.grad_accum * memory_bound,
-        "overhead": config.grad_accum * (overhead + overhead_micro) + overhead_step,
-        "dequant": config.grad_accum * dequant,
-        "communication": comm,
-        "offload": offload + h2d_step,
-        "optimizer": optim,
-    }
-    # The all-gathers and the reductions each hide behind the same work, but across nodes they
-    # share one NIC per GPU: a step lasts at least as long as the network is busy.
-    short = network - sum(times.values()) if network else 0.0
-    if short > 0:
-        times["communication"] += short
-        inter += short
-    return times, {"intra": times["communication"] - inter, "inter": inter, "network_busy": network}
-
-
-def _gpu_work(s: Structure, hardware: Hardware, config: Config) -> tuple[float, ...]:
-    """One micro-step's (compute, memory_bound, overhead, dequant, backward) seconds on one GPU,
-    with `compile` applied (`speed.compiled_layer_time`: its saving taken from the CPU overhead
-    first, then the memory-bound kernels); `backward` is the part of the four that runs in
-    backward, what a reduce-scatter or a gradient copy can hide behind."""
-    gpu = hardware.smallest_gpu
-    flops_per_s = gpu.bf16_tflops * 1e12 * spd.GEMM_EFFICIENCY
-    bytes_per_s = gpu.mem_bw_gbs * 1e9 * spd.MEM_BW_EFFICIENCY
-    micro = spd.micro_step_times(
-        s, config.micro_batch * config.seq_len, config.seq_len, config.lora_rank,
-        config.lora_targets, config.checkpointing, flops_per_s, bytes_per_s,
-        config.train_embeddings,
-    )  # fmt: skip
-    compute, memory_bound, overhead = micro["compute"], micro["memory_bound"], micro["overhead"]
-    if config.compile:
-        layers_oh = micro["layers_overhead"]
-        layers_mm, layers_rest = spd.compiled_layer_time(
-            micro["layers_compute"], micro["layers_memory_bound"] + layers_oh
-        )
-        removed = micro["layers_memory_bound"] + layers_oh - layers_rest
-        compute += layers_mm - micro["layers_compute"]
-        overhead -= min(removed, layers_oh)
-        memory_bound -= removed - min(removed, layers_oh)
-    dequant = spd.dequant_time(s, config.quant, config.checkpointing, gpu.mem_bw_gbs)
-    eager = micro["compute"] + micro["memory_bound"] + micro["overhead"] + dequant
-    busy = compute + memory_bound + overhead + dequant
-    return compute, memory_bound, overhead, dequant, micro["backward"] * busy / eager
-
-
-def _transfers(
-    s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int
-) -> tuple[Any, ...]:
-    """What moves between GPUs and host in one step, in seconds before any overlap: per
-    micro-step all-gathers (`gather`, per-call latency included) and param H2D copies (`h2d`),
-    the number of units prefetching hides them behind, FSDP2's per-parameter CPU work per
-    micro-step and per step, the gradient reduction (`reduce`) and D2H copy (`d2h`) of the last
-    micro-step, DDP's gradient bytes (0: not DDP), whether it is FSDP2, the H2D copy after a
-    CPU optimizer step, the optimizer step; then what crosses the network: whether the
-    all-gathers do (1.0) or not (0.0), the share of `reduce` that does, and the reduction's
-    seconds on the network before any overlap.
-
-    Each collective runs over its group of the mesh (`autofit.config.mesh_shape`, whose shard
-    degree `shard` is) at that group's bandwidth (`speed.group_bw`) with a latency per network
-    step (`speed.collective_latency`): the all-gathers and the reduce-scatter over the shard
-    dimension (every GPU under `shard: all`, so across nodes; one node's GPUs under HSDP), and
-    under HSDP the all-reduce of each 1/K gradient shard across the replicas, one GPU per node
-    (torch `_fsdp_collectives.foreach_reduce`: `dist.all_reduce(reduce_output,
-    group=all_reduce_group)` on its own stream right after each unit's reduce-scatter, so the
-    two pipeline over the units). DDP's all-reduce spans every GPU."""
-    gpu = hardware.smallest_gpu
-    n = max(hardware.n_gpus, 1)
-    sharding = sharding_for(config.wrap, n)
-    fsdp = sharding is Sharding.FSDP2
-    # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
-    # behind, so nothing overlaps there.
-    on_cpu = hardware.source == "cpu"
-    per_node = min(max(hardware.gpus_per_node, 1), n)
-    replicas = mesh_shape(config.shard, n, per_node)[0] if fsdp else 1
-    # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
-    group = shard if fsdp else n
-    group_nodes = -(-group // per_node)
-    group_bw = spd.group_bw(hardware.link_bw_gbs, hardware.inter_node_bw_gbs, group_nodes,
-                            min(group, per_node))  # fmt: skip
-    latency = spd.collective_latency(on_cpu, group_nodes - 1)
-    units = len(wrap_units(config.wrap, s.layers))
-    gathers, reduces = spd.fsdp_collectives(units, s.tied_embeddings, config.reshard)
-    prefetch_units = 1 if on_cpu or not units else gathers - units * config.reshard
-    pb = mem.master_bytes(config.precision, config.optimizer)
-    per_gpu = trainable / shard
-    gathered = spd.comm_bytes_per_micro_step(
-        s, config.quant, config.lora_rank, config.wrap, config.reshard, config.lora_targets
-    )
-    gather = spd.ring_time(gathered, shard, group_bw)
-    if fsdp and shard > 1:
-        gather += gathers * latency
-    h2d = 0.0
-    if config.offload == "params":  # the sharded params in their stored dtype (fp32 masters)
-        stored = gathered / shard * (pb / mem.BF16 if not config.lora_rank else 1.0)
-        h2d = spd.pcie_time(stored, gpu.pcie_bw_gbs)
-    overhead_micro = overhead_step = 0.0
-    if fsdp:  # FSDP2's per-parameter work in each all-gather, and in the one reduce-scatter
-        tensors = s.layers * spd.layer_param_tensors(s, config.lora_rank, config.lora_targets)
-        overhead_micro = (2 if config.reshard else 1) * tensors * spd.FSDP2_PER_PARAM_S
-        overhead_step = tensors * spd.FSDP2_PER_PARAM_S
-    ddp = sharding is Sharding.DDP
-    reduced = spd.reduce_bytes_per_step(trainable, config.precision, config.optimizer, ddp)
-    reduce = spd.ring_time(reduced, group, group_bw)
-    if reduce and fsdp:
-        reduce += reduces * latency
-    elif reduce:  # DDP: one all-reduce per gradient bucket
-        latency = spd.collective_latency(on_cpu, 2 * (group_nodes - 1))
-        reduce += -(-reduced / 2 // spd.DDP_BUCKET_BYTES) * latency
-    # HSDP: each GPU's 1/shard of the reduced gradient all-reduced (a reduce-scatter and an
-    # all-gather: 2x a ring) across the replicas, one GPU per node, on that GPU's own NIC
-    across = 0.0
-    if replicas > 1:
-        across = 2 * spd.ring_time(reduced / shard, replicas, hardware.inter_node_bw_gbs)
-        across += reduces * spd.collective_latency(on_cpu, 2 * (replicas - 1))
-    net = 1.0 if group_nodes > 1 else 0.0
-    busy_net = reduce * net + across
-    reduce_net = busy_net / (reduce + across) if reduce + across > 0 else 0.0
-    if across:  # on two streams: each unit's all-reduce runs beside the next reduce-scatter
-        chain = reduce + across if on_cpu else max(reduce, across)
-        reduce = chain + (0.0 if on_cpu else min(reduce, across) / max(reduces, 1))
-    d2h = spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if config.offload != "none" else 0.0
-    # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
-    h2d_step = (
-        spd.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if config.offload == "optimizer" else 0.0
-    )
-    optim = spd.optimizer_step_time(
-        per_gpu, config.optimizer, config.precision, gpu.mem_bw_gbs, config.offload != "none"
-    )
-    return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
-            reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim, net, reduce_net,
-            busy_net)  # fmt: skip

@@ -14,16 +14,17 @@ LoRA with `full` or `every-2` recomputation, whose compiled MLP backward holds m
 from __future__ import annotations
 
 from dataclasses import fields
-from functools import lru_cache, partial
 from operator import attrgetter
 from typing import Any, NamedTuple
 
 from autofit.arch import step_events_of, structure_of
-from autofit.config import Config, Sharding, sharding_for, uses_autocast
+from autofit.config import Config, Sharding, uses_autocast
 from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
+from autofit.estimate.state import Gathered, States, gathered_at_moments, states
+from autofit.estimate.terms import reads
 from autofit.models import ModelSpec
-from autofit.recipe import DTYPE_BYTES, base_stays_whole, checkpointed_layers, reduce_dtype
+from autofit.recipe import DTYPE_BYTES, checkpointed_layers, reduce_dtype
 from autofit.structure import ActivationKey, Structure
 
 BREAKDOWN_KEYS = (
@@ -92,12 +93,10 @@ class Peaks:
         if outside is None:
             flat = mem.outside_allocator_bytes(device, n)
             outside = (flat, flat)
-        self._model_state = lru_cache(maxsize=None)(
-            partial(
-                _model_state, s, n, per_node, device, float(workspace), outside, optimizer_impl
-            )  # fmt: skip
+        self._model_state = _model_state.memo(
+            s, n, per_node, device, float(workspace), outside, optimizer_impl
         )
-        self._activations = lru_cache(maxsize=None)(partial(_activations, model, s))
+        self._activations = _activations.memo(model, s)
         self._workspace = float(workspace)
         self._outside = outside
         self._model = model
@@ -124,7 +123,7 @@ class Peaks:
         """The caching allocator's slack at `c`'s peak, from a replay of two of its steps
         (`autofit.estimate.slack`), once per distinct value of the knobs a peak reads (and per
         process: `_REPLAYS` keeps them across batches)."""
-        key = self._replay_key(c)
+        key = self.replay_key(c)
         found = _REPLAYS.get(key)
         if found is None:
             if len(_REPLAYS) >= REPLAY_MEMO_SIZE:
@@ -132,10 +131,8 @@ class Peaks:
             found = _REPLAYS[key] = self._replay(c)
         return found
 
-    def has_replayed(self, c: Config) -> bool:
-        return self._replay_key(c) in _REPLAYS
-
-    def _replay_key(self, c: Config) -> tuple[Any, ...]:
+    def replay_key(self, c: Config) -> tuple[Any, ...]:
+        """What a replay depends on: configs with equal keys have the same slack."""
         return (self._model, self._n, self._per_node, self.device, self._expandable,
                 self._optimizer_impl, EAGER_KNOBS(c))  # fmt: skip
 
@@ -174,18 +171,11 @@ class Peaks:
         return replay_slack(per_layer, shape, expandable_segments=self._expandable)
 
     def _state(self, c: Config) -> _ModelState:
-        return self._model_state(
-            c.wrap, c.shard if self._hsdp else "all", c.reshard, c.quant, c.lora_rank,
-            c.lora_targets, c.precision, c.optimizer, c.offload, c.grad_accum > 1,
-            c.train_embeddings,
-        )  # fmt: skip
+        return self._model_state(c, c.shard if self._hsdp else "all", c.grad_accum > 1)
 
     def _peak(self, c: Config) -> Peak:
         m = self._state(c)
-        a = self._activations(
-            c.micro_batch, c.seq_len, c.lora_rank, c.checkpointing, m.autocast, c.lora_targets,
-            c.lora_dropout, c.loss, c.quant, c.train_embeddings,
-        )  # fmt: skip
+        a = self._activations(c, m.autocast)
         outside = self._outside[1 if self._hsdp and c.shard == "node" else 0]
         if c.compile and mem.compiled_fusion_applies(c.lora_rank, c.checkpointing):
             fused = mem.compiled_mlp_fusion_bytes(
@@ -199,41 +189,46 @@ class _ModelState(NamedTuple):
     """What a config's model takes whatever its activations: the persistent state, the gathered
     parameters, and the larger of the two moments after forward (`_later`)."""
 
-    st: _States
-    g: _Gathered
+    st: States
+    g: Gathered
     autocast: bool
     later: Peak
     later_total: float
 
 
+@reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "precision", "optimizer", "offload",
+       "train_embeddings")  # fmt: skip
 def _model_state(
-    s: Structure, n: int, per_node: int, device: str, workspace: float,
-    outsides: tuple[dict[str, int], dict[str, int]], optimizer_impl: str, wrap: str, mesh: str,
-    reshard: bool,
-    quant: str, lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool, embeddings: str = "none",
+    k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
+    outsides: tuple[dict[str, int], dict[str, int]], optimizer_impl: str, mesh: str,
+    accumulates: bool,
 ) -> _ModelState:  # fmt: skip
     """The model state of a config: its persistent state, its gathered parameters (through
     autocast's copies, which its precision and sharding decide) and the moments after forward.
-    `mesh` is the `shard` knob; `per_node` the GPUs of a node (`n` on one node); `embeddings`
-    the `train_embeddings` setting."""
-    st = _states(s, n, per_node, device, wrap, mesh, quant, lora, targets, precision, optimizer,
-                 offload, accumulates, embeddings)  # fmt: skip
+    `mesh` is the `shard` knob (`all` on one node, where `node` is the same mesh); `per_node` the
+    GPUs of a node (`n` on one node); `accumulates` whether `grad_accum` > 1."""
+    st = states(
+        s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
+        k.optimizer, k.offload, accumulates, k.train_embeddings,
+    )  # fmt: skip
     if (
         optimizer_impl != "fused"
         and device != "cpu"
-        and optimizer == "adamw"
-        and (offload == "none")
+        and k.optimizer == "adamw"
+        and (k.offload == "none")
     ):  # a launch that leaves torch's AdamW at its default (the step runs on the GPU)
         temp = mem.foreach_temp_bytes(
-            st.trainable, mem.master_bytes(precision), st.shard, optimizer_impl
+            st.trainable, mem.master_bytes(k.precision), st.shard, optimizer_impl
         )
         st = st._replace(opt_temp=max(st.opt_temp, temp))
-    autocast = uses_autocast(precision, optimizer, st.sharding)
-    g = _gathered(s, n, device, wrap, reshard, quant, lora, targets, autocast, embeddings)
+    autocast = uses_autocast(k.precision, k.optimizer, st.sharding)
+    g = gathered_at_moments(
+        s, n, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
+        k.train_embeddings
+    )  # fmt: skip
     # a trained head's gradient exists from its backward on, the last layer's included
     head_grad = mem.trained_head_grad_bytes(
-        s, embeddings, st.sharding, st.shard, precision, optimizer, accumulates
+        s, k.train_embeddings, st.sharding, st.shard, k.precision, k.optimizer, accumulates
     )
     g = g._replace(layer_grads=g.layer_grads + head_grad)
     outside = outsides[1 if mesh == "node" and per_node < n else 0]
@@ -241,7 +236,7 @@ def _model_state(
 
 
 def _later(
-    st: _States, g: _Gathered, device: str, workspace: float, outside: dict[str, int]
+    st: States, g: Gathered, device: str, workspace: float, outside: dict[str, int]
 ) -> tuple[Peak, float]:
     """The larger of the moments without activations (the optimizer's on a tie), as the peak,
     and its total. Each moment's parts are in `BREAKDOWN_KEYS` order."""
@@ -303,7 +298,7 @@ def _forward_or_later(
 
 
 def _peak_at(
-    st: _States, phase: str, parts: tuple[float, ...], device: str, outside: dict[str, int]
+    st: States, phase: str, parts: tuple[float, ...], device: str, outside: dict[str, int]
 ) -> Peak:
     """The peak at `phase`, holding `parts` (in `BREAKDOWN_KEYS` order); the allocator's slack
     over them and what lies `outside` the allocator (the CUDA context, NCCL's buffers)."""
@@ -319,130 +314,6 @@ def _peak_at(
     )  # fmt: skip
 
 
-class _States(NamedTuple):
-    sharding: Sharding
-    sharding_name: str
-    shard: int
-    trainable: int
-    base: float  # frozen base weights
-    weights: float  # trainable weights
-    grads: float
-    opt: float
-    opt_temp: float  # the optimizer step's temporaries
-    accum: float  # gradients kept across micro-steps
-    buckets: float  # DDP's all-reduce buckets
-    host: float  # offloaded to one node's host, all its ranks
-    head_grad: float = 0.0  # a trained LM head's gradient, born in the loss's backward
-
-
-def _states(
-    s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
-    lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool, embeddings: str = "none",
-) -> _States:  # fmt: skip
-    """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
-    dimension (`mem.shard_degree`), what offload moves to a node's host (its `per_node` ranks'
-    share), and the gradients alive during forward."""
-    sharding = sharding_for(wrap, n)
-    shard = mem.shard_degree(sharding, n, mesh, per_node)
-    trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
-    pb = mem.master_bytes(precision, optimizer)
-    if lora:
-        projections = mem.base_weight_bytes(s, quant)
-        other = mem.frozen_other_bytes(s)
-        # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
-        # projections stay whole (the rule the builder's `unshardable_params` reads too).
-        whole = base_stays_whole(quant, shard)
-        base = projections + other / shard if whole else (projections + other) / shard
-        base += mem.trained_token_buffer_bytes(s, embeddings)  # buffers: whole on every GPU
-    else:
-        projections, whole, base = 0.0, False, 0.0
-    weights = trainable * pb / shard
-    grads = trainable * mem.grad_bytes(precision, optimizer) / shard
-    opt = trainable * mem.optimizer_bytes_per_param(optimizer, precision) / shard
-
-    host = 0.0
-    if offload == "params":
-        # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host;
-        # parameters FSDP2 leaves whole stay on the GPU.
-        kept = projections if whole else 0.0
-        host = (base - kept + weights + grads + opt) * per_node
-        base, weights, grads, opt = kept, 0.0, 0.0, 0.0
-    elif offload == "optimizer":
-        # torchao CPUOffloadOptimizer: states + an fp32 param copy + grads on the host; device
-        # grads are freed as soon as they are copied off (offload_gradients).
-        host = (opt + trainable * (mem.FP32 + mem.FP32) / shard) * per_node
-        opt = 0.0
-
-    # Gradients alive during forward. FSDP2 with grad_accum > 1 skips the reduce-scatter on all
-    # but the last micro-step and keeps unsharded gradients (in reduce_dtype fp32) on every GPU.
-    # DDP allocates its all-reduce buckets (which the gradients are views of) when it wraps the
-    # model, and under `no_sync` autograd accumulates into separate `.grad` tensors besides.
-    # The plain module accumulates into `.grad` from the first micro-step on.
-    accum = 0.0
-    if accumulates and shard > 1:
-        accum = trainable * mem.accumulated_grad_bytes(precision)
-    elif accumulates:
-        accum = grads  # 0 under offload=params: the gradients live on the host
-    buckets = grads if sharding is Sharding.DDP else 0.0
-    opt_temp = mem.optimizer_temp_bytes(s, lora, precision, optimizer, device, shard, targets)
-    if device == "cpu":  # its temporaries are sized by the largest trainable tensor
-        largest = mem.trained_largest_tensor(s, embeddings)
-        opt_temp = max(opt_temp, 2 * largest * pb / shard)
-    # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
-    # separate `.grad` tensors
-    ddp_views = sharding is Sharding.DDP and not accumulates
-    head_grad = (
-        0.0
-        if ddp_views
-        else mem.head_grad_bytes(s, lora, embeddings, precision, optimizer, sharding, offload)
-    )
-    return _States(
-        sharding, str(sharding), shard, trainable, base, weights, grads, opt, opt_temp, accum,
-        buckets, host, head_grad,
-    )  # fmt: skip
-
-
-class _Gathered(NamedTuple):
-    end_of_forward: float  # all-gathered parameters at the end of forward (autocast copies too)
-    at_loss: float  # through the loss's backward
-    at_layer_backward: float  # during the last decoder layer's backward
-    at_reduce: float  # while the last gradients are reduced
-    forward_buffer: float  # FSDP2's last all-gather output, held through the loss's forward
-    root_buffer: float  # the root's all-gather buffer under `wrap: model`
-    unit_grads: float  # the reduced unit's unsharded gradients (end of backward)
-    layer_grads: float  # a layer unit's unsharded gradients in its backward
-
-
-def _gathered(
-    s: Structure, n: int, device: str, wrap: str, reshard: bool, quant: str, lora: int,
-    targets: mem.Targets, autocast: bool, embeddings: str = "none",
-) -> _Gathered:  # fmt: skip
-    """Unsharded parameters (and their gradients) at each moment: FSDP2's all-gathers, or the
-    bf16 copies autocast makes."""
-    sharding = sharding_for(wrap, n)
-    gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
-    copies = mem.autocast_copy_bytes(s, lora, autocast, targets)
-    copies += mem.trained_head_autocast_bytes(s, embeddings, autocast)
-    at_loss = copies + mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)
-    gathered += copies
-    return _Gathered(
-        end_of_forward=gathered,
-        at_loss=at_loss,
-        at_layer_backward=copies
-        + mem.gathered_at_layer_backward_bytes(s, quant, lora, wrap, reshard, sharding, targets),
-        at_reduce=mem.gathered_at_reduce_bytes(s, wrap, sharding, device, gathered),
-        forward_buffer=mem.forward_gather_buffer_bytes(s, quant, lora, wrap, sharding, targets),
-        root_buffer=mem.root_all_gather_buffer_bytes(s, quant, lora, wrap, sharding, targets),
-        unit_grads=max(
-            mem.unit_grad_bytes(s, lora, wrap, sharding, targets),
-            mem.trained_unit_grad_bytes(s, embeddings, sharding),
-        )
-        + mem.trained_token_grad_bytes(s, embeddings),
-        layer_grads=mem.layer_unit_grad_bytes(s, lora, wrap, sharding, targets),
-    )
-
-
 class _Activations(NamedTuple):
     kept: float  # saved by the decoder layers for backward (int8's bf16 weight copies too)
     logits: float  # outside the layers at the loss's peak
@@ -451,31 +322,35 @@ class _Activations(NamedTuple):
     head_out_grad: float = 0.0  # the head output's gradient in its compute dtype (`standard`)
 
 
-def _activations(
-    model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora: int, checkpointing: str,
-    autocast: bool, targets: mem.Targets, dropout: float, loss: str, quant: str,
-    embeddings: str = "none",
-) -> _Activations:  # fmt: skip
+@reads("micro_batch", "seq_len", "lora_rank", "checkpointing", "lora_targets", "lora_dropout",
+       "loss", "quant", "train_embeddings")  # fmt: skip
+def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Activations:
     """Activations of one micro-batch, from the traced layer (and a trained head's, which the
-    trace of the frozen one does not keep: `mem.trained_head_loss_bytes`)."""
+    trace of the frozen one does not keep: `mem.trained_head_loss_bytes`), under `autocast`
+    (what the model state's precision and sharding decide)."""
     acts, logits = mem.activation_bytes(
-        model, s, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout, loss
-    )
+        model, s, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
+        k.lora_dropout, k.loss
+    )  # fmt: skip
     backward = mem.layer_backward_bytes(
-        model, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout
-    ) + mem.dequant_transient_bytes(s, quant)
-    if quant == "int8":
-        acts += mem.int8_saved_weight_bytes(s, checkpointing)
+        model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
+        k.lora_dropout
+    ) + mem.dequant_transient_bytes(s, k.quant)  # fmt: skip
+    if k.quant == "int8":
+        acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
-        model, micro_batch, seq_len, lora, checkpointing, autocast, targets, dropout, loss
-    )
+        model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
+        k.lora_dropout, k.loss
+    )  # fmt: skip
     head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
-        s, micro_batch, seq_len, embeddings, loss
+        s, k.micro_batch, k.seq_len, k.train_embeddings, k.loss
     )
     # the head's backward runs on its output's bf16 gradient, once the fp32 loss tensors over
     # the vocabulary are freed (the chunked loss computes the head's gradient itself)
     head_out_grad = (
-        micro_batch * seq_len * s.vocab * mem.BF16 if mem.traced_loss(loss) == "standard" else 0.0
+        k.micro_batch * k.seq_len * s.vocab * mem.BF16
+        if mem.traced_loss(k.loss) == "standard"
+        else 0.0
     )
     return _Activations(
         acts, logits + head_at_loss, loss_forward + head_in_forward, backward, head_out_grad

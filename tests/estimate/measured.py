@@ -2,7 +2,7 @@
 
 Each case is a real trial (`autofit.trials.run_trial`, `device="cpu"`, 1 warm-up + 1 measured
 step) chosen so that some memory term of the estimate is a large part of its peak: together they
-make every term of `autofit/estimate/memory.py` count (`bench/mutate_memory_terms.py` shows that
+make every term of `autofit/estimate/memory/` count (`bench/mutate_memory_terms.py` shows that
 scaling any of them by 0.7 or 1.3 fails a case).
 
 Tolerance: docs/accuracy.md section 1, "Held by the test suite", records each case's measured

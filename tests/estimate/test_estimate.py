@@ -234,7 +234,7 @@ def no_replays(monkeypatch: pytest.MonkeyPatch) -> None:
     model (tens of ms); these properties are of the napkin's terms, so no replay runs."""
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("autofit.estimate"), "REPLAY_BUDGET_S", 0.0)
+    monkeypatch.setattr(importlib.import_module("autofit.estimate"), "REPLAY_BUDGET_EVENTS", 0)
     monkeypatch.setattr(importlib.import_module("autofit.estimate.peak"), "_REPLAYS", {})
 
 

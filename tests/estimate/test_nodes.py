@@ -10,7 +10,7 @@ import pytest
 
 from autofit.config import Config
 from autofit.estimate import LINK_KEYS, estimate
-from autofit.estimate.speed import LINK_EFFICIENCY
+from autofit.estimate.comm import LINK_EFFICIENCY
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 

@@ -4,7 +4,7 @@ share (the counterpart of `measured.py`, whose CPU trials never reach these term
 Each case runs autofit's own FSDP2 step under FakeTensorMode (`fake_tracker.trace`, the machinery
 of `bench/fake_yardstick.py`) on a model of two layers made wide where it matters, and compares
 the tracker's peak of rank 0 with `estimate(..., device="cuda").peak_allocated_bytes`. They hold
-the two terms of `autofit/estimate/memory.py` that only the CUDA path counts:
+the two terms of `autofit/estimate/memory/` that only the CUDA path counts:
 
 - `root_all_gather_buffer_bytes`: LoRA with `wrap: model` and a short sequence peaks at the
   root's first all-gather (napkin phase `gather`; the tracker's peak is in forward, at the

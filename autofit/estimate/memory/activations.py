@@ -1,0 +1,203 @@
+"""Activations: what the traced decoder layers keep for backward (`autofit.arch.activations_of`),
+the loss's tensors over the vocabulary, the last layer's backward, compiled fusions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+import autofit.recipe as recipe
+from autofit.arch import activations_of
+from autofit.config import Sharding, wrap_group_size
+from autofit.estimate.memory.sharded import gathered_layer_bytes, head_unit_bytes
+from autofit.estimate.memory.widths import BF16, FP32, Targets, traced_loss
+from autofit.models import ModelSpec
+from autofit.structure import ActivationKey, LayerActivations, Structure
+
+
+# ----- activations ------------------------------------------------------------------------------
+def activation_bytes(
+    model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora_rank: int,
+    checkpointing: str, autocast: bool, targets: Targets = None, dropout: float = 0.0,
+    loss: str = "standard",
+) -> tuple[float, float]:  # fmt: skip
+    """(decoder layers, outside the layers) activation bytes of one micro-batch at the peak of
+    forward, from one layer of the real architecture traced at real width
+    (`autofit.arch.activations_of`: what it keeps for backward, per checkpointing policy, LoRA
+    rank, targets and dropout, and whether it runs under autocast). Per layer:
+
+    - none: what the layer keeps;
+    - full: its checkpointed input;
+    - every-2: `autofit.recipe.checkpointed_layers` (the builder's list) checkpointed, the rest
+      kept;
+    - selective: what op-level checkpointing saves (matmul and attention outputs).
+    Outside the layers: embedding side, shared rotary tables and masks, final norm, and the
+    logits and loss at their peak over the vocabulary (forward, and the start of backward), as
+    the `loss` knob computes them (`traced_loss`: the whole batch's logits, or one chunk's beside
+    the hidden states' gradient).
+    The last layer's backward is `layer_backward_bytes`: it is never alive together with
+    the loss's tensors (CPU trials of every family: counting both over-estimated checkpointed
+    runs by 10-44%, bench/accuracy.py --families)."""
+    kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
+                               dropout, loss)  # fmt: skip
+    n = s.layers
+    fixed = head_grad_sum_bytes(model, lora_rank, loss)
+    if ckpt is None:
+        return micro_batch * n * kept.layer, _outside(kept.root, micro_batch, fixed)
+    k = len(recipe.checkpointed_layers(checkpointing, n))
+    per_seq = k * ckpt.layer + (n - k) * kept.layer
+    return micro_batch * per_seq, _outside(ckpt.root, micro_batch, fixed)
+
+
+def head_grad_sum_bytes(model: ModelSpec, lora_rank: int, loss: str) -> float:
+    """The chunked loss's fp32 sum of the LM head's gradient in a full fine-tune (4 B x vocab x
+    hidden, `autofit.builder.loss`), allocated once per micro-step whatever the micro-batch: the
+    part of the traced root (one sequence) that does not scale with it (at Llama 3 8B's width,
+    2 GiB that micro-batch 8 would otherwise count eight times). Liger's kernel sums it in the
+    weight's dtype (an upper bound)."""
+    if lora_rank or traced_loss(loss) != "chunked":
+        return 0.0
+    return FP32 * model.vocab * model.hidden
+
+
+def _outside(root: float, micro_batch: int, fixed: float) -> float:
+    """Bytes outside the layers for `micro_batch` sequences from the one-sequence trace."""
+    return micro_batch * (root - fixed) + fixed
+
+
+def loss_forward_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
+    autocast: bool, targets: Targets = None, dropout: float = 0.0, loss: str = "standard",
+) -> float:  # fmt: skip
+    """What lives outside the layers at the peak of forward alone, the loss computed but its
+    backward not begun (`LayerActivations.root_forward`): for `standard` the bf16 logits, their
+    fp32 copy and log-softmax's output (less than at the start of its backward); for `chunked`
+    and `fused` the whole loss, whose gradients are computed in forward. FSDP2 still holds its
+    last all-gather output then (`forward_gather_buffer_bytes`)."""
+    kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
+                               dropout, loss)  # fmt: skip
+    fixed = head_grad_sum_bytes(model, lora_rank, loss)
+    return _outside((ckpt or kept).root_forward, micro_batch, fixed)
+
+
+def forward_gather_buffer_bytes(
+    s: Structure, quant: str, lora_rank: int, wrap: str, sharding: Sharding,
+    targets: Targets = None,
+) -> float:  # fmt: skip
+    """The all-gather output of the last unit FSDP2 gathered in forward, which it keeps beside
+    that unit's unsharded parameters until the next all-gather in forward or the root's
+    post-forward (`AllGatherState`, "free the last all-gather result", torch 2.13
+    `_fsdp_param_group.wait_for_unshard`, `_fsdp_state._post_forward`). A HF causal LM computes
+    its loss inside the root's forward, so through the loss's forward this is a second copy of
+    `[norm, head]` (untied), or of the last unit of decoder layers (a tied head lives in the
+    root). Measured on CPU trials (two gloo ranks, 128K vocabulary): without it, `loss: chunked`,
+    whose whole working set is in forward, was under-estimated by 29%. `model` (the root's own
+    buffer, alive through forward) is the `gather` phase's (`root_all_gather_buffer_bytes`)."""
+    if sharding is not Sharding.FSDP2 or wrap == "model":
+        return 0.0
+    if not s.tied_embeddings:
+        return head_unit_bytes(s)
+    k = max(1, min(wrap_group_size(wrap, s.layers), s.layers))
+    return k * gathered_layer_bytes(s, quant, lora_rank, targets)
+
+
+def layer_backward_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
+    autocast: bool, targets: Targets = None, dropout: float = 0.0,
+) -> float:  # fmt: skip
+    """What the last decoder layer's backward holds at its peak besides the activations the
+    layers kept (`LayerActivations.backward`, traced as its own moment: the one-layer model's
+    whole backward): the gradient flowing in, the gradients of the layer's activations in flight
+    and its backward's temporaries (SwiGLU's, attention's), and under checkpointing the layer
+    recomputed with all its activations. Parameters' gradients are counted from the parameters.
+    By then the loss's tensors over the vocabulary have been freed (`estimate` takes the larger
+    moment). With `every-2` the larger of a checkpointed and a kept layer's (the peak is at
+    whichever backward holds more)."""
+    kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
+                               dropout)  # fmt: skip
+    if ckpt is None:
+        return micro_batch * kept.backward
+    if checkpointing == "every-2":
+        return micro_batch * max(kept.backward, ckpt.backward)
+    return micro_batch * ckpt.backward
+
+
+def compiled_fusion_applies(lora_rank: int, checkpointing: str) -> bool:
+    """Whether `compile` makes a config hold more than its eager twin (`compiled_mlp_fusion_bytes`):
+    LoRA with whole-layer recomputation."""
+    return bool(lora_rank) and checkpointing in ("full", "every-2")
+
+
+def compiled_mlp_fusion_bytes(
+    s: Structure, micro_batch: int, seq_len: int, targets: Targets = None
+) -> float:
+    """What a compiled, recomputed LoRA layer's MLP backward holds beyond the eager one's: Inductor
+    fuses the recomputed SwiGLU with its backward into one kernel whose inputs keep the base and
+    LoRA partial products of gate and up apart (`base + scale x LoRA` is never materialised) and
+    of down's input gradient, beside its outputs once per branch: a token-width tensor per adapted
+    MLP output and per adapted MLP input more than eager holds. Measured on CPU trials
+    (`bench/compile_memory.py`, llama-debug and llama-mini LoRA r16 `ckpt=full`, seq 128): the
+    compiled peak 11-13% above eager, +4.5 x micro_batch x seq x intermediate x 2 B in one layer
+    (this counts 5 for Llama's all-linear targets); without recomputation compiling keeps less
+    (the partitioner recomputes element-wise results), which the estimate does not count."""
+    width = sum(
+        2 * p.out_features if p.in_features == s.hidden else p.in_features
+        for p in s.targets(targets)
+        if p.name.startswith("mlp.")
+    )
+    return micro_batch * seq_len * BF16 * width
+
+
+NF4_DEQUANT_TRANSIENT_BYTES = 14.0
+"""Bytes per weight alive while torchao 0.18 dequantizes an NF4 weight for a matmul
+(`NF4Tensor.get_original_weight` in `linear_nf4`'s forward, and again in its backward): the
+unpacked codes, their looked-up values, the scales and the bf16 weight, freed after the matmul.
+Measured with the trials' tensor tracker on a 4096 x 1024 and an 11008 x 4096 weight: 14.02-14.05
+B per weight in forward and in backward (the same aten ops run on CUDA)."""
+
+
+def dequant_transient_bytes(s: Structure, quant: str) -> float:
+    """The working memory of dequantizing the largest NF4 projection (one matmul at a time, in a
+    layer's forward and again in its backward). int8 keeps its bf16 copy for backward instead
+    (`int8_saved_weight_bytes`) and holds nothing more (measured: 2.0 B per weight kept, 0.03 B
+    more in backward)."""
+    if quant != "nf4":
+        return 0.0
+    return NF4_DEQUANT_TRANSIENT_BYTES * max(p.weight_params for p in s.projections)
+
+
+@lru_cache(maxsize=4096)
+def _layer_traces(
+    model: ModelSpec, seq_len: int, lora_rank: int, checkpointing: str, autocast: bool,
+    targets: Targets, dropout: float, loss: str = "standard",
+) -> tuple[LayerActivations, LayerActivations | None]:  # fmt: skip
+    """The traced layer without checkpointing, and checkpointed as `checkpointing` does it
+    (op-level for `selective`, the whole layer otherwise; None without checkpointing): the two
+    traces `activation_bytes`, `loss_forward_bytes` and `layer_backward_bytes` read (memoised:
+    a space asks for the same few thousands of times)."""
+    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss))
+    kept = activations_of(model, key)
+    if checkpointing == "none":
+        return kept, None
+    policy = "selective" if checkpointing == "selective" else "full"
+    return kept, activations_of(model, replace(key, policy=policy))
+
+
+def int8_saved_weight_bytes(s: Structure, checkpointing: str) -> float:
+    """torchao's int8 weight-only linear computes `mm(x, qdata.t().to(bf16)) * scale`
+    (torchao `Int8Tensor` linear, per-row path), so autograd saves the bf16 copy of every
+    projection weight for the input gradient: 2 B per base weight of every layer whose
+    activations are kept (one layer at a time inside checkpointed layers). Measured on CPU trials
+    (docs/accuracy.md): without this term int8 runs were under-estimated by 20-28%."""
+    return layers_keeping_activations(s, checkpointing) * s.layer_linear_params * BF16
+
+
+def layers_keeping_activations(s: Structure, checkpointing: str) -> int:
+    """Decoder layers whose every saved tensor is alive at once: all without checkpointing, the
+    uncheckpointed half plus the one being recomputed with `every-2`, only the one being
+    recomputed with `full` or op-level `selective` (which recomputes the pointwise ops). The
+    checkpointed layers are `autofit.recipe.checkpointed_layers`, the builder's list."""
+    checkpointed = len(recipe.checkpointed_layers(checkpointing, s.layers))
+    kept = s.layers - checkpointed + (1 if checkpointed else 0)
+    return min(kept, s.layers)

@@ -1,0 +1,111 @@
+"""What lies outside the tensors: the caching allocator's assumed share, cuBLAS workspaces, the CUDA
+context and NCCL's buffers, and the share of host RAM offload may take.
+"""
+
+from __future__ import annotations
+
+from autofit.estimate.memory.widths import MiB
+
+
+# ----- overheads --------------------------------------------------------------------------------
+def allocator_overhead(allocated: float) -> float:
+    """Caching-allocator slack, reserved minus allocated, where no allocation sequence was
+    replayed (`autofit.estimate.slack` replays one for the configs that matter, and the others
+    take the replayed configs' share): 5% + 256 MiB, assumed. Replays of 7B steps with
+    expandable segments give 1.3-6% (docs/estimator.md)."""
+    return 0.05 * allocated + 256 * MiB
+
+
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""cuBLAS's workspace per (handle, stream) before Hopper: `:4096:2:16:8`, 8 MiB + 128 KiB
+(torch `aten/src/ATen/cuda/CublasHandlePool.cpp` `parseChosenWorkspaceSize`;
+`CUBLAS_WORKSPACE_CONFIG` overrides it)."""
+CUBLAS_WORKSPACE_BYTES_SM90 = 4096 * 8 * 1024
+"""The same on compute capability 9.0 (H100, H200): 32 MiB."""
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+"""cuBLASLt's own workspace per (handle, stream), 1024 KiB (`parseCUDABlasLtWorkspaceSize`,
+`CUBLASLT_WORKSPACE_SIZE`; not unified with cuBLAS's unless
+`TORCH_CUBLASLT_UNIFIED_WORKSPACE=1`)."""
+BLAS_HANDLES = 2
+"""cuBLAS handles that run a training step's matmuls on the compute stream: one per thread
+(`getCurrentCUDABlasHandle` reserves a handle from a thread-local pool window), and a step's
+matmuls run on two threads, the Python thread's forward and the autograd engine's device thread's
+backward (torch `autograd/engine.cpp`: one worker thread per device)."""
+
+
+def workspace_bytes(device: str, compute_capability: tuple[int, int] = (8, 0)) -> int:
+    """cuBLAS and cuBLASLt workspaces: allocated through PyTorch's caching allocator
+    (`getNewWorkspace`, `getNewCUDABlasLtWorkspace`), once per handle and stream and kept, so they
+    are part of the allocated (and reserved) bytes from the first matmul on; none on CPU."""
+    if device == "cpu":
+        return 0
+    cublas = (
+        CUBLAS_WORKSPACE_BYTES_SM90
+        if tuple(compute_capability) == (9, 0)
+        else (CUBLAS_WORKSPACE_BYTES)
+    )
+    return BLAS_HANDLES * (cublas + CUBLASLT_WORKSPACE_BYTES)
+
+
+CUDA_CONTEXT_BYTES = 512 * MiB
+"""The CUDA context of a training process, outside PyTorch's allocator: the driver's state and
+the kernels loaded into device memory. With lazy module loading (PyTorch's default since 1.13,
+`CUDA_MODULE_LOADING=LAZY`) a bare context is 287 MB (pytorch/pytorch#86509, CUDA 11.7) to
+426 MiB (unslothai/unsloth-zoo#1053: torch 2.10, CUDA 13, RTX 6000 Ada); a training step then
+loads its kernels (cuBLAS GEMMs, attention, the fused optimizer, NCCL's), which is not measured
+here: 512 MiB is assumed until a GPU session measures the device-level peak
+(`bench/gpu_trials.py`)."""
+
+NCCL_CONNECTION_BYTES = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+"""NCCL's buffers for one connection of one channel, one per protocol: Simple 4 MiB
+(`DEFAULT_BUFFSIZE`, `NCCL_BUFFSIZE`), LL128 4,915,200 B (`NCCL_LL128_ELEMS_PER_THREAD` 120 x
+`NCCL_LL128_MAX_NTHREADS` 640 x `NCCL_STEPS` 8 x 8 B) and LL 524,288 B (8 lines per thread x 512
+threads x 8 steps x 16 B): NCCL `src/init.cc` `DEFAULT_*BUFFSIZE`. Allocated with cudaMalloc or
+cuMem, outside PyTorch's allocator."""
+NCCL_CHANNELS = {"nvlink": 32, "pcie": 4}
+"""Ring channels NCCL opens between the GPUs of a node: up to 32 over NVLink/NVSwitch (NCCL's
+`MAXCHANNELS`-bound ring search; 8 x H100 logs show "32 coll channels"), 2-4 over PCIe. NCCL's
+memory is linear in its channels, and a ring has two connections per GPU whatever the scale
+(NVIDIA/nccl#864, #986); a GPU holds one connection's buffers per channel (it receives on one and
+sends on the other). The upper ends: an under-estimate is the error a planner may not make."""
+
+
+def nccl_bytes(device: str, n_gpus: int, link: str, communicators: int = 1) -> int:
+    """NCCL's buffers on each GPU: channels x one connection's buffers, per communicator (the
+    process group's: FSDP2's all-gathers and reduce-scatters and DDP's all-reduce share it; HSDP
+    has a second, across the replicas). Nothing on one GPU (no collective runs) or on CPU (gloo)."""
+    if device == "cpu" or n_gpus <= 1:
+        return 0
+    return communicators * NCCL_CHANNELS.get(link, NCCL_CHANNELS["pcie"]) * NCCL_CONNECTION_BYTES
+
+
+def outside_allocator_bytes(
+    device: str, n_gpus: int = 1, link: str = "pcie", communicators: int = 1
+) -> dict[str, int]:
+    """Device memory a training process holds outside PyTorch's caching allocator, by part:
+    the CUDA context and NCCL's buffers. What runs out on a card is the reserved bytes plus
+    these (`Estimate.device_bytes`); none on CPU trials, which count tensor bytes only."""
+    if device == "cpu":
+        return {"cuda_context": 0, "nccl": 0}
+    return {
+        "cuda_context": CUDA_CONTEXT_BYTES,
+        "nccl": nccl_bytes(device, n_gpus, link, communicators),
+    }
+
+
+def usable_bytes(
+    capacity: float, device: str, n_gpus: int = 1, link: str = "pcie", communicators: int = 1
+) -> float:
+    """What `max_memory_reserved` may reach on a GPU of `capacity`: the capacity less what sits
+    outside the allocator (`outside_allocator_bytes`)."""
+    return capacity - sum(outside_allocator_bytes(device, n_gpus, link, communicators).values())
+
+
+HOST_RAM_USABLE = 0.8
+"""Share of host RAM that offloaded state (and pinned copies) may take: the rest is the OS, the
+data loader and the Python processes themselves."""
+
+
+def usable_host_bytes(host_capacity: float) -> float:
+    """What offloaded state may take of a host with `host_capacity` bytes of RAM."""
+    return HOST_RAM_USABLE * host_capacity

@@ -1,0 +1,102 @@
+"""Bytes per parameter of each stored copy (weights by quantization, masters, gradients, optimizer
+state) and the parameter groups they apply to.
+"""
+
+from __future__ import annotations
+
+import autofit.recipe as recipe
+from autofit.config import Sharding, mesh_shape
+from autofit.structure import Structure
+
+Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
+
+BF16 = recipe.DTYPE_BYTES[recipe.BF16]
+FP32 = recipe.DTYPE_BYTES[recipe.FP32]
+MiB = 1024**2
+
+
+# ----- storage widths ---------------------------------------------------------------------------
+def base_bytes_per_param(quant: str) -> float:
+    """Bytes per frozen base-projection weight, quantization scales included.
+
+    - none: `autofit.recipe.FROZEN_DTYPE` (bf16, 2 B) whatever `precision` says.
+    - int8: torchao int8 weight-only: 1 B + one bf16 scale per output row, counted per model in
+      `base_weight_bytes` (torchao `Int8WeightOnlyConfig`, per-channel symmetric).
+    - nf4: torchao `to_nf4` (QLoRA, Dettmers et al. 2023): `autofit.recipe.nf4_bytes_per_param`
+      (4-bit codes + an int8 scale per 64 weights + a bf16 factor per 64 x 256 weights).
+    """
+    if quant == "nf4":
+        return recipe.nf4_bytes_per_param()
+    if quant == "int8":
+        return 1.0
+    return float(recipe.DTYPE_BYTES[recipe.FROZEN_DTYPE])
+
+
+def master_bytes(precision: str, optimizer: str = "adamw") -> int:
+    """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
+    `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32; the plain module
+    and DDP keep fp32 params under bf16 autocast), else bf16; the rule is
+    `autofit.recipe.trainable_dtype`, which the builder reads too."""
+    return recipe.DTYPE_BYTES[recipe.trainable_dtype(precision, optimizer)]
+
+
+def grad_bytes(precision: str, optimizer: str = "adamw") -> int:
+    """Sharded gradients live in the parameter's dtype (FSDP2 reduce-scatters in fp32 with
+    `reduce_dtype=fp32` and casts to the sharded param's dtype)."""
+    return master_bytes(precision, optimizer)
+
+
+def accumulated_grad_bytes(precision: str) -> int:
+    """Unsharded gradients kept across micro-steps without sync: FSDP2 converts them to
+    `reduce_dtype` (fp32 under bf16-mixed); under pure bf16 they stay bf16
+    (`autofit.recipe.reduce_dtype`, which the builder's `MixedPrecisionPolicy` reads too)."""
+    return recipe.DTYPE_BYTES[recipe.reduce_dtype(precision)]
+
+
+def optimizer_bytes_per_param(optimizer: str, precision: str) -> float:
+    """AdamW's two moments in the param's dtype, or torchao AdamW8bit / AdamW4bit's block-wise
+    quantized ones: `autofit.recipe.optimizer_state_bytes_per_param` (whose block sizes the builder
+    passes to torchao)."""
+    return recipe.optimizer_state_bytes_per_param(optimizer, master_bytes(precision, optimizer))
+
+
+# ----- parameter groups -------------------------------------------------------------------------
+# `s` is the model's structure read from the model itself (`autofit.structure.Structure`): exact
+# counts by role for any family.
+def trainable_params(s: Structure, lora_rank: int, targets: Targets = None) -> int:
+    return s.lora_params(lora_rank, targets) if lora_rank > 0 else s.n_params
+
+
+def base_weight_bytes(s: Structure, quant: str) -> float:
+    """All frozen projection weights of a LoRA run at their storage width (unsharded)."""
+    total = s.linear_params * base_bytes_per_param(quant)
+    if quant == "int8":
+        rows = sum(p.out_features for p in s.projections)
+        total += s.layers * rows * BF16
+    return total
+
+
+def frozen_other_bytes(s: Structure) -> int:
+    """Everything but the projections in a LoRA run (embedding, head, norms, biases, MoE router
+    and experts): frozen, bf16, never quantized."""
+    return (s.root_params + s.layers * s.layer_frozen_other_params) * BF16
+
+
+def shard_degree(
+    sharding: Sharding, n_gpus: int, shard: str = "all", gpus_per_node: int | None = None
+) -> int:
+    """The GPUs each FSDP2 state is split over: the shard dimension of the mesh
+    (`autofit.config.mesh_shape`: every GPU under `shard: all`, the GPUs of one node under HSDP's
+    `shard: node`); the plain module and DDP replicas hold everything."""
+    if sharding is not Sharding.FSDP2:
+        return 1
+    return mesh_shape(shard, n_gpus, gpus_per_node or n_gpus)[1]
+
+
+def traced_loss(loss: str) -> str:
+    """The loss a trace runs for the `loss` knob: Liger's kernel (`fused`, CUDA only, so never
+    traced) is counted as `chunked`, the same computation in pure torch: Liger's chunk rule and
+    hidden-state gradient, with its chunk's logits held in bf16 and overwritten by their gradient
+    in place where `chunked` has fp32 copies, so the count is an upper bound of a few chunk-sized
+    tensors (Liger `fused_linear_cross_entropy_forward`)."""
+    return "chunked" if loss == "fused" else loss

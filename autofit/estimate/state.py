@@ -1,0 +1,144 @@
+"""A config's model state per GPU, before activations: the persistent state (weights, gradients,
+optimizer state, what offload moves to the host: `states`) and the unsharded parameters at each
+moment of a step (FSDP2's all-gathers, autocast's copies: `gathered_at_moments`), from the terms
+of `autofit.estimate.memory`. `autofit.estimate.peak` puts them together with the activations.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from autofit.config import Sharding, sharding_for
+from autofit.estimate import memory as mem
+from autofit.recipe import base_stays_whole
+from autofit.structure import Structure
+
+__all__ = ["Gathered", "States", "gathered_at_moments", "states"]
+
+
+class States(NamedTuple):
+    """Bytes per GPU a config holds whatever the moment (`states`), and how it is sharded."""
+
+    sharding: Sharding
+    sharding_name: str
+    shard: int
+    trainable: int
+    base: float  # frozen base weights
+    weights: float  # trainable weights
+    grads: float
+    opt: float
+    opt_temp: float  # the optimizer step's temporaries
+    accum: float  # gradients kept across micro-steps
+    buckets: float  # DDP's all-reduce buckets
+    host: float  # offloaded to one node's host, all its ranks
+    head_grad: float = 0.0  # a trained LM head's gradient, born in the loss's backward
+
+
+def states(
+    s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
+    lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
+    accumulates: bool, embeddings: str = "none",
+) -> States:  # fmt: skip
+    """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
+    dimension (`mem.shard_degree`), what offload moves to a node's host (its `per_node` ranks'
+    share), and the gradients alive during forward."""
+    sharding = sharding_for(wrap, n)
+    shard = mem.shard_degree(sharding, n, mesh, per_node)
+    trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
+    pb = mem.master_bytes(precision, optimizer)
+    if lora:
+        projections = mem.base_weight_bytes(s, quant)
+        other = mem.frozen_other_bytes(s)
+        # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
+        # projections stay whole (the rule the builder's `unshardable_params` reads too).
+        whole = base_stays_whole(quant, shard)
+        base = projections + other / shard if whole else (projections + other) / shard
+        base += mem.trained_token_buffer_bytes(s, embeddings)  # buffers: whole on every GPU
+    else:
+        projections, whole, base = 0.0, False, 0.0
+    weights = trainable * pb / shard
+    grads = trainable * mem.grad_bytes(precision, optimizer) / shard
+    opt = trainable * mem.optimizer_bytes_per_param(optimizer, precision) / shard
+
+    host = 0.0
+    if offload == "params":
+        # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host;
+        # parameters FSDP2 leaves whole stay on the GPU.
+        kept = projections if whole else 0.0
+        host = (base - kept + weights + grads + opt) * per_node
+        base, weights, grads, opt = kept, 0.0, 0.0, 0.0
+    elif offload == "optimizer":
+        # torchao CPUOffloadOptimizer: states + an fp32 param copy + grads on the host; device
+        # grads are freed as soon as they are copied off (offload_gradients).
+        host = (opt + trainable * (mem.FP32 + mem.FP32) / shard) * per_node
+        opt = 0.0
+
+    # Gradients alive during forward. FSDP2 with grad_accum > 1 skips the reduce-scatter on all
+    # but the last micro-step and keeps unsharded gradients (in reduce_dtype fp32) on every GPU.
+    # DDP allocates its all-reduce buckets (which the gradients are views of) when it wraps the
+    # model, and under `no_sync` autograd accumulates into separate `.grad` tensors besides.
+    # The plain module accumulates into `.grad` from the first micro-step on.
+    accum = 0.0
+    if accumulates and shard > 1:
+        accum = trainable * mem.accumulated_grad_bytes(precision)
+    elif accumulates:
+        accum = grads  # 0 under offload=params: the gradients live on the host
+    buckets = grads if sharding is Sharding.DDP else 0.0
+    opt_temp = mem.optimizer_temp_bytes(s, lora, precision, optimizer, device, shard, targets)
+    if device == "cpu":  # its temporaries are sized by the largest trainable tensor
+        largest = mem.trained_largest_tensor(s, embeddings)
+        opt_temp = max(opt_temp, 2 * largest * pb / shard)
+    # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
+    # separate `.grad` tensors
+    ddp_views = sharding is Sharding.DDP and not accumulates
+    head_grad = (
+        0.0
+        if ddp_views
+        else mem.head_grad_bytes(s, lora, embeddings, precision, optimizer, sharding, offload)
+    )
+    return States(
+        sharding, str(sharding), shard, trainable, base, weights, grads, opt, opt_temp, accum,
+        buckets, host, head_grad,
+    )  # fmt: skip
+
+
+class Gathered(NamedTuple):
+    """Unsharded parameters and gradients per GPU at each moment of a step."""
+
+    end_of_forward: float  # all-gathered parameters at the end of forward (autocast copies too)
+    at_loss: float  # through the loss's backward
+    at_layer_backward: float  # during the last decoder layer's backward
+    at_reduce: float  # while the last gradients are reduced
+    forward_buffer: float  # FSDP2's last all-gather output, held through the loss's forward
+    root_buffer: float  # the root's all-gather buffer under `wrap: model`
+    unit_grads: float  # the reduced unit's unsharded gradients (end of backward)
+    layer_grads: float  # a layer unit's unsharded gradients in its backward
+
+
+def gathered_at_moments(
+    s: Structure, n: int, device: str, wrap: str, reshard: bool, quant: str, lora: int,
+    targets: mem.Targets, autocast: bool, embeddings: str = "none",
+) -> Gathered:  # fmt: skip
+    """Unsharded parameters (and their gradients) at each moment: FSDP2's all-gathers, or the
+    bf16 copies autocast makes."""
+    sharding = sharding_for(wrap, n)
+    gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
+    copies = mem.autocast_copy_bytes(s, lora, autocast, targets)
+    copies += mem.trained_head_autocast_bytes(s, embeddings, autocast)
+    at_loss = copies + mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)
+    gathered += copies
+    return Gathered(
+        end_of_forward=gathered,
+        at_loss=at_loss,
+        at_layer_backward=copies
+        + mem.gathered_at_layer_backward_bytes(s, quant, lora, wrap, reshard, sharding, targets),
+        at_reduce=mem.gathered_at_reduce_bytes(s, wrap, sharding, device, gathered),
+        forward_buffer=mem.forward_gather_buffer_bytes(s, quant, lora, wrap, sharding, targets),
+        root_buffer=mem.root_all_gather_buffer_bytes(s, quant, lora, wrap, sharding, targets),
+        unit_grads=max(
+            mem.unit_grad_bytes(s, lora, wrap, sharding, targets),
+            mem.trained_unit_grad_bytes(s, embeddings, sharding),
+        )
+        + mem.trained_token_grad_bytes(s, embeddings),
+        layer_grads=mem.layer_unit_grad_bytes(s, lora, wrap, sharding, targets),
+    )

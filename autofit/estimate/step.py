@@ -1,0 +1,208 @@
+"""Seconds per optimizer step of one configuration: the work of each micro-step on one GPU
+(`autofit.estimate.speed`) and what moves between GPUs and host (`autofit.estimate.comm`),
+each computed once per value of the knobs it reads, and how much of the moves that work hides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autofit.config import Config, Sharding, mesh_shape, sharding_for, wrap_units
+from autofit.estimate import comm
+from autofit.estimate import memory as mem
+from autofit.estimate import speed as spd
+from autofit.estimate.terms import reads
+from autofit.hardware import Hardware
+from autofit.structure import Structure
+
+__all__ = ["step_time", "step_time_terms"]
+
+
+def step_time_terms(s: Structure, hardware: Hardware) -> tuple[Callable[..., Any], ...]:
+    """`step_time`'s two parts for configs of one model on one piece of hardware, each computed
+    once per value of the knobs it reads (`autofit.estimate.terms`)."""
+    return _gpu_work.memo(s, hardware), _transfers.memo(s, hardware)
+
+
+def step_time(
+    s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int,
+    terms: tuple[Callable[..., Any], ...] | None = None,
+) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step;
+    and the `communication` by link (`LINK_KEYS`).
+
+    Per micro-step the GPU runs the matmuls (`compute`), the memory-bound kernels
+    (`memory_bound`) and the dequantisation (`dequant`), and the CPU issues them: module calls and
+    FSDP2's per-parameter work (`overhead`): `_gpu_work`. FSDP2 prefetches
+    the next unit's all-gather and, with `offload: params`, its H2D copy behind that work
+    (`comm.prefetched_exposed`), and the last micro-step's reduce-scatter (and gradient D2H copy)
+    runs behind its backward: `_transfers` sizes them. Only the exposed parts count as
+    `communication` and `offload`. Past one node each collective moves at its group's link
+    (`_transfers`); the exposed communication is split by link in proportion to the seconds each
+    link's collectives take. `terms` (`step_time_terms`, of the same model and hardware) keeps
+    both parts per value of the knobs they read: `estimate_many` scores a space with it.
+    """
+    work_of, transfers_of = terms or step_time_terms(s, hardware)
+    work = work_of(config)
+    tr = transfers_of(config, trainable, shard)
+    compute, memory_bound, overhead, dequant, backward = work
+    (gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim,
+     gather_net, reduce_net, reduce_busy_net) = tr  # fmt: skip
+    busy = compute + memory_bound + overhead + dequant
+    on_cpu = hardware.source == "cpu"
+
+    exposed_comm = offload = gathered = 0.0
+    if gather + h2d > 0:  # prefetched behind each micro-step's work
+        exposed = comm.prefetched_exposed(gather + h2d, busy, units)
+        exposed_comm = gathered = config.grad_accum * exposed * gather / (gather + h2d)
+        offload = config.grad_accum * exposed * h2d / (gather + h2d)
+    if not fsdp:  # DDP's bucketed all-reduce; torchao's gradient copies in backward hooks
+        hide = 0.0 if on_cpu else backward
+        if ddp:
+            exposed_comm += comm.ddp_exposed_reduce_time(reduce, hide, ddp)
+        offload += max(d2h - hide, 0.0)
+    elif reduce + d2h > 0:
+        # each unit's reduce-scatter (under HSDP then its all-reduce across the replicas), then
+        # its gradient's D2H copy (`foreach_reduce`, non-blocking into pinned memory), run behind
+        # the rest of the last micro-step's backward
+        hidden = comm.prefetched_exposed(reduce + d2h, backward, 1 if on_cpu else max(units - 2, 1))
+        exposed_comm += hidden * reduce / (reduce + d2h)
+        offload += hidden * d2h / (reduce + d2h)
+    inter = gathered * gather_net + (exposed_comm - gathered) * reduce_net
+    network = config.grad_accum * gather * gather_net + reduce_busy_net
+    times = {
+        "compute": config.grad_accum * compute,
+        "memory_bound": config.grad_accum * memory_bound,
+        "overhead": config.grad_accum * (overhead + overhead_micro) + overhead_step,
+        "dequant": config.grad_accum * dequant,
+        "communication": exposed_comm,
+        "offload": offload + h2d_step,
+        "optimizer": optim,
+    }
+    # The all-gathers and the reductions each hide behind the same work, but across nodes they
+    # share one NIC per GPU: a step lasts at least as long as the network is busy.
+    short = network - sum(times.values()) if network else 0.0
+    if short > 0:
+        times["communication"] += short
+        inter += short
+    return times, {"intra": times["communication"] - inter, "inter": inter, "network_busy": network}
+
+
+@reads("micro_batch", "seq_len", "lora_rank", "lora_targets", "checkpointing", "compile", "quant",
+       "train_embeddings")  # fmt: skip
+def _gpu_work(k: Any, s: Structure, hardware: Hardware) -> tuple[float, ...]:
+    """One micro-step's (compute, memory_bound, overhead, dequant, backward) seconds on one GPU,
+    with `compile` applied (`speed.compiled_layer_time`: its saving taken from the CPU overhead
+    first, then the memory-bound kernels); `backward` is the part of the four that runs in
+    backward, what a reduce-scatter or a gradient copy can hide behind."""
+    gpu = hardware.smallest_gpu
+    flops_per_s = gpu.bf16_tflops * 1e12 * spd.GEMM_EFFICIENCY
+    bytes_per_s = gpu.mem_bw_gbs * 1e9 * spd.MEM_BW_EFFICIENCY
+    micro = spd.micro_step_times(
+        s, k.micro_batch * k.seq_len, k.seq_len, k.lora_rank,
+        k.lora_targets, k.checkpointing, flops_per_s, bytes_per_s,
+        k.train_embeddings,
+    )  # fmt: skip
+    compute, memory_bound, overhead = micro["compute"], micro["memory_bound"], micro["overhead"]
+    if k.compile:
+        layers_oh = micro["layers_overhead"]
+        layers_mm, layers_rest = spd.compiled_layer_time(
+            micro["layers_compute"], micro["layers_memory_bound"] + layers_oh
+        )
+        removed = micro["layers_memory_bound"] + layers_oh - layers_rest
+        compute += layers_mm - micro["layers_compute"]
+        overhead -= min(removed, layers_oh)
+        memory_bound -= removed - min(removed, layers_oh)
+    dequant = spd.dequant_time(s, k.quant, k.checkpointing, gpu.mem_bw_gbs)
+    eager = micro["compute"] + micro["memory_bound"] + micro["overhead"] + dequant
+    busy = compute + memory_bound + overhead + dequant
+    return compute, memory_bound, overhead, dequant, micro["backward"] * busy / eager
+
+
+@reads("wrap", "shard", "reshard", "quant", "lora_rank", "lora_targets", "offload", "precision",
+       "optimizer")  # fmt: skip
+def _transfers(
+    k: Any, s: Structure, hardware: Hardware, trainable: int, shard: int
+) -> tuple[Any, ...]:
+    """What moves between GPUs and host in one step, in seconds before any overlap: per
+    micro-step all-gathers (`gather`, per-call latency included) and param H2D copies (`h2d`),
+    the number of units prefetching hides them behind, FSDP2's per-parameter CPU work per
+    micro-step and per step, the gradient reduction (`reduce`) and D2H copy (`d2h`) of the last
+    micro-step, DDP's gradient bytes (0: not DDP), whether it is FSDP2, the H2D copy after a
+    CPU optimizer step, the optimizer step; then what crosses the network: whether the
+    all-gathers do (1.0) or not (0.0), the share of `reduce` that does, and the reduction's
+    seconds on the network before any overlap.
+
+    Each collective runs over its group of the mesh (`autofit.k.mesh_shape`, whose shard
+    degree `shard` is) at that group's bandwidth (`comm.group_bw`) with a latency per network
+    step (`comm.collective_latency`): the all-gathers and the reduce-scatter over the shard
+    dimension (every GPU under `shard: all`, so across nodes; one node's GPUs under HSDP), and
+    under HSDP the all-reduce of each 1/K gradient shard across the replicas, one GPU per node
+    (torch `_fsdp_collectives.foreach_reduce`: `dist.all_reduce(reduce_output,
+    group=all_reduce_group)` on its own stream right after each unit's reduce-scatter, so the
+    two pipeline over the units). DDP's all-reduce spans every GPU."""
+    gpu = hardware.smallest_gpu
+    n = max(hardware.n_gpus, 1)
+    sharding = sharding_for(k.wrap, n)
+    fsdp = sharding is Sharding.FSDP2
+    # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
+    # behind, so nothing overlaps there.
+    on_cpu = hardware.source == "cpu"
+    per_node = min(max(hardware.gpus_per_node, 1), n)
+    replicas = mesh_shape(k.shard, n, per_node)[0] if fsdp else 1
+    # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
+    group = shard if fsdp else n
+    group_nodes = -(-group // per_node)
+    group_bw = comm.group_bw(hardware.link_bw_gbs, hardware.inter_node_bw_gbs, group_nodes,
+                            min(group, per_node))  # fmt: skip
+    latency = comm.collective_latency(on_cpu, group_nodes - 1)
+    units = len(wrap_units(k.wrap, s.layers))
+    gathers, reduces = comm.fsdp_collectives(units, s.tied_embeddings, k.reshard)
+    prefetch_units = 1 if on_cpu or not units else gathers - units * k.reshard
+    pb = mem.master_bytes(k.precision, k.optimizer)
+    per_gpu = trainable / shard
+    gathered = comm.comm_bytes_per_micro_step(
+        s, k.quant, k.lora_rank, k.wrap, k.reshard, k.lora_targets
+    )
+    gather = comm.ring_time(gathered, shard, group_bw)
+    if fsdp and shard > 1:
+        gather += gathers * latency
+    h2d = 0.0
+    if k.offload == "params":  # the sharded params in their stored dtype (fp32 masters)
+        stored = gathered / shard * (pb / mem.BF16 if not k.lora_rank else 1.0)
+        h2d = comm.pcie_time(stored, gpu.pcie_bw_gbs)
+    overhead_micro = overhead_step = 0.0
+    if fsdp:  # FSDP2's per-parameter work in each all-gather, and in the one reduce-scatter
+        tensors = s.layers * spd.layer_param_tensors(s, k.lora_rank, k.lora_targets)
+        overhead_micro = (2 if k.reshard else 1) * tensors * spd.FSDP2_PER_PARAM_S
+        overhead_step = tensors * spd.FSDP2_PER_PARAM_S
+    ddp = sharding is Sharding.DDP
+    reduced = comm.reduce_bytes_per_step(trainable, k.precision, k.optimizer, ddp)
+    reduce = comm.ring_time(reduced, group, group_bw)
+    if reduce and fsdp:
+        reduce += reduces * latency
+    elif reduce:  # DDP: one all-reduce per gradient bucket
+        latency = comm.collective_latency(on_cpu, 2 * (group_nodes - 1))
+        reduce += -(-reduced / 2 // comm.DDP_BUCKET_BYTES) * latency
+    # HSDP: each GPU's 1/shard of the reduced gradient all-reduced (a reduce-scatter and an
+    # all-gather: 2x a ring) across the replicas, one GPU per node, on that GPU's own NIC
+    across = 0.0
+    if replicas > 1:
+        across = 2 * comm.ring_time(reduced / shard, replicas, hardware.inter_node_bw_gbs)
+        across += reduces * comm.collective_latency(on_cpu, 2 * (replicas - 1))
+    net = 1.0 if group_nodes > 1 else 0.0
+    busy_net = reduce * net + across
+    reduce_net = busy_net / (reduce + across) if reduce + across > 0 else 0.0
+    if across:  # on two streams: each unit's all-reduce runs beside the next reduce-scatter
+        chain = reduce + across if on_cpu else max(reduce, across)
+        reduce = chain + (0.0 if on_cpu else min(reduce, across) / max(reduces, 1))
+    d2h = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload != "none" else 0.0
+    # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
+    h2d_step = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload == "optimizer" else 0.0
+    optim = comm.optimizer_step_time(
+        per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != "none"
+    )
+    return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
+            reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim, net, reduce_net,
+            busy_net)  # fmt: skip

@@ -1,0 +1,62 @@
+"""Memos of the estimator's terms, keyed by the knobs each term declares it reads.
+
+A space repeats each knob value tens of thousands of times, so the estimator computes each group of
+terms once per distinct value of the knobs it reads. A term names those knobs once (`reads`) and is
+handed only them: a view of the config without the other knobs, which is also its memo key. A
+term that starts reading one more knob fails at once (the view has no such field) instead of
+answering from an entry keyed without it.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any, Generic, TypeVar
+
+from autofit.config import Config
+
+T = TypeVar("T")
+
+__all__ = ["Term", "reads"]
+
+
+class Term(Generic[T]):
+    """A function of a config's `knobs` (given as a named tuple of just them) and of arguments
+    that are not knobs: what a model or hardware fixes (`memo`'s `context`), or values derived
+    from other terms (passed with each call, and part of the key). Called through `memo` only."""
+
+    def __init__(self, fn: Callable[..., T], knobs: tuple[str, ...]) -> None:
+        unknown = set(knobs) - {f for f in Config.__dataclass_fields__}
+        if unknown or len(knobs) < 2:
+            raise ValueError(f"{fn.__name__} reads {knobs}: two or more of Config's fields")
+        self.fn = fn
+        self.knobs = knobs
+        self.key = attrgetter(*knobs)
+        self.view = namedtuple(f"{fn.__name__.lstrip('_')}_knobs", knobs)._make  # type: ignore[misc]
+
+    def memo(self, *context: Any) -> Callable[..., T]:
+        """The term with `context` bound, computed once per distinct value of its knobs and of the
+        arguments of each call (a memo for one batch of configs: nothing outlives it)."""
+        fn, key_of, view = self.fn, self.key, self.view
+        found: dict[Any, T] = {}
+        get = found.get
+
+        def memoised(config: Config, *args: Any) -> T:
+            key = key_of(config)
+            value = get((key, args))
+            if value is None:
+                value = found[(key, args)] = fn(view(key), *context, *args)
+            return value
+
+        return memoised
+
+
+def reads(*knobs: str) -> Callable[[Callable[..., T]], Term[T]]:
+    """Declare the config knobs a term reads: `@reads("micro_batch", "seq_len")` over a function
+    whose first parameter receives them (`knobs.micro_batch`)."""
+
+    def wrap(fn: Callable[..., T]) -> Term[T]:
+        return Term(fn, knobs)
+
+    return wrap
