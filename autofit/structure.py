@@ -12,6 +12,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from autofit.errors import ConfigError
+from autofit.settings import targeted
 
 __all__ = ["ActivationKey", "LayerActivations", "Projection", "StepEvents", "Structure"]
 
@@ -151,7 +152,7 @@ class Structure:
         a `ConfigError` listing what this model has."""
         if names is None:
             return self.projections
-        chosen = [p for p in self.projections if p.leaf in names or p.name in names]
+        chosen = [p for p in self.projections if targeted(p.name, names)]
         known = {p.leaf for p in self.projections} | {p.name for p in self.projections}
         unknown = [n for n in names if n not in known]
         if unknown:
