@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 STATUSES = ("ok", "oom", "timeout", "error")
@@ -64,3 +65,8 @@ class TrialResult:
     def from_dict(cls, data: dict[str, Any]) -> TrialResult:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def config_result(out: Path, index: int) -> Path:
+    """Where a launch's rank 0 writes the result of its `index`-th config (`OUT.<index>`)."""
+    return out.with_name(f"{out.name}.{index}")
