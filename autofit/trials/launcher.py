@@ -204,15 +204,17 @@ def run_trials(
     on_wait: Callable[[str, str], None] | None = None,
     abort: Callable[[], str | None] | None = None,
     lock: bool = True,
+    on_result: Callable[[int, TrialResult], None] | None = None,
 ) -> list[TrialResult]:
     """Run each of `configs` as `run_trial` would, in as few launches as their failures allow
     (one when none fails; see the module's rule), and return one result per config, in order.
 
     `timeout_s` is each config's limit; `on_progress`'s dicts also name the config they are about
-    (`"config": i`, its index in `configs`). One host only: a trial across nodes is `run_trial`.
+    (`"config": i`, its index in `configs`); `on_result(i, result)` is called as soon as config i
+    is settled. One host only: a trial across nodes is `run_trial`.
     """
     return _run(model, list(configs), nprocs, device, gpu_memory, steps, warmup, timeout_s,
-                on_progress, on_wait, None, abort, lock)  # fmt: skip
+                on_progress, on_wait, None, abort, lock, on_result)  # fmt: skip
 
 
 def _run(
@@ -229,6 +231,7 @@ def _run(
     rendezvous: Rendezvous | None,
     abort: Callable[[], str | None] | None,
     lock: bool,
+    on_result: Callable[[int, TrialResult], None] | None = None,
 ) -> list[TrialResult]:
     start = time.monotonic()
     results = [
@@ -253,9 +256,11 @@ def _run(
     except AutofitError as exc:
         problem = str(exc)
     if problem:
-        for result in results:
+        for i, result in enumerate(results):
             result.message = problem
             result.wall_s = time.monotonic() - start
+            if on_result is not None:
+                on_result(i, result)
         return results
     payload = {
         "model": asdict(spec),
@@ -275,15 +280,26 @@ def _run(
                 result.model = spec.name
             payload["configs"] = [configs[i].to_dict() for i in todo]
             workdir = guard.make_workdir()
+            first = todo[0]
+            settle = _settler(on_result, results, first)
             try:
                 settled = _launch(
                     payload, per_node, timeout_s, workdir, batch,
-                    _offset(on_progress, todo[0]), rendezvous, abort,
+                    _offset(on_progress, first), rendezvous, abort, settle,
                 )  # fmt: skip
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             todo = todo[settled:]
     return results
+
+
+def _settler(
+    on_result: Callable[[int, TrialResult], None] | None, results: list[TrialResult], first: int
+) -> Callable[[int], None] | None:
+    """`on_result` for a launch whose first config is the caller's `first`-th."""
+    if on_result is None:
+        return None
+    return lambda i: on_result(first + i, results[first + i])
 
 
 def _offset(
@@ -321,10 +337,13 @@ def _launch(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     rendezvous: Rendezvous | None = None,
     abort: Callable[[], str | None] | None = None,
+    settle: Callable[[int], None] | None = None,
 ) -> int:
     """Run torchrun for this node's `nprocs` ranks (all of them without `rendezvous`) over the
-    payload's configs; fill in `results` (one per config) and return how many of them are settled:
-    all of them, or those before the first that failed and that one (the rest must run again)."""
+    payload's configs; fill in `results` (one per config, `settle(i)` told as each is final) and
+    return how many are settled: all of them, or those before the first that failed and that one
+    (the rest must run again)."""
+    settle = settle or (lambda _i: None)
     spec_path, out_path = workdir / "spec.json", workdir / "result.json"
     spec_path.write_text(json.dumps(payload))
     if rendezvous is None:
@@ -351,6 +370,7 @@ def _launch(
                 setattr(result, key, value)
             ended.append(time.monotonic())
             result.wall_s = ended[-1] - ended[-2]
+            settle(len(ended) - 2)
 
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
@@ -390,16 +410,18 @@ def _launch(
         return done
     failed = results[done]
     failed.wall_s = time.monotonic() - ended[-1]
+    if stopped:
+        for i, result in enumerate(results[done:], done):
+            result.status, result.message = "error", f"The trial was stopped: {stopped}"
+            settle(i)
+        return len(results)
     if timed_out:
         failed.status = "timeout"
         failed.message = f"The trial ran past its limit of {timeout_s:g} s and was killed."
-        return done + 1
-    if stopped:
-        for result in results[done:]:
-            result.status, result.message = "error", f"The trial was stopped: {stopped}"
-        return len(results)
-    stderr = _read(stderr_path)
-    _classify_failure(failed, workdir, stderr, _read(stdout_path), proc.returncode, oom_kills)
+    else:
+        stderr = _read(stderr_path)
+        _classify_failure(failed, workdir, stderr, _read(stdout_path), proc.returncode, oom_kills)
+    settle(done)
     return done + 1
 
 

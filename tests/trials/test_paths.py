@@ -18,6 +18,7 @@ from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.trials import TrialResult, run_trial
+from tests.batch import run_grouped
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +36,11 @@ TRIALS = {
 
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
-    out = {}
-    for name, (model, ranks, knobs) in TRIALS.items():
-        result = run_trial(
-            model, Config(**knobs), nprocs=ranks, device="cpu", steps=2, timeout_s=300
-        )
+    named = {name: (model, ranks, Config(**kn)) for name, (model, ranks, kn) in TRIALS.items()}
+    out = run_grouped(named, device="cpu", steps=2, timeout_s=300)
+    for name, result in out.items():
         assert result.status == "ok", f"{name}: {result.message}"
         assert result.losses[-1] < result.losses[0], name
-        out[name] = result
     return out
 
 
