@@ -66,13 +66,16 @@ def test_a_config_measures_the_same_alone_and_after_others_in_one_launch(
     short: dict[str, TrialResult],
 ) -> None:
     """Configs of a launch run one after the other in the same processes: the fourth measures
-    what it measures alone (DDP, whose peak is the same bytes on every run), within 0.1 MiB."""
+    the steps' peak it measures alone (DDP, whose peak is the same bytes on every run), within
+    0.1 MiB, and the same losses. Its build peak may be lower, never higher: what a process
+    allocates once, in the first config's build, is not allocated again (measured: 5.19 MB in
+    the launch, 5.78 MB alone); tests that compare build peaks run those configs first."""
     name = "int8-lora-replicated"
     alone = cpu_trial(Config(**SHORT, **KNOBS[name]))
     batched = short[name]
     assert alone.status == batched.status == "ok", alone.message + batched.message
     assert batched.peak_bytes == pytest.approx(alone.peak_bytes, abs=0.1 * MiB)
-    assert batched.build_peak_bytes == pytest.approx(alone.build_peak_bytes, abs=0.1 * MiB)
+    assert batched.build_peak_bytes <= alone.build_peak_bytes + 0.1 * MiB
     assert batched.losses == alone.losses
 
 
