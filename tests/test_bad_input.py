@@ -4,10 +4,8 @@ checked before any trial runs (a trial here fails the test)."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import sqlite3
-import time
 import warnings
 from pathlib import Path
 
@@ -34,8 +32,8 @@ def no_trial_may_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a trial ran although the input was refused up front")
 
-    # the package (the attribute `autofit.trial` is the `autofit.trial(...)` function)
-    monkeypatch.setattr(importlib.import_module("autofit.trials"), "run_trial", refuse)
+    # where every trial starts (`run_trial` and `run_trials`), whoever imported them by name
+    monkeypatch.setattr("autofit.trials.launcher._run", refuse)
     monkeypatch.setattr("autofit.hardware.cpu_cores", lambda: 2)
     monkeypatch.chdir(tmp_path)
 
@@ -109,11 +107,9 @@ def test_export_side_file_and_foreign_file_are_checked_up_front(tmp_path):
 @pytest.mark.parametrize("under_file", [True, False])
 def test_run_dir_that_cannot_be_written_fails_before_any_trial(file_in_the_way, under_file):
     run_dir = str(file_in_the_way / "af") if under_file else "/proc/af"
-    start = time.monotonic()
-    result = run(*CPU_PLAN, "--run-dir", run_dir)
+    result = run(*CPU_PLAN, "--run-dir", run_dir)  # a trial would fail it (`no_trial_may_run`)
     why = f"{file_in_the_way} is a file" if under_file else "no file can be made in /proc"
     assert_clean_failure(result, f"--run-dir {run_dir}", why)
-    assert time.monotonic() - start < 30
 
 
 def test_run_dir_error_under_json_is_one_object(file_in_the_way):
@@ -279,7 +275,6 @@ def test_run_folder_of_a_default_study_name_stays_one_folder(tmp_path):
 
 
 def test_a_huge_gpu_count_is_refused_without_building_pair_lists():
-    start = time.monotonic()
     result = run("plan", "-m", "llama-7b", "-g", "100000xh100-80gb", "--no-trials")
     assert_clean_failure(result, "100,000 GPUs", "at most 4,096")
     assert_clean_failure(run("estimate", "-m", "llama-debug", "-g", "5000", "--device", "cpu"),
@@ -289,7 +284,6 @@ def test_a_huge_gpu_count_is_refused_without_building_pair_lists():
     big = preset_hardware(MAX_GPUS, "h100-80gb")
     assert big.n_gpus == MAX_GPUS and big.pairs == () and big.link == "nvlink"
     assert len(preset_hardware(8, "h100-80gb").pairs) == 28
-    assert time.monotonic() - start < 10
 
 
 def test_far_more_cpu_ranks_than_cores_is_refused():

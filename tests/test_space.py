@@ -294,6 +294,7 @@ def _build_wheel(out: Path) -> Path:
     return wheels[0]
 
 
+@pytest.mark.slow
 def test_spaces_load_from_a_non_editable_install(tmp_path):
     wheel = _build_wheel(tmp_path / "dist")
     with zipfile.ZipFile(wheel) as zf:

@@ -11,6 +11,7 @@ architecture's quirks. Small models: a few minutes in all (on CPU about a minute
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,32 +135,49 @@ def calibrate(
     steps: int = 3,
     trial_timeout: float = 600.0,
     quick: bool = False,
-    run_trial: Callable[..., TrialResult] | None = None,
+    run_trials: Callable[..., list[TrialResult]] | None = None,
     on_trial: Callable[[int, int, SweepTrial], None] | None = None,
     on_start: Callable[[int, int, str, Config], None] | None = None,
 ) -> CalibrationRun:
     """Run the sweep on `hardware` (`quick`: a shorter one), fit the corrections on its trials
     together with those this machine already stored, and store the result
-    (`autofit.calibration.store`)."""
-    if run_trial is None:
-        from autofit.trials import run_trial
+    (`autofit.calibration.store`). The trials of one model run in one launch
+    (`autofit.trials.run_trials`): the processes start, and import torch, once per model."""
+    if run_trials is None:
+        from autofit.trials import run_trials
     run = CalibrationRun(machine=cal_store.machine_key(hardware, device))
     plan = sweep(hardware, device, quick)
     stamp = f"calibrate@{time.time():.0f}"
     observations: list[tuple[str, Observation]] = []
-    for i, (spec, cfg) in enumerate(plan):
-        if on_start:
-            on_start(i, len(plan), spec.name, cfg)
-        est = estimate(spec, hardware, cfg, device=device)
-        result = run_trial(spec, cfg, nprocs=hardware.n_gpus, device=device,
-                           gpu_memory=gpu_memory, steps=steps, timeout_s=trial_timeout)  # fmt: skip
-        trial = SweepTrial(spec.name, cfg, est, result)
+    started = 0  # trials announced to `on_start`
+
+    def start_up_to(i: int) -> None:
+        nonlocal started
+        for j in range(started, min(i, len(plan) - 1) + 1):
+            if on_start:
+                on_start(j, len(plan), plan[j][0].name, plan[j][1])
+        started = max(started, i + 1)
+
+    def finished(i: int, result: TrialResult) -> None:
+        start_up_to(i)
+        spec, cfg = plan[i]
+        trial = SweepTrial(spec.name, cfg, estimate(spec, hardware, cfg, device=device), result)
         run.trials.append(trial)
         if on_trial:
             on_trial(i, len(plan), trial)
-        obs = Observation.of(est, result)
+        obs = Observation.of(trial.estimate, result)
         if obs.informative:
             observations.append((f"{stamp}#{i}", obs))
+
+    first = 0
+    for _name, group in itertools.groupby(plan, key=lambda item: item[0].name):
+        configs = [cfg for _spec, cfg in group]
+        start_up_to(first)
+        run_trials(plan[first][0], configs, nprocs=hardware.n_gpus, device=device,
+                   gpu_memory=gpu_memory, steps=steps, timeout_s=trial_timeout,
+                   on_progress=lambda info, o=first: start_up_to(o + info.get("config", 0)),
+                   on_result=lambda i, result, o=first: finished(o + i, result))  # fmt: skip
+        first += len(configs)
     if not observations:
         run.calibration = fit_calibration([])
         return run

@@ -1,4 +1,12 @@
-"""Launch one trial as `torchrun` subprocess (one process per device) and read its JSON result.
+"""Launch trials as `torchrun` subprocess (one process per device) and read their JSON results.
+
+`run_trial` runs one config; `run_trials` runs several configs of one model on the same devices in
+one launch, one after the other (the processes' start and imports, most of a small trial's time,
+are paid once). Each config is built, stepped and measured on its own, and its time limit starts
+when the config before it ended. When a config fails (OOM, error, timeout) its ranks end the
+launch at once, so no rank waits in a collective for a config its peers left: the failed config
+is reported, the configs before it keep their results, and those after it run again in a new
+launch. A stopped launch (`abort`) reports every config it had not finished as stopped.
 
 The caller always survives: an OOM on any rank is status `oom` (of the GPU or of the host), a run
 past `timeout_s` is killed with every process it started and is `timeout`, anything else is
@@ -21,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +41,7 @@ from autofit.errors import GPU, HOST, AutofitError, oom_kind
 from autofit.models import ModelSpec, resolve_model
 from autofit.trials import guard
 from autofit.trials.devlock import device_lock
-from autofit.trials.result import TrialResult
+from autofit.trials.result import TrialResult, config_result
 
 STDERR_TAIL_LINES = 25
 POLL_S = 0.2
@@ -178,16 +186,66 @@ def run_trial(
     them, this call starts this node's share. `abort()`, asked while the trial runs, stops it as
     an `error` with the reason it returns (None: go on).
     """
+    return _run(model, [config], nprocs, device, gpu_memory, steps, warmup, timeout_s,
+                on_progress, on_wait, rendezvous, abort, lock)[0]  # fmt: skip
+
+
+def run_trials(
+    model: str | ModelSpec,
+    configs: Sequence[Config],
+    *,
+    nprocs: int = 1,
+    device: str = "cuda",
+    gpu_memory: int | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    timeout_s: float = 600.0,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_wait: Callable[[str, str], None] | None = None,
+    abort: Callable[[], str | None] | None = None,
+    lock: bool = True,
+    on_result: Callable[[int, TrialResult], None] | None = None,
+) -> list[TrialResult]:
+    """Run each of `configs` as `run_trial` would, in as few launches as their failures allow
+    (one when none fails; see the module's rule), and return one result per config, in order.
+
+    `timeout_s` is each config's limit; `on_progress`'s dicts also name the config they are about
+    (`"config": i`, its index in `configs`); `on_result(i, result)` is called as soon as config i
+    is settled. One host only: a trial across nodes is `run_trial`.
+    """
+    return _run(model, list(configs), nprocs, device, gpu_memory, steps, warmup, timeout_s,
+                on_progress, on_wait, None, abort, lock, on_result)  # fmt: skip
+
+
+def _run(
+    model: str | ModelSpec,
+    configs: list[Config],
+    nprocs: int,
+    device: str,
+    gpu_memory: int | None,
+    steps: int,
+    warmup: int,
+    timeout_s: float,
+    on_progress: Callable[[dict[str, Any]], None] | None,
+    on_wait: Callable[[str, str], None] | None,
+    rendezvous: Rendezvous | None,
+    abort: Callable[[], str | None] | None,
+    lock: bool,
+    on_result: Callable[[int, TrialResult], None] | None = None,
+) -> list[TrialResult]:
     start = time.monotonic()
-    result = TrialResult(
-        status="error",
-        config=config.to_dict(),
-        model=model.name if isinstance(model, ModelSpec) else str(model),
-        device=device,
-        nprocs=nprocs,
-        capacity_bytes=gpu_memory,
-        sharding=str(sharding_for(config.wrap, nprocs)),
-    )
+    results = [
+        TrialResult(
+            status="error",
+            config=config.to_dict(),
+            model=model.name if isinstance(model, ModelSpec) else str(model),
+            device=device,
+            nprocs=nprocs,
+            capacity_bytes=gpu_memory,
+            sharding=str(sharding_for(config.wrap, nprocs)),
+        )
+        for config in configs
+    ]
     nodes = rendezvous.nodes if rendezvous is not None else 1
     per_node = nprocs // nodes
     problem = _precheck(device, per_node)
@@ -198,13 +256,14 @@ def run_trial(
     except AutofitError as exc:
         problem = str(exc)
     if problem:
-        result.message = problem
-        result.wall_s = time.monotonic() - start
-        return result
-    result.model = spec.name
+        for i, result in enumerate(results):
+            result.message = problem
+            result.wall_s = time.monotonic() - start
+            if on_result is not None:
+                on_result(i, result)
+        return results
     payload = {
         "model": asdict(spec),
-        "config": config.to_dict(),
         "device": device,
         "gpu_memory": gpu_memory,
         "steps": steps,
@@ -214,14 +273,42 @@ def run_trial(
     guard.sweep_stale_workdirs()
     held = device_lock(device, per_node, on_wait) if lock else contextlib.nullcontext()
     with held:
-        start = time.monotonic()
-        workdir = guard.make_workdir()
-        try:
-            _launch(payload, per_node, timeout_s, workdir, result, on_progress, rendezvous, abort)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    result.wall_s = time.monotonic() - start
-    return result
+        todo = list(range(len(configs)))
+        while todo:
+            batch = [results[i] for i in todo]
+            for result in batch:
+                result.model = spec.name
+            payload["configs"] = [configs[i].to_dict() for i in todo]
+            workdir = guard.make_workdir()
+            first = todo[0]
+            settle = _settler(on_result, results, first)
+            try:
+                settled = _launch(
+                    payload, per_node, timeout_s, workdir, batch,
+                    _offset(on_progress, first), rendezvous, abort, settle,
+                )  # fmt: skip
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            todo = todo[settled:]
+    return results
+
+
+def _settler(
+    on_result: Callable[[int, TrialResult], None] | None, results: list[TrialResult], first: int
+) -> Callable[[int], None] | None:
+    """`on_result` for a launch whose first config is the caller's `first`-th."""
+    if on_result is None:
+        return None
+    return lambda i: on_result(first + i, results[first + i])
+
+
+def _offset(
+    on_progress: Callable[[dict[str, Any]], None] | None, first: int
+) -> Callable[[dict[str, Any]], None] | None:
+    """`on_progress` for a launch whose first config is the caller's `first`-th."""
+    if on_progress is None or first == 0:
+        return on_progress
+    return lambda info: on_progress({**info, "config": info.get("config", 0) + first})
 
 
 def _precheck(device: str, nprocs: int) -> str:
@@ -246,12 +333,17 @@ def _launch(
     nprocs: int,
     timeout_s: float,
     workdir: Path,
-    result: TrialResult,
+    results: list[TrialResult],
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     rendezvous: Rendezvous | None = None,
     abort: Callable[[], str | None] | None = None,
-) -> None:
-    """Run torchrun for this node's `nprocs` ranks (all of them without `rendezvous`)."""
+    settle: Callable[[int], None] | None = None,
+) -> int:
+    """Run torchrun for this node's `nprocs` ranks (all of them without `rendezvous`) over the
+    payload's configs; fill in `results` (one per config, `settle(i)` told as each is final) and
+    return how many are settled: all of them, or those before the first that failed and that one
+    (the rest must run again)."""
+    settle = settle or (lambda _i: None)
     spec_path, out_path = workdir / "spec.json", workdir / "result.json"
     spec_path.write_text(json.dumps(payload))
     if rendezvous is None:
@@ -266,11 +358,24 @@ def _launch(
     stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
     progress_path, last_progress = workdir / "progress.json", ""
     oom_kills = host_oom_kills()
+    total_s = timeout_s * len(results)
+    ended = [time.monotonic()]  # when the launch started, then when each config's result came
+
+    def collect() -> None:
+        """Take the results rank 0 has written since the last look; each restarts the limit."""
+        while len(ended) <= len(results) and config_result(out_path, len(ended) - 1).is_file():
+            result = results[len(ended) - 1]
+            data = json.loads(config_result(out_path, len(ended) - 1).read_text())
+            for key, value in data.items():
+                setattr(result, key, value)
+            ended.append(time.monotonic())
+            result.wall_s = ended[-1] - ended[-2]
+            settle(len(ended) - 2)
+
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, env=_env(nprocs, timeout_s), start_new_session=True
+            cmd, stdout=out, stderr=err, env=_env(nprocs, total_s), start_new_session=True
         )
-        deadline = time.monotonic() + timeout_s
         timed_out, stopped = False, None
 
         def report_progress() -> None:
@@ -289,7 +394,8 @@ def _launch(
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if time.monotonic() > deadline:
+                collect()
+                if time.monotonic() > ended[-1] + timeout_s:
                     timed_out = True
                     break
                 stopped = abort() if abort is not None else None
@@ -298,20 +404,25 @@ def _launch(
                 report_progress()
         finally:
             _kill_tree(proc, workdir)  # also clears stragglers after a normal exit
-    if timed_out:
-        result.status = "timeout"
-        result.message = f"The trial ran past its limit of {timeout_s:g} s and was killed."
-        return
+    collect()
+    done = len(ended) - 1
+    if done == len(results):
+        return done
+    failed = results[done]
+    failed.wall_s = time.monotonic() - ended[-1]
     if stopped:
-        result.status, result.message = "error", f"The trial was stopped: {stopped}"
-        return
-    if out_path.is_file():
-        data = json.loads(out_path.read_text())
-        for key, value in data.items():
-            setattr(result, key, value)
-        return
-    stderr = _read(stderr_path)
-    _classify_failure(result, workdir, stderr, _read(stdout_path), proc.returncode, oom_kills)
+        for i, result in enumerate(results[done:], done):
+            result.status, result.message = "error", f"The trial was stopped: {stopped}"
+            settle(i)
+        return len(results)
+    if timed_out:
+        failed.status = "timeout"
+        failed.message = f"The trial ran past its limit of {timeout_s:g} s and was killed."
+    else:
+        stderr = _read(stderr_path)
+        _classify_failure(failed, workdir, stderr, _read(stdout_path), proc.returncode, oom_kills)
+    settle(done)
+    return done + 1
 
 
 def _classify_failure(

@@ -1,8 +1,13 @@
 """One rank of a trial, run by `worker.py` (the torchrun entry) once the rank is guarded.
 
-Each rank builds the model, runs warm-up then measured steps, and writes `OUT.json.rank<R>.json`
-(status, message and, for an OOM, whether the GPU or the host ran out); local rank 0 also writes
-`OUT.json`, the whole result with peaks reduced over ranks, and `progress.json` after each step.
+A launch runs one or more configs of one model in order (`run_trials`), in one process group.
+For each config each rank builds the model, runs warm-up then measured steps, and frees all of it
+before the next config starts (peaks are reset, so each config measures what it would alone);
+local rank 0 writes `OUT.json.<i>` (`result.config_result`), config i's whole result with peaks
+reduced over ranks, and `progress.json` after each step. A rank that fails writes
+`OUT.json.rank<R>.json` (status, message, the failing config's index and, for an OOM, whether the
+GPU or the host ran out) and exits at once: the launch ends, and the launcher decides about the
+configs that did not run. A rank that ran them all writes an `ok` report there.
 On a trial that spans nodes each node's local rank 0 writes them (into its own planner's scratch
 folder), with the same group-wide figures: c10d numbers the ranks in the order their nodes joined,
 so global rank 0 may be on any node, and every node's planner reads a whole result of its own.
@@ -48,6 +53,7 @@ from autofit.trials.memory import (
     host_peak_bytes,
     untracked,
 )
+from autofit.trials.result import config_result
 
 # Joining the process group and every collective after it fail in this time rather than at the
 # trial's own limit: a peer that never comes costs seconds. Ranks build the same model at the same
@@ -70,14 +76,16 @@ def _offer_to_oom_killer() -> None:
 
 
 class Progress:
-    """Local rank 0 tells the launcher what it is doing (`progress.json`: phase, step, steps)."""
+    """Local rank 0 tells the launcher what it is doing (`progress.json`: phase, step, steps, and
+    which of the launch's configs, `config`)."""
 
     def __init__(self, path: Path | None, steps: int) -> None:
-        self.path, self.steps = path, steps
+        self.path, self.steps, self.config = path, steps, 0
 
     def __call__(self, phase: str, step: int = 0) -> None:
         if self.path is not None:
-            _write(self.path, {"phase": phase, "step": step, "steps": self.steps})
+            info = {"phase": phase, "step": step, "steps": self.steps, "config": self.config}
+            _write(self.path, info)
 
 
 def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.device):
@@ -112,25 +120,51 @@ def train_step(
     return loss, compiled
 
 
-def run(
-    spec: dict[str, Any], rank: int, world: int, local_rank: int, progress: Progress | None = None
-) -> dict[str, Any] | None:
-    progress = progress or Progress(None, 0)
-    device_type = spec["device"]
-    gpu_memory = spec.get("gpu_memory")
+def join_group(
+    device_type: str, local_rank: int, gpu_memory: int | None
+) -> tuple[torch.device, int | None]:
+    """Join the launch's process group, once for all its configs; returns this rank's device and
+    the capacity its trials are held to (`gpu_memory`; on CUDA as `cap_cuda` sets it)."""
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device, timeout=collective_timeout())
         dist.barrier()  # the NCCL communicator and its buffers exist from here on
-        capacity = cap_cuda(gpu_memory, device)
-    else:
-        device = torch.device("cpu")
-        capacity = gpu_memory
-        dist.init_process_group("gloo", timeout=collective_timeout())
+        return device, cap_cuda(gpu_memory, device)
+    dist.init_process_group("gloo", timeout=collective_timeout())
+    return torch.device("cpu"), gpu_memory
+
+
+def release(device: torch.device) -> None:
+    """Free what the config before left, so the next config starts as a fresh process would:
+    its tensors (reference cycles included), the allocator's cache and peaks, dynamo's compiled
+    code (a second compiled config must compile its own graphs), and the host's peak RSS (Linux
+    resets it, `VmHWM`, on writing 5 to `clear_refs`)."""
+    torch.compiler.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def run(
+    spec: dict[str, Any],
+    config: Config,
+    device: torch.device,
+    capacity: int | None,
+    rank: int,
+    world: int,
+    local_rank: int,
+    progress: Progress | None = None,
+) -> dict[str, Any] | None:
+    """Build `config`, run its steps and return its result (on local rank 0; None elsewhere)."""
+    progress = progress or Progress(None, 0)
+    device_type = device.type
     progress("build")
 
-    config = Config.from_dict(spec["config"])
     model_spec = ModelSpec(**spec["model"])
     torch.manual_seed(0)
     tracker = TensorTracker(capacity) if device_type == "cpu" else None
@@ -268,16 +302,23 @@ def main(argv: list[str] | None = None) -> None:
     spec = json.loads(Path(args.spec).read_text())
     progress = Progress(out.parent / PROGRESS_FILE if local_rank == 0 else None, spec["steps"])
     try:
-        result = run(spec, rank, world, local_rank, progress)
+        device, capacity = join_group(spec["device"], local_rank, spec.get("gpu_memory"))
+        for index, config in enumerate(spec["configs"]):
+            progress.config = index
+            if index:
+                release(device)
+            result = run(spec, Config.from_dict(config), device, capacity, rank, world,
+                         local_rank, progress)  # fmt: skip
+            if result is not None:
+                _write(config_result(out, index), result)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a status
         lines = traceback.format_exception(exc)
         kind = oom_kind(exc, "".join(lines))
         message = f"rank {rank}: {type(exc).__name__}: {exc}"
         report = {"status": "oom" if kind else "error", "message": message, "oom_of": kind}
+        report["config"] = progress.config
         _write(rank_file, {**report, "traceback": "".join(lines)})
         print("".join(lines[-20:]), file=sys.stderr, flush=True)
         os._exit(1)  # no process-group teardown: other ranks may be stuck in a collective
     _write(rank_file, {"status": "ok", "message": ""})
-    if result is not None:
-        _write(out, result)
     dist.destroy_process_group()

@@ -91,6 +91,7 @@ def _inner(p: torch.Tensor) -> list[str]:
     return p.data.__tensor_flatten__()[0]
 
 
+@pytest.mark.slow  # inductor compiles in a pool of worker processes
 def test_qlora_compiles_whole_keeps_nf4_packed_and_trains_as_eager() -> None:
     """NF4 base weights (torchao `NF4Tensor`, dequantized in the layer) with fp32 LoRA adapters
     under bf16 autocast, the plain module: dynamo captures each layer whole (`fullgraph=True`

@@ -170,6 +170,7 @@ def test_a_router_loss_it_cannot_compute_is_refused_rather_than_dropped() -> Non
         apply_loss(model, "chunked")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama-debug", "qwen2-debug"])
 def test_fused_loss_equals_the_models_own_under_tritons_interpreter(name: str) -> None:
     """`loss: fused` runs Liger's kernel; without a GPU, Triton's interpreter runs it on CPU

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 TINY_SPACE = str(Path(__file__).parents[1] / "search" / "tiny_space.yaml")
 
 

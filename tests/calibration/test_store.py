@@ -74,8 +74,12 @@ def test_a_calibration_sweep_is_stored_and_the_next_plan_here_starts_from_it():
     # The machine's truth, as the fake measures it: peaks 0.9x the napkin's, half its speed.
     fake = FakeTrials(peak_factor=lambda cfg: 0.9, speed_factor=lambda cfg: 0.5)
     hw = resolve_hardware("2", device="cpu", gpu_memory=256 * MiB)
-    run = calibrate(hw, "cpu", gpu_memory=256 * MiB, steps=2, run_trial=fake)
+    started: list[int] = []
+    run = calibrate(hw, "cpu", gpu_memory=256 * MiB, steps=2, run_trials=fake.batch,
+                    on_start=lambda i, n, model, cfg: started.append(i))  # fmt: skip
     assert len(run.trials) == len(sweep(hw, "cpu")) >= 10
+    assert started == list(range(len(run.trials)))  # each announced once, in order
+    assert [t.config for t in run.trials] == [c for _, c in sweep(hw, "cpu")]
     knobs = {(c.wrap, c.checkpointing, c.offload, c.quant) for _, c in sweep(hw, "cpu")}
     assert ("none", "none", "none", "none") in knobs  # DDP: communication
     assert ("layer", "none", "params", "none") in knobs  # host copies

@@ -1,9 +1,10 @@
 """The CPU trials the estimate is held to, and the one check the tests and the mutation bench share.
 
 Each case is a real trial (`autofit.trials.run_trial`, `device="cpu"`, 1 warm-up + 1 measured
-step) chosen so that some memory term of the estimate is a large part of its peak: together they
-make every term of `autofit/estimate/memory/` count (`bench/mutate_memory_terms.py` shows that
-scaling any of them by 0.7 or 1.3 fails a case).
+step; the tests run those of one model and rank count in one launch, `measure_all`) chosen so
+that some memory term of the estimate is a large part of its peak: together they make every term
+of `autofit/estimate/memory/` count (`bench/mutate_memory_terms.py` shows that scaling any of
+them by 0.7 or 1.3 fails a case).
 
 Tolerance: docs/accuracy.md section 1, "Held by the test suite", records each case's measured
 peak and the estimate's error on it. A case passes when the estimate's error is that recorded
@@ -22,6 +23,7 @@ from autofit.estimate import Estimate, estimate
 from autofit.hardware import cpu_hardware
 from autofit.models import ModelSpec, resolve_model
 from autofit.trials import TrialResult, run_trial
+from tests.batch import run_grouped
 
 DEBUG = resolve_model("llama-debug")
 # llama-debug with a 16k vocabulary and a narrow MLP: embeddings, LM head and logits dominate.
@@ -87,9 +89,16 @@ CASES = [
 ]  # fmt: skip
 
 
+TRIAL = {"device": "cpu", "steps": 1, "warmup": 1, "timeout_s": 240}
+
+
 def measure(case: Case) -> TrialResult:
-    return run_trial(case.model, case.config, nprocs=case.ranks, device="cpu", steps=1,
-                     warmup=1, timeout_s=240)  # fmt: skip
+    return run_trial(case.model, case.config, nprocs=case.ranks, **TRIAL)
+
+
+def measure_all(cases: list[Case]) -> dict[str, TrialResult]:
+    """Each case's trial by name, the cases of one model and rank count in one launch."""
+    return run_grouped({c.name: (c.model, c.ranks, c.config) for c in cases}, **TRIAL)
 
 
 def estimated(case: Case) -> Estimate:

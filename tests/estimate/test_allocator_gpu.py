@@ -75,6 +75,7 @@ with open(sys.argv[1], "wb") as f:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("expandable", [False, True], ids=["segments", "expandable"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import optuna
@@ -33,9 +32,8 @@ def test_killed_planner_leaves_no_trial_process(spawn, tmp_path: Path, sig: int)
     planner = _start_hung_plan(spawn, tmp_path)
     assert len(trial_processes(planner.pid)) >= 3  # torchrun and two workers
     planner.send_signal(sig)
-    killed_at = time.monotonic()
-    wait_for(lambda: not trial_processes(planner.pid), 5, "the trial's processes to die")
-    assert time.monotonic() - killed_at <= 5
+    # they die with it (PDEATHSIG, the watchdog), long before their own deadline (20 s + 30 s)
+    wait_for(lambda: not trial_processes(planner.pid), 20, "the trial's processes to die")
     planner.wait(timeout=30)
     stderr = planner.stderr.read()
     if sig == signal.SIGTERM:  # like Ctrl-C: a clean exit that says how to resume

@@ -50,6 +50,18 @@ class FakeTrials:
         result.losses = [2.0] * (steps + 1)
         return result
 
+    def batch(self, model: Any, configs: list[Config], *, on_progress: Any = None,
+              on_result: Any = None, **kwargs: Any) -> list[TrialResult]:  # fmt: skip
+        """`autofit.trials.run_trials`: each config as one call, each reported when it is done."""
+        results = []
+        for i, config in enumerate(configs):
+            if on_progress is not None:
+                on_progress({"phase": "build", "step": 0, "steps": kwargs["steps"], "config": i})
+            results.append(self(model, config, **kwargs))
+            if on_result is not None:
+                on_result(i, results[-1])
+        return results
+
     @property
     def search_configs(self) -> list[Config]:
         """Configs measured by search trials (not verification re-runs, which use more steps)."""

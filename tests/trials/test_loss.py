@@ -16,7 +16,7 @@ from autofit.config import Config
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
 from autofit.models import PRESETS
-from autofit.trials import run_trial
+from autofit.trials import run_trials
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +29,12 @@ ESTIMATE_TOLERANCE = 0.05
 
 
 def test_chunked_loss_halves_the_peak_and_keeps_the_losses() -> None:
+    losses = ("standard", "chunked")
+    configs = [Config(lora_rank=8, micro_batch=2, seq_len=256, loss=loss) for loss in losses]
+    trials = run_trials(VOCAB_128K, configs, nprocs=2, device="cpu", steps=1, warmup=1,
+                        timeout_s=300)  # fmt: skip
     results = {}
-    for loss in ("standard", "chunked"):
-        config = Config(lora_rank=8, micro_batch=2, seq_len=256, loss=loss)
-        result = run_trial(VOCAB_128K, config, nprocs=2, device="cpu", steps=1, warmup=1,
-                           timeout_s=300)  # fmt: skip
+    for loss, config, result in zip(losses, configs, trials, strict=True):
         assert result.status == "ok", result.message
         est = estimate(VOCAB_128K, resolve_hardware("2", device="cpu"), config, device="cpu")
         error = est.peak_bytes / result.peak_bytes - 1
