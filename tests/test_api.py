@@ -133,3 +133,26 @@ def test_plan_request_with_settings_round_trips_through_its_dict():
     again = PlanRequest.from_dict(data)
     assert again == plan.request
     assert again.space.candidates(1, seq_len=256) == plan.space.candidates(1, seq_len=256)
+
+
+def test_trial_takes_its_limit_as_trial_timeout_and_the_old_name_warns(monkeypatch):
+    # `plan(timeout=)` is the whole search's limit; a trial's is `trial_timeout` in both. The old
+    # `trial(timeout=)` still reaches the launcher, with a DeprecationWarning.
+    import warnings
+
+    import autofit.trials
+
+    seen = {}
+
+    def fake_run_trial(*args, timeout_s, **kwargs):
+        seen["timeout_s"] = timeout_s
+        return "measured"
+
+    monkeypatch.setattr(autofit.trials, "run_trial", fake_run_trial)
+    assert autofit.trial("llama-debug", "1", device="cpu", trial_timeout=12) == "measured"
+    assert seen["timeout_s"] == 12
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        autofit.trial("llama-debug", "1", device="cpu", timeout=34)
+    assert seen["timeout_s"] == 34
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)

@@ -390,8 +390,8 @@ def test_the_old_timeout_flags_still_work(monkeypatch):
 
     seen: dict[str, Any] = {}
 
-    def fake_trial(*args: Any, timeout: float, **kwargs: Any) -> TrialResult:
-        seen["timeout"] = timeout
+    def fake_trial(*args: Any, trial_timeout: float, **kwargs: Any) -> TrialResult:
+        seen["timeout"] = trial_timeout
         return TrialResult(status="ok", config=Config().to_dict(), model="llama-debug",
                            peak_bytes=MiB, tokens_per_s=1.0, step_time_s=1.0)  # fmt: skip
 
