@@ -20,9 +20,10 @@ class TrialResult:
     A config that is not the first of its launch (`run_trials`) reports the peaks of its own
     build and steps, but its processes already hold what the earlier ones left to the process
     (the C allocator's freed pages, one-time caches): its `host_peak_bytes` may be higher, and
-    its `build_peak_bytes` lower (measured: 0.56 MiB for int8 LoRA under DDP on llama-debug),
-    than alone. `peak_bytes` was the same for that config, but 0.56 MiB lower for a later FSDP2
-    config on CPU: compare the peaks of configs that are each first in a launch, or all later.
+    its `build_peak_bytes` may differ (int8 LoRA under DDP on llama-debug built at 5.19 or
+    5.78 MB, alone and in a launch alike, from run to run). `peak_bytes` was the same for that
+    config, but 0.56 MiB lower for a later FSDP2 config on CPU: compare the peaks of configs
+    that are each first in a launch, or all later.
     `build_peak_bytes` is the same measure while the model was built (before the first step), and
     `device_peak_bytes` on CUDA the device-level use (`mem_get_info`: allocator plus CUDA context
     and NCCL buffers) seen after each step. `sharding` is how the model was held: `none` (the plain

@@ -67,15 +67,15 @@ def test_a_config_measures_the_same_alone_and_after_others_in_one_launch(
 ) -> None:
     """Configs of a launch run one after the other in the same processes: the fourth measures
     the steps' peak it measures alone (DDP, whose peak is the same bytes on every run), within
-    0.1 MiB, and the same losses. Its build peak may be lower, never higher: what a process
-    allocates once, in the first config's build, is not allocated again (measured: 5.19 MB in
-    the launch, 5.78 MB alone); tests that compare build peaks run those configs first."""
+    0.1 MiB, and the same losses. Its build peak is not compared: it moved between 5.19 and
+    5.78 MB from run to run, alone and in a launch both (the two CI-like runs of 2026-11-26 saw
+    it lower in the launch once and higher once); tests that compare build peaks run those
+    configs first in their launches."""
     name = "int8-lora-replicated"
     alone = cpu_trial(Config(**SHORT, **KNOBS[name]))
     batched = short[name]
     assert alone.status == batched.status == "ok", alone.message + batched.message
     assert batched.peak_bytes == pytest.approx(alone.peak_bytes, abs=0.1 * MiB)
-    assert batched.build_peak_bytes <= alone.build_peak_bytes + 0.1 * MiB
     assert batched.losses == alone.losses
 
 
