@@ -84,10 +84,17 @@ def test_the_copies_cost_what_a_hand_count_says(trials, name, without, copies):
     )
 
 
+# How far two launches of the same LoRA run under FSDP2 on llama-debug measured apart (gloo's
+# timing moves which all-gather buffers coexist): 18.7 and 19.6 MiB (docs/accuracy.md, section
+# 1), and 0.56 MiB between the fsdp2 and fsdp2-tokens runs of two CI runs on 2026-11-26.
+FSDP2_SPREAD = 1.0 * 2**20
+
+
 def test_a_few_trained_rows_cost_little(trials):
     # tokens:8 trains 8 rows of each 1,024-row weight: far less than copies of the weights (it
-    # adds peft's merged weight of the head, saved for backward, vocab x hidden in bf16)
+    # adds peft's merged weight of the head, saved for backward, vocab x hidden in bf16: 128 KiB,
+    # inside the runs' spread, so only the upper bounds tell)
     spec = resolve_model("llama-debug")
     extra = trials["fsdp2-tokens"].peak_bytes - trials["fsdp2"].peak_bytes
-    assert 0 < extra < 2 * spec.vocab * spec.hidden * 2  # under two bf16 weights' worth
+    assert -FSDP2_SPREAD < extra < 2 * spec.vocab * spec.hidden * 2  # under two bf16 weights
     assert extra < (trials["fsdp2-full"].peak_bytes - trials["fsdp2"].peak_bytes) / 4
