@@ -19,6 +19,7 @@ from typing import Any
 
 from autofit.calibration import Calibration, Observation, fit_calibration
 from autofit.calibration import store as cal_store
+from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
 from autofit.errors import ConfigError
 from autofit.estimate import estimate
@@ -133,7 +134,7 @@ def calibrate(
     *,
     gpu_memory: int | None = None,
     steps: int = 3,
-    trial_timeout: float = 600.0,
+    trial_timeout: float = TRIAL_TIMEOUT_S,
     quick: bool = False,
     run_trials: Callable[..., list[TrialResult]] | None = None,
     on_trial: Callable[[int, int, SweepTrial], None] | None = None,

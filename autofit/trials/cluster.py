@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 import optuna
 import sqlalchemy.exc
 
+from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.models import ModelSpec, resolve_model
@@ -254,7 +255,7 @@ class Cluster:
         config: Config,
         *,
         nprocs: int = 1,
-        timeout_s: float = 600.0,
+        timeout_s: float = TRIAL_TIMEOUT_S,
         **kwargs: Any,
     ) -> TrialResult:
         """`autofit.trials.run_trial` across the nodes: announce, wait for every node's ack,

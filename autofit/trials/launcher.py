@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config, sharding_for
 from autofit.errors import GPU, HOST, AutofitError, oom_kind
 from autofit.models import ModelSpec, resolve_model
@@ -170,7 +171,7 @@ def run_trial(
     gpu_memory: int | None = None,
     steps: int = 3,
     warmup: int = 1,
-    timeout_s: float = 600.0,
+    timeout_s: float = TRIAL_TIMEOUT_S,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     on_wait: Callable[[str, str], None] | None = None,
     rendezvous: Rendezvous | None = None,
@@ -199,7 +200,7 @@ def run_trials(
     gpu_memory: int | None = None,
     steps: int = 3,
     warmup: int = 1,
-    timeout_s: float = 600.0,
+    timeout_s: float = TRIAL_TIMEOUT_S,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     on_wait: Callable[[str, str], None] | None = None,
     abort: Callable[[], str | None] | None = None,
