@@ -18,7 +18,17 @@ ROOT = Path(autofit.__file__).parent
 # public API (`autofit/__init__.py`) and the CLI sit on top. docs/architecture.md draws the same.
 LAYERS: list[set[str]] = [
     {"_version", "errors", "units", "checks", "interrupt", "files"},  # plain facts and helpers
-    {"config", "settings", "models", "hardware", "space", "request", "recipe", "structure"},  # in
+    {
+        "config",
+        "settings",
+        "models",
+        "hardware",
+        "space",
+        "request",
+        "recipe",
+        "structure",
+        "data",
+    },  # in
     {"builder"},  # the torch builder: the model as trials and `apply` set it up, its traces
     {"arch"},  # a model's structure and layer traces, read with the builder and kept on disk
     {"estimate"},  # napkin memory and time: arithmetic over `arch`'s structure and traces
