@@ -24,12 +24,17 @@ from autofit.space import load_space
 
 # Model structures and layer traces are cached between runs (`autofit.arch.cache_dir`): the
 # suite keeps its own, shared by its subprocesses, and leaves nothing in the user's cache.
-_CACHE = tempfile.mkdtemp(prefix="autofit-test-cache-")
+# The run's workers (pytest-xdist) inherit the folder the first conftest made, so each
+# architecture is traced once per run; the process that made it removes it.
+_SHARED = "AUTOFIT_TEST_CACHE"
+if _SHARED not in os.environ:
+    os.environ[_SHARED] = tempfile.mkdtemp(prefix="autofit-test-cache-")
+    atexit.register(shutil.rmtree, os.environ[_SHARED], ignore_errors=True)
+_CACHE = os.environ[_SHARED]
 os.environ["AUTOFIT_CACHE_DIR"] = _CACHE
 # this machine's calibration too (each test gets its own below; fixtures wider than a test share
 # this one)
 os.environ["AUTOFIT_CALIBRATION_DIR"] = os.path.join(_CACHE, "calibration")
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

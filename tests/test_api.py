@@ -1,4 +1,4 @@
-"""The public Python API as design.md shows it."""
+"""The public Python API as the README shows it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import autofit
 
 
-def test_estimate_as_in_design_md():
+def test_estimate_as_in_the_readme():
     est = autofit.estimate(
         "llama-7b",
         gpus="2xrtx3090",

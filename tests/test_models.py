@@ -95,7 +95,7 @@ def test_roles_of_each_family_are_read_from_its_structure():
     assert [p.leaf for p in mixtral.projections] == ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def test_design_md_model_names_are_presets():
+def test_the_model_names_the_readme_lists_are_presets():
     for name in (
         "llama-7b", "llama-13b", "llama-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-8b",
         "llama-3.2-1b", "qwen2.5-7b", "qwen3-8b", "gemma-2-9b", "phi-3-mini", "mistral-7b",

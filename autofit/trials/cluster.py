@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any, NoReturn
 
@@ -88,11 +88,16 @@ def _seconds(env: str, default: float) -> float:
         return default
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (torchrun's store binds it a moment later)."""
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A TCP port of this host, held for the block: bound with `SO_REUSEADDR` and never
+    listening, so torchrun's store (c10d's TCPStore binds with `SO_REUSEADDR` too, libuv or
+    not) can bind and listen on it later, while the kernel gives it to no one else meanwhile (a
+    port found free and let go could be taken between the choice and torchrun's bind)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+        yield int(sock.getsockname()[1])
 
 
 RDZV_HOST_ENV = "AUTOFIT_RDZV_HOST"
@@ -267,20 +272,21 @@ class Cluster:
             self._fail(f"{lost}, before the trial started")
         seq = int((attrs.get(f"launch:{self.session}") or {}).get("seq", 0)) + 1
         spec = resolve_model(model)
-        endpoint = f"{endpoint_host()}:{free_port()}"
         run_id = f"autofit-{self.session}-{seq}"
         payload = {
             "model": asdict(spec), "config": config.to_dict(),
             **{k: kwargs[k] for k in ("device", "gpu_memory", "steps", "warmup") if k in kwargs},
         }  # fmt: skip
-        self._put("launch", self.session, value={
-            "seq": seq, "endpoint": endpoint, "run_id": run_id, "payload": payload,
-            "nprocs": nprocs, "timeout_s": timeout_s, "join_timeout": self.join_s,
-        })  # fmt: skip
-        self._wait_acks(seq)
-        rdzv = Rendezvous(self.nodes, endpoint, run_id, True, self.join_s)
-        result = self.launch(spec, config, nprocs=nprocs, timeout_s=timeout_s,
-                             rendezvous=rdzv, abort=self._watch(seq), **kwargs)  # fmt: skip
+        with reserved_port() as port:  # held until this node's torchrun is done with it
+            endpoint = f"{endpoint_host()}:{port}"
+            self._put("launch", self.session, value={
+                "seq": seq, "endpoint": endpoint, "run_id": run_id, "payload": payload,
+                "nprocs": nprocs, "timeout_s": timeout_s, "join_timeout": self.join_s,
+            })  # fmt: skip
+            self._wait_acks(seq)
+            rdzv = Rendezvous(self.nodes, endpoint, run_id, True, self.join_s)
+            result = self.launch(spec, config, nprocs=nprocs, timeout_s=timeout_s,
+                                 rendezvous=rdzv, abort=self._watch(seq), **kwargs)  # fmt: skip
         self._report(seq, result)
         parts = self._gather_parts(seq, result)
         lost = self._any_lost()

@@ -45,7 +45,7 @@ def test_qlora_llama_7b_fits_one_rtx3090():
     assert e.peak_bytes < 16 * GiB  # QLoRA 7B at 2k tokens is comfortably under 24 GB
 
 
-def test_design_md_example_estimate_fits_two_rtx3090s():
+def test_the_readme_example_estimate_fits_two_rtx3090s():
     e = est("llama-7b", "2xrtx3090", **{**QLORA, "micro_batch": 8})
     assert e.within_capacity and e.n_gpus == 2
 
