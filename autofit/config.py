@@ -22,15 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autofit.errors import ConfigError
-from autofit.settings import (  # noqa: F401 - the settings' names, importable from here as before
-    ALL_LINEAR,
-    TOKENS_PREFIX,
-    TRAIN_EMBEDDINGS,
-    coerce_setting,
-    setting_error,
-    trained_token_count,
-    trained_tokens_error,
-)
+from autofit.settings import coerce_setting
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autofit.config import trained_token_count
 from autofit.estimate.memory import BF16, FP32
 from autofit.recipe import trained_embedding_modules
+from autofit.settings import trained_token_count
 from autofit.structure import Structure
 
 TIME_KEYS = (

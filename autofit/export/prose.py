@@ -7,16 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from autofit._version import __version__
-from autofit.config import (
-    ALL_LINEAR,
-    Sharding,
-    fp32_trainable,
-    trained_token_count,
-    wrap_group_size,
-)
+from autofit.config import Sharding, fp32_trainable, wrap_group_size
 from autofit.export.layout import accelerate_hsdp, plan_mesh, plan_nodes, plan_sharding
 from autofit.export.schema import MARKER, env_text
 from autofit.recipe import trained_embedding_modules, trained_token_ids
+from autofit.settings import ALL_LINEAR, trained_token_count
 
 
 def measured_path(doc: dict[str, Any]) -> list[str]:

@@ -11,10 +11,11 @@ from typing import Any
 import yaml
 
 from autofit._version import __version__
-from autofit.config import ALL_LINEAR, Config
+from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.models import ModelSpec
 from autofit.recipe import embedding_peft_options
+from autofit.settings import ALL_LINEAR
 
 FORMATS = ("autofit", "accelerate", "trainer")
 SCHEMA = 1
