@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -38,18 +37,17 @@ import psutil
 
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config, sharding_for
-from autofit.errors import GPU, HOST, AutofitError, oom_kind
+from autofit.errors import AutofitError
 from autofit.models import ModelSpec, resolve_model
 from autofit.trials import guard
 from autofit.trials.devlock import device_lock
+from autofit.trials.failures import classify_failure, host_oom_kills, read_text, worker_pids
 from autofit.trials.result import TrialResult, config_result
 
-STDERR_TAIL_LINES = 25
 POLL_S = 0.2
 # Trial processes kill themselves this long after the trial's limit, should the caller be stuck.
 DEADLINE_GRACE_S = 30.0
 WORKER_MODULE = "autofit.trials.worker"
-_KILLED = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
 
 
 @dataclass(frozen=True)
@@ -98,40 +96,12 @@ def _env(nprocs: int, timeout_s: float) -> dict[str, str]:
     return env
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
-    return "\n".join(text.splitlines()[-n:])
-
-
-def host_oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed since boot (None where unknown)."""
-    for line in _read(Path("/proc/vmstat")).splitlines():
-        if line.startswith("oom_kill "):
-            return int(line.split()[1])
-    return None
-
-
-def _worker_pids(workdir: Path) -> dict[int, int]:
-    """pid -> rank of every worker that wrote its pid (`pid.<rank>`) at start."""
-    ranks: dict[int, int] = {}
-    for pid_file in workdir.glob("pid.*"):
-        with contextlib.suppress(ValueError, OSError):
-            ranks[int(pid_file.read_text())] = int(pid_file.name.split(".", 1)[1])
-    return ranks
-
-
 def _kill_tree(proc: subprocess.Popen[bytes], workdir: Path) -> None:
     """SIGKILL torchrun's group, every descendant's group, and every worker that wrote a pid."""
     victims: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
         victims = psutil.Process(proc.pid).children(recursive=True)
-    for pid in _worker_pids(workdir):
+    for pid in worker_pids(workdir):
         with contextlib.suppress(psutil.Error):
             worker = psutil.Process(pid)
             if any(WORKER_MODULE in part for part in worker.cmdline()):
@@ -146,20 +116,6 @@ def _kill_tree(proc: subprocess.Popen[bytes], workdir: Path) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
     psutil.wait_procs(victims, timeout=10)
-
-
-def _rank_reports(workdir: Path) -> list[dict[str, Any]]:
-    reports = []
-    for path in sorted(workdir.glob("result.json.rank*.json")):
-        with contextlib.suppress(OSError, ValueError):
-            reports.append(json.loads(path.read_text()))
-    return reports
-
-
-def _killed_ranks(stderr: str, workdir: Path) -> dict[int, str]:
-    """Ranks that torchrun saw die of a signal, and which one (`SIGKILL`...)."""
-    rank_of = _worker_pids(workdir)
-    return {rank_of.get(int(pid), -1): name for _sig, name, pid in _KILLED.findall(stderr)}
 
 
 def run_trial(
@@ -381,7 +337,7 @@ def _launch(
 
         def report_progress() -> None:
             nonlocal last_progress
-            now = _read(progress_path)
+            now = read_text(progress_path)
             if on_progress is not None and now and now != last_progress:
                 last_progress = now
                 with contextlib.suppress(ValueError):
@@ -420,50 +376,9 @@ def _launch(
         failed.status = "timeout"
         failed.message = f"The trial ran past its limit of {timeout_s:g} s and was killed."
     else:
-        stderr = _read(stderr_path)
-        _classify_failure(failed, workdir, stderr, _read(stdout_path), proc.returncode, oom_kills)
+        stderr = read_text(stderr_path)
+        classify_failure(
+            failed, workdir, stderr, read_text(stdout_path), proc.returncode, oom_kills
+        )
     settle(done)
     return done + 1
-
-
-def _classify_failure(
-    result: TrialResult,
-    workdir: Path,
-    stderr: str,
-    stdout: str,
-    returncode: int | None,
-    oom_kills_before: int | None,
-) -> None:
-    """Why a trial that wrote no result failed: what its ranks reported (from the exception they
-    caught) first, then ranks the kernel killed, then all of the output when no rank reported."""
-    reports = _rank_reports(workdir)
-    tail = _tail(stderr)
-    ooms = [r for r in reports if r.get("status") == "oom"]
-    if ooms:
-        result.status, result.oom_of = "oom", ooms[0].get("oom_of") or GPU
-        result.message = ooms[0]["message"]
-        return
-    killed = _killed_ranks(stderr, workdir)
-    sigkilled = ""  # which worker died of SIGKILL not sent by the OOM killer
-    if "SIGKILL" in killed.values():
-        rank = next(r for r, name in killed.items() if name == "SIGKILL")
-        who = f"rank {rank}" if rank >= 0 else "a worker"
-        after = host_oom_kills()
-        if oom_kills_before is not None and after is not None and after > oom_kills_before:
-            result.status, result.oom_of = "oom", HOST
-            result.message = (
-                f"{who} was killed by the kernel's OOM killer: the host ran out of RAM "
-                f"({after - oom_kills_before} OOM kill(s) during the trial)."
-            )
-            return
-        sigkilled = f"{who} was killed by SIGKILL (not by the kernel's OOM killer)."
-    errors = [r["message"] for r in reports if r.get("status") == "error"]
-    if not reports and not sigkilled:
-        kind = oom_kind(stderr + "\n" + stdout)
-        if kind is not None:
-            result.status, result.oom_of = "oom", kind
-            result.message = _tail(stderr, 5)
-            return
-    result.status = "error"
-    head = errors[0] if errors else sigkilled or f"torchrun exited with code {returncode}"
-    result.message = f"{head}\n--- last lines of stderr ---\n{tail}"

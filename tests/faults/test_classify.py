@@ -18,7 +18,7 @@ import torch
 from autofit.config import Config
 from autofit.errors import GPU, HOST, oom_kind
 from autofit.trials import TrialResult, run_trial
-from autofit.trials.launcher import _classify_failure
+from autofit.trials.failures import classify_failure
 from autofit.trials.memory import TensorTracker
 from tests.faults.inject import fault_env
 
@@ -63,7 +63,7 @@ def test_oom_text_before_torchruns_long_summary_is_still_found(tmp_path: Path) -
         + [f"torchrun summary line {i}" for i in range(40)]
     )
     result = TrialResult(status="error", config={}, model="m")
-    _classify_failure(result, tmp_path, stderr, "", 1, None)
+    classify_failure(result, tmp_path, stderr, "", 1, None)
     assert (result.status, result.oom_of) == ("oom", GPU)
 
 
@@ -71,7 +71,7 @@ def test_a_rank_that_reported_an_error_is_not_reread_as_oom(tmp_path: Path) -> N
     report = {"status": "error", "message": "rank 0: ValueError: bad shape"}
     (tmp_path / "result.json.rank0.json").write_text(json.dumps(report))
     result = TrialResult(status="error", config={}, model="m")
-    _classify_failure(result, tmp_path, "... out of memory ...", "", 1, None)
+    classify_failure(result, tmp_path, "... out of memory ...", "", 1, None)
     assert result.status == "error" and result.message.startswith("rank 0: ValueError")
 
 
