@@ -28,7 +28,7 @@ from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.request import PlanRequest
 from autofit.space import Space
-from autofit.trials.cluster import STORAGE_ERRORS
+from autofit.trials.channel import STORAGE_ERRORS
 from autofit.trials.guard import alive, hostname, identity
 
 SCHEMA = 2  # 2: the metadata is `PlanRequest.to_dict()`; 1 had a subset of its keys

@@ -17,7 +17,8 @@ import pytest
 
 from autofit.config import Config
 from autofit.search import study as st
-from autofit.trials.cluster import PREFIX, Cluster, NodeLost
+from autofit.trials.channel import PREFIX
+from autofit.trials.cluster import Cluster, NodeLost
 from autofit.trials.result import TrialResult
 from tests.faults.conftest import cli_env, plan_cmd, wait_for, workers_of
 from tests.faults.inject import fault_env
