@@ -97,16 +97,10 @@ def endpoint_host() -> str:
 class Cluster(Channel):
     """One node's end of a multi-node search (see the module docstring)."""
 
-    def __init__(
-        self,
-        storage: optuna.storages.BaseStorage,
-        study_name: str,
-        nodes: int,
-        node_rank: int,
-        launch: Callable[..., TrialResult] = launch_trial,
-    ) -> None:
-        """`launch`: what starts this node's part of a trial (`autofit.trials.run_trial`)."""
-        super().__init__(storage, study_name, nodes, node_rank)
+    def __init__(self, *where: Any, launch: Callable[..., TrialResult] = launch_trial) -> None:
+        """`where`: `Channel`'s storage, study name, nodes and node rank; `launch`: what starts
+        this node's part of a trial (`autofit.trials.run_trial`)."""
+        super().__init__(*where)
         self.launch = launch
 
     # ----- node 0 ------------------------------------------------------------------------------
