@@ -90,27 +90,15 @@ class Observation:
         return self.peak_bytes is not None or self.step_time_s is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "memory": list(self.memory),
-            "time": list(self.time),
-            "micro_steps": self.micro_steps,
-            "peak_bytes": self.peak_bytes,
-            "oom": self.oom,
-            "step_time_s": self.step_time_s,
-            "label": self.label,
-        }
+        from autofit.calibration.records import ObservationRecord
+
+        return ObservationRecord.of(self).model_dump(exclude={"id"})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Observation:
-        return cls(
-            memory=tuple(float(x) for x in d["memory"]),
-            time=tuple(float(x) for x in d["time"]),
-            micro_steps=int(d.get("micro_steps", 1)),
-            peak_bytes=d.get("peak_bytes"),
-            oom=bool(d.get("oom", False)),
-            step_time_s=d.get("step_time_s"),
-            label=str(d.get("label", "")),
-        )
+        from autofit.calibration.records import ObservationRecord
+
+        return ObservationRecord.model_validate(d).observation()
 
 
 NAPKIN_MEMORY = {
@@ -148,30 +136,6 @@ class SideCheck:
     def note(self) -> str:
         """A line for the plan's output when the correction was not applied, else ""."""
         return "" if self.applied else self.reason
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "applied": self.applied,
-            "prior": self.prior,
-            "n": self.n,
-            "prior_error": self.prior_error,
-            "fitted_error": self.fitted_error,
-            "in_sample_error": self.in_sample_error,
-            "reason": self.reason,
-        }
-
-    @classmethod
-    def from_dict(cls, side: str, d: dict[str, Any]) -> SideCheck:
-        return cls(
-            side=side,
-            applied=bool(d.get("applied", True)),
-            prior=str(d.get("prior", "none")),
-            n=int(d.get("n", 0)),
-            prior_error=d.get("prior_error"),
-            fitted_error=d.get("fitted_error"),
-            in_sample_error=d.get("in_sample_error"),
-            reason=str(d.get("reason", "")),
-        )
 
 
 @dataclass(frozen=True)
@@ -307,46 +271,17 @@ class Calibration:
         return np.array([self.speed.get(k, NAPKIN_SPEED[k]) for k in SPEED_TERMS])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "n_trials": self.n_trials,
-            "memory": {k: round(v, 4) for k, v in self.memory.items()},
-            "memory_constant_bytes": int(round(self.memory_constant)),
-            "speed": {k: round(v, 4) for k, v in self.speed.items()},
-            "speed_constant_s": self.speed_constant,
-            "memory_band": self.memory_band,
-            "speed_band": self.speed_band,
-            "memory_error": self.memory_error,
-            "speed_error": self.speed_error,
-            **{
-                f"{c.side}_check": c.to_dict()
-                for c in (self.memory_check, self.speed_check)
-                if c is not None
-            },
-            "notes": self.notes,
-        }
+        """Its JSON form (`autofit.calibration.records.CalibrationRecord`)."""
+        from autofit.calibration.records import CalibrationRecord
+
+        return CalibrationRecord.of(self).dump()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        return cls(
-            memory={k: float(d.get("memory", {}).get(k, v)) for k, v in NAPKIN_MEMORY.items()},
-            memory_constant=float(d.get("memory_constant_bytes", 0.0)),
-            speed={k: float(d.get("speed", {}).get(k, v)) for k, v in NAPKIN_SPEED.items()},
-            speed_constant=float(d.get("speed_constant_s", 0.0)),
-            memory_band=float(d.get("memory_band", MEMORY_ERROR)),
-            speed_band=float(d.get("speed_band", NAPKIN_SPEED_BAND)),
-            source=str(d.get("source", "stored")),
-            n_trials=int(d.get("n_trials", 0)),
-            memory_error=d.get("memory_error"),
-            speed_error=d.get("speed_error"),
-            memory_check=_check_of(d, "memory"),
-            speed_check=_check_of(d, "speed"),
-        )
+        """The inverse of `to_dict`; raises pydantic's `ValidationError` on malformed data."""
+        from autofit.calibration.records import CalibrationRecord
 
-
-def _check_of(d: dict[str, Any], side: str) -> SideCheck | None:
-    check = d.get(f"{side}_check")
-    return SideCheck.from_dict(side, check) if isinstance(check, dict) else None
+        return CalibrationRecord.model_validate(d).calibration()
 
 
 NAPKIN = Calibration()

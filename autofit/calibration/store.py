@@ -21,12 +21,16 @@ import os
 import platform
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from autofit.arch import TRACE_VERSION, cache_dir
 from autofit.calibration import Calibration, Observation, fit_calibration
+from autofit.calibration.records import CalibrationRecord, ObservationRecord, StoredCalibration
 from autofit.files import atomic_write
 from autofit.hardware import Hardware
 from autofit.request import PlanRequest
@@ -102,22 +106,22 @@ def store_path(hardware: Hardware, device: str) -> Path:
     return calibration_dir() / f"{digest}.json"
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: Path) -> StoredCalibration | None:
+    """The stored record, or None where there is none or it does not parse as one (a damaged
+    file is then replaced by the next `save`)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return StoredCalibration.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def load(hardware: Hardware, device: str) -> Calibration | None:
     """The stored calibration of this machine (`source` "stored"), or None when there is none
     for this napkin version."""
-    data = _read(store_path(hardware, device))
-    if not data or data.get("napkin") != napkin_version() or "calibration" not in data:
+    record = _read(store_path(hardware, device))
+    if record is None or record.napkin != napkin_version():
         return None
-    stored = Calibration.from_dict({**data["calibration"], "source": "stored"})
-    return stored
+    return record.calibration.model_copy(update={"source": "stored"}).calibration()
 
 
 def for_request(request: PlanRequest) -> Calibration | None:
@@ -136,21 +140,21 @@ def save(
     trial saved twice is kept once) to this machine's record, refit it on all of them, and write
     it. Returns the file and the calibration stored."""
     path = store_path(hardware, device)
-    data = _read(path) or {}
-    kept: dict[str, dict[str, Any]] = {}
-    if data.get("napkin") == napkin_version():
-        kept = {o["id"]: o for o in data.get("observations", []) if "id" in o}
+    before = _read(path)
+    kept: dict[str, ObservationRecord] = {}
+    if before is not None and before.napkin == napkin_version():
+        kept = {o.id: o for o in before.observations if o.id is not None}
     for ident, obs in observations:
         if obs.informative:
-            kept[ident] = {"id": ident, **obs.to_dict()}
+            kept[ident] = ObservationRecord.of(obs, ident)
     rows = list(kept.values())[-MAX_OBSERVATIONS:]
-    fitted = fit_calibration(Observation.from_dict(o) for o in rows)
-    record = {
-        "machine": machine_key(hardware, device),
-        "napkin": napkin_version(),
-        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "calibration": {**fitted.to_dict(), "source": "stored"},
-        "observations": rows,
-    }
-    atomic_write(path, json.dumps(record, indent=1))
-    return path, Calibration.from_dict(record["calibration"])
+    fitted = fit_calibration(o.observation() for o in rows)
+    record = StoredCalibration(
+        machine=machine_key(hardware, device),
+        napkin=napkin_version(),
+        updated=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        calibration=CalibrationRecord.of(replace(fitted, source="stored")),
+        observations=rows,
+    )
+    atomic_write(path, record.model_dump_json(indent=1))
+    return path, record.calibration.calibration()

@@ -64,6 +64,38 @@ def test_a_record_of_another_napkin_is_not_used(tmp_path, monkeypatch):
     assert cal_store.load(hw, "cpu") is None
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"calibration": {"memory": "not a mapping"}},  # valid JSON, not a calibration
+        {"observations": [{"id": "s#0", "memory": [1.0], "time": "x"}]},
+        {"napkin": None},
+    ],
+    ids=["factors", "observation", "napkin"],
+)
+def test_a_record_of_the_wrong_shape_is_no_calibration_and_the_next_save_replaces_it(
+    tmp_path, monkeypatch, damage
+):
+    monkeypatch.setenv("AUTOFIT_CALIBRATION_DIR", str(tmp_path))
+    hw = resolve_hardware("2", device="cpu", gpu_memory=64 * MiB)
+    path, _ = cal_store.save(hw, "cpu", [("s#0", obs(10, 5))])
+    path.write_text(json.dumps({**json.loads(path.read_text()), **damage}))
+    assert cal_store.load(hw, "cpu") is None  # read whole or not at all
+    _, stored = cal_store.save(hw, "cpu", [("t#0", obs(20, 10))])
+    assert stored.n_trials == 1 and cal_store.load(hw, "cpu") == stored
+
+
+def test_a_fitted_calibration_reads_back_as_it_was_written(tmp_path, monkeypatch):
+    from autofit.calibration import Calibration
+
+    monkeypatch.setenv("AUTOFIT_CALIBRATION_DIR", str(tmp_path))
+    hw = resolve_hardware("2", device="cpu", gpu_memory=64 * MiB)
+    _, stored = cal_store.save(hw, "cpu", [("s#0", obs(10, 5)), ("s#1", obs(20, 10))])
+    data = json.loads(json.dumps(stored.to_dict()))
+    assert data["memory_constant_bytes"] == int(round(stored.memory_constant))
+    assert Calibration.from_dict(data) == stored  # factors are kept to 4 places
+
+
 def test_a_calibration_sweep_is_stored_and_the_next_plan_here_starts_from_it():
     from autofit.calibration.sweep import calibrate, sweep
     from autofit.plan import plan_estimates
