@@ -182,4 +182,11 @@ class Plan:
             "study": self.study_name,
             "run_dir": self.run_dir,
             "calibration": self.calibration,
+            "lengths": self._lengths(),
         }
+
+    def _lengths(self) -> dict[str, Any] | None:
+        """The data's lengths summarised (count, median, p90, p99, max, share truncated at
+        `seq_len`); the histogram itself is the run folder's lengths.json."""
+        hist = self.request.lengths
+        return None if hist is None else {"source": hist.source, **hist.summary(self.seq_len)}

@@ -1,0 +1,178 @@
+"""A local dataset's records, in batches, whatever file holds them: JSON Lines, JSON (a list of
+records), CSV, Parquet, or a folder written by `datasets.save_to_disk` (Arrow IPC files).
+
+Each format yields `Batch`es: the records' values of one field (`Field`), with where each came
+from (`line 7`, `row 7`) for errors, and how far through the input the reader is (for the
+progress bar). Text files stream line by line; Parquet and Arrow read one column, a record batch
+at a time (pyarrow, the `autofit[data]` extra). Only a `.json` list is read whole (JSON has no
+streaming reader in the standard library). Torch-free.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autofit.errors import DataError
+
+BATCH = 10_000  # records per batch: big enough for batch encoding, small enough to stream
+TEXT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"}
+ALLOWED = ".jsonl, .ndjson, .json, .csv, .parquet, or a folder saved by datasets.save_to_disk"
+# the fields a record's text may be found in, in the order they are looked for
+INPUT_IDS, MESSAGES, TEXT = "input_ids", "messages", "text"
+
+
+@dataclass
+class Batch:
+    """The values of one field of some records, `where[i]` naming record i for errors; `done`
+    and `total` say how far through the input (bytes or rows; `total` None: unknown)."""
+
+    values: list[Any]
+    where: list[str]
+    done: int
+    total: int | None
+
+
+def kind_of(path: Path) -> str:
+    """`jsonl`, `json`, `csv`, `parquet` or `arrow` (a `save_to_disk` folder); `DataError`
+    for a path that is not there or not one of them."""
+    if not path.exists():
+        raise DataError(
+            f"The dataset {str(path)!r} does not exist. Pass --dataset a local file ({ALLOWED}); "
+            "autofit reads local data only and downloads nothing."
+        )
+    if path.is_dir():
+        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            return "arrow"
+        raise DataError(
+            f"The folder {str(path)!r} is not a dataset saved by datasets.save_to_disk (it has no "
+            f"state.json nor dataset_dict.json). Pass --dataset a file ({ALLOWED})."
+        )
+    suffix = path.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        return TEXT_SUFFIXES[suffix]
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise DataError(
+        f"The dataset {str(path)!r} has an extension autofit does not read ({suffix or 'none'}). "
+        f"Allowed: {ALLOWED}."
+    )
+
+
+def _check_text(path: Path) -> None:
+    """A text format's file must be text: NUL bytes or invalid UTF-8 at its start say binary."""
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    if not head.strip():
+        raise DataError(f"The dataset {str(path)!r} is empty: it holds no records.")
+    try:
+        head.decode("utf-8")
+        binary = b"\x00" in head
+    except UnicodeDecodeError as exc:
+        binary = exc.start < len(head) - 4  # a character cut at the 8 KiB mark is not binary
+    if binary:
+        raise DataError(
+            f"The dataset {str(path)!r} is not a text file (it holds binary bytes near its "
+            f"start), but its extension {path.suffix} says text. Pass a UTF-8 "
+            "JSON Lines, JSON or CSV file, or a .parquet file for columnar data."
+        )
+
+
+def fields_of(record: Any, path: Path, where: str) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise DataError(
+            f"{path}, {where}: expected a JSON object (one record with fields such as "
+            f'"text", "messages" or "input_ids"), got {type(record).__name__} {_short(record)}.'
+        )
+    return record
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str], int, int]]:
+    """Batches of (records, where, bytes read, file bytes) from a JSON Lines file, line by line;
+    blank lines are skipped."""
+    _check_text(path)
+    total = path.stat().st_size
+    done = 0
+    records: list[dict[str, Any]] = []
+    where: list[str] = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            done += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                shown = raw[:60].decode("utf-8", "replace").strip()
+                raise DataError(
+                    f"{path}, line {number}: not JSON ({exc.__class__.__name__}: "
+                    f"{str(exc).split(':')[0]}): {shown!r}. A JSON Lines file holds one JSON "
+                    'object per line, e.g. {"text": "..."}.'
+                ) from None
+            records.append(fields_of(record, path, f"line {number}"))
+            where.append(f"line {number}")
+            if len(records) >= BATCH:
+                yield records, where, done, total
+                records, where = [], []
+    if records:
+        yield records, where, done, total
+
+
+def json_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str], int, int]]:
+    """Batches from a `.json` file: a list of records (read whole), or JSON Lines saved as
+    `.json` (as `datasets.Dataset.to_json` writes by default), which streams."""
+    _check_text(path)
+    with open(path, "rb") as f:
+        first = f.read(64).lstrip()
+    if not first.startswith(b"["):
+        yield from jsonl_records(path)
+        return
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        line = getattr(exc, "lineno", None)
+        raise DataError(
+            f"{path}{f', line {line}' if line else ''}: not valid JSON ({exc}). A .json dataset "
+            'is a list of records, [{"text": "..."}, ...], or one record per line.'
+        ) from None
+    total = len(data)
+    for start in range(0, total, BATCH):
+        chunk = data[start : start + BATCH]
+        where = [f"record {start + i + 1}" for i in range(len(chunk))]
+        records = [fields_of(r, path, w) for r, w in zip(chunk, where, strict=True)]
+        yield records, where, start + len(chunk), total
+
+
+def csv_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str], int, int]]:
+    """Batches from a CSV file with a header row, streamed."""
+    _check_text(path)
+    total = path.stat().st_size
+    with open(path, "rb") as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        reader = csv.DictReader(text)
+        records: list[dict[str, Any]] = []
+        where: list[str] = []
+        try:
+            for row in reader:
+                records.append(row)
+                where.append(f"line {reader.line_num}")
+                if len(records) >= BATCH:
+                    yield records, where, raw.tell(), total
+                    records, where = [], []
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise DataError(
+                f"{path}, line {reader.line_num + 1}: not CSV ({exc}). A CSV dataset is UTF-8 "
+                "with a header row naming its fields."
+            ) from None
+    if records:
+        yield records, where, total, total
