@@ -102,15 +102,11 @@ def load_tokenizer(path: str | Path) -> TokenCounter:
     where = Path(path).expanduser()
     if not where.exists():
         looks_like_hub = "/" in str(path) and not str(path).startswith((".", "/", "~"))
+        hub = " (a Hugging Face Hub name is not fetched)" if looks_like_hub else ""
         raise DataError(
-            f"The tokenizer {str(path)!r} does not exist"
-            + (
-                " here (a Hugging Face Hub name is not fetched: autofit downloads nothing)"
-                if looks_like_hub
-                else ""
-            )  # fmt: skip
-            + ". Pass --tokenizer a local tokenizer.json or a model folder holding the tokenizer "
-            "files (e.g. one saved by save_pretrained or downloaded with huggingface-cli)."
+            f"The tokenizer {str(path)!r} does not exist{hub}; autofit downloads nothing. Pass "
+            "--tokenizer a local tokenizer.json or a model folder holding the tokenizer files "
+            "(e.g. one saved by save_pretrained or downloaded with huggingface-cli)."
         )
     from tokenizers import Tokenizer
 
