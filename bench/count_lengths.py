@@ -7,8 +7,10 @@ Writes a JSON Lines file of `examples` (default 1,000,000) short synthetic recor
 w7 ..."} of 5 to 120 words from a 5,000-word vocabulary, and a word-level tokenizer built in code
 with `tokenizers` (whitespace pre-tokenizer, one token per word, saved as tokenizer.json), then
 times `autofit.data.read_lengths` over them (the reader, JSON parsing and batch encoding
-together; the file written beforehand is not timed) and checks the histogram against the word
-counts the generator wrote. `--format parquet` writes the same records as Parquet (pyarrow).
+together; the files written beforehand are not timed), with the CPU seconds of all its threads
+beside the wall time (on a shared machine the wall time is the neighbours' too: idle, it is about
+the CPU time over the cores), and checks the histogram against the word counts the generator
+wrote. `--format parquet` writes the same records as Parquet (pyarrow).
 """
 
 from __future__ import annotations
@@ -73,13 +75,14 @@ def main() -> None:
         tokenizer = word_tokenizer(folder / "tokenizer.json")
         made = time.perf_counter() - t0
         size = data.stat().st_size
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         hist = read_lengths(data, tokenizer=tokenizer)
-        took = time.perf_counter() - t0
+        took, cpu = time.perf_counter() - t0, time.process_time() - c0
         ok = dict(zip(hist.lengths, hist.counts, strict=True)) == dict(truth)
         print(
             f"{args.examples:,} examples ({args.format}, {size / 2**20:.0f} MiB, written in "
-            f"{made:.1f} s): counted in {took:.1f} s ({args.examples / took:,.0f} examples/s); "
+            f"{made:.1f} s): counted in {took:.1f} s ({args.examples / took:,.0f} examples/s, "
+            f"{hist.tokens() / took:,.0f} tokens/s; {cpu:.1f} CPU-s on all threads); "
             f"median {hist.quantile(0.5)}, p99 {hist.quantile(0.99)}, max {hist.longest}; "
             f"histogram {'equals' if ok else 'DIFFERS FROM'} the generator's word counts"
         )

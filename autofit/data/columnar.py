@@ -100,19 +100,17 @@ def _parquet(path: Path) -> Any:
 
 
 def column_batches(path: Path, kind: str, field: str) -> Iterator[tuple[Any, int, int, int]]:
-    """(an Arrow array of `field`'s values, the first row's number from 1, rows read, total rows)
-    a record batch at a time."""
+    """(an Arrow array of `field`'s values, its first row's number from 1, rows read, total rows
+    or -1 where the files do not say) a record batch at a time."""
     if kind == "parquet":
         pf = _parquet(path)
         total = pf.metadata.num_rows
-        sources = [(pf.iter_batches(batch_size=10_000, columns=[field]), total)]
+        batches: Iterator[Any] = pf.iter_batches(batch_size=10_000, columns=[field])
     else:
-        readers = [_open_arrow(p) for p in arrow_files(path)]
-        sources = [(_batches_of(r), None) for r in readers]
-        total = None
+        total = -1
+        batches = (b for p in arrow_files(path) for b in _batches_of(_open_arrow(p)))
     done = 0
-    for batches, _ in sources:
-        for batch in batches:
-            column = batch.column(batch.schema.get_field_index(field))
-            yield column, done + 1, done + len(column), total if total is not None else -1
-            done += len(column)
+    for batch in batches:
+        column = batch.column(batch.schema.get_field_index(field))
+        yield column, done + 1, done + len(column), total
+        done += len(column)

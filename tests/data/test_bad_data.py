@@ -125,3 +125,23 @@ def test_a_bad_dataset_in_a_space_file(tmp_path):
     space.write_text(json.dumps({"knobs": {"micro_batch": [1]}, "dataset": "gone.jsonl"}))
     gone = str(tmp_path / "gone.jsonl")
     assert_clean_failure(plan("--space", str(space)), f"The dataset {gone!r} does not exist")
+
+
+def test_a_chat_the_template_refuses_or_that_is_no_chat(tmp_path):
+    from tests.data.words import model_folder
+
+    strict = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('a chat starts with the user') }}"
+        "{% endif %}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+    )
+    folder = str(model_folder(tmp_path / "model", template=strict))
+    chats = [
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        [{"role": "assistant", "content": "hello"}],
+    ]
+    data = jsonl(tmp_path, "".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    result = plan("--dataset", data, "--tokenizer", folder)
+    assert_clean_failure(result, f"{data}, line 2: the chat template", "starts with the user")
+    data = jsonl(tmp_path, '{"messages": [{"role": "user", "content": "a"}, {"role": "x"}]}\n')
+    result = plan("--dataset", data, "--tokenizer", folder)
+    assert_clean_failure(result, f"{data}, line 1", '"messages" must be a non-empty list')

@@ -145,3 +145,10 @@ def test_length_files(tmp_path):
     saved.write_text(LengthHistogram((5, 9), (2, 1), "train.jsonl").to_json())
     back = read_length_file(saved)
     assert as_dict(back) == {5: 2, 9: 1} and back.source == "train.jsonl"
+
+
+def test_no_progress_bar_where_stderr_is_not_a_terminal():
+    from autofit.data.progress import stderr_bar
+
+    with stderr_bar("Counting", enabled=True) as bar:  # pytest captures stderr: no terminal
+        assert bar is None
