@@ -314,11 +314,11 @@ def estimate(
     try:
         knobs = _checked(declared)
         with _warnings_to_stderr():
-            hist = data_lengths(**data, progress=not json_out)
             est = autofit.estimate(
                 model, gpus, gpu_memory=gpu_memory, device=device,
                 inter_node_bandwidth=inter_node_bandwidth, **knobs,
             )  # fmt: skip
+            hist = data_lengths(**data, progress=not json_out)
     except AutofitError as exc:
         _fail(exc, json_out, "estimate")
     seq_len = est.config.seq_len

@@ -76,4 +76,4 @@ def lengths_dict(hist: LengthHistogram | None, seq_len: int) -> dict[str, Any]:
     data."""
     if hist is None:
         return {}
-    return {"lengths": {"source": hist.source, **hist.summary(seq_len)}}
+    return {"lengths": hist.summary_json(seq_len)}

@@ -96,6 +96,10 @@ class LengthHistogram:
             out["truncated_share"] = self.truncated_share(seq_len)
         return out
 
+    def summary_json(self, seq_len: int) -> dict[str, Any]:
+        """`summary(seq_len)` with the `source`: what a plan's and an estimate's JSON hold."""
+        return {"source": self.source, **self.summary(seq_len)}
+
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "lengths": list(self.lengths), "counts": list(self.counts)}
 

@@ -182,11 +182,8 @@ class Plan:
             "study": self.study_name,
             "run_dir": self.run_dir,
             "calibration": self.calibration,
-            "lengths": self._lengths(),
+            # the data's lengths summarised; the histogram itself is the run folder's lengths.json
+            "lengths": None
+            if (hist := self.request.lengths) is None
+            else hist.summary_json(self.seq_len),
         }
-
-    def _lengths(self) -> dict[str, Any] | None:
-        """The data's lengths summarised (count, median, p90, p99, max, share truncated at
-        `seq_len`); the histogram itself is the run folder's lengths.json."""
-        hist = self.request.lengths
-        return None if hist is None else {"source": hist.source, **hist.summary(self.seq_len)}
