@@ -217,6 +217,12 @@ def read_length_file(path: str | Path) -> LengthHistogram:
     and `#` comments skipped), or JSON: a `LengthHistogram.to_json` object
     (`{"lengths": [...], "counts": [...]}`) or a `{"length": count}` mapping."""
     path = Path(path).expanduser()
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".csv", ".parquet") or path.is_dir():
+        raise DataError(
+            f"{str(path)!r} looks like a dataset, not a length file: pass it with --dataset (and "
+            "--tokenizer) to count its tokens. --lengths takes a text file of one token count "
+            'per line, or a JSON histogram ({"512": 10, ...} or autofit\'s lengths.json).'
+        )
     if not path.is_file():
         raise DataError(
             f"The length file {str(path)!r} does not exist. --lengths takes a text file of one "

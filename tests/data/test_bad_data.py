@@ -101,6 +101,8 @@ def test_dataset_and_lengths_together_and_flags_without_data(tmp_path, tok):
 
 
 def test_a_bad_length_file(tmp_path):
+    result = plan("--lengths", str(FIXTURE))
+    assert_clean_failure(result, "looks like a dataset, not a length file", "--dataset")
     bad = jsonl(tmp_path, "12\n40\nforty\n", "lengths.txt")
     assert_clean_failure(plan("--lengths", bad), f"{bad}, line 3: 'forty' is not a token count")
     bad = jsonl(tmp_path, '{"512": 0}', "hist.json")

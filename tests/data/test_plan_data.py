@@ -16,6 +16,7 @@ from autofit.cli import app
 from autofit.data.read import read_length_file
 from autofit.report.run_folder import write_run_folder
 from autofit.request import PlanRequest
+from autofit.space import Space
 from tests.data.words import FIXTURE, word_tokenizer
 
 runner = CliRunner()
@@ -74,6 +75,7 @@ def test_a_space_file_names_the_data_and_the_flags_replace_it(tmp_path, tok):
     assert plan.space.data is not None and plan.space.data.dataset == str(
         tmp_path / "data" / "train.jsonl"
     )
+    assert Space.from_dict(json.loads(json.dumps(plan.space.to_dict()))) == plan.space  # a study's
     mine = tmp_path / "mine.txt"
     mine.write_text("7\n")
     replaced = autofit.plan("llama-debug", "2xrtx3090", trials=0, space=space, lengths=mine)

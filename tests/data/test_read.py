@@ -152,3 +152,13 @@ def test_no_progress_bar_where_stderr_is_not_a_terminal():
 
     with stderr_bar("Counting", enabled=True) as bar:  # pytest captures stderr: no terminal
         assert bar is None
+
+
+def test_the_shipped_instruct_lengths_follow_their_lognormal():
+    """examples/instruct_lengths.json (README, docs/data.md) holds 20,000 draws of a lognormal of
+    median 256 and sigma 0.9: its quantiles are 256 x exp(0.9 z), z = 0, 1.2816 (90%), 2.3263
+    (99%), i.e. 256, 811 and 2,078 tokens; 20,000 draws land within 3% of each."""
+    hist = read_length_file(Path(__file__).parents[2] / "examples" / "instruct_lengths.json")
+    assert hist.examples == 20_000 and hist.longest == 8192
+    for q, truth in ((0.5, 256), (0.9, 811.3), (0.99, 2078.3)):
+        assert abs(hist.quantile(q) / truth - 1) < 0.03, (q, hist.quantile(q))
