@@ -68,7 +68,7 @@ def _check_text(path: Path) -> None:
     """A text format's file must be text: NUL bytes or invalid UTF-8 at its start say binary."""
     with open(path, "rb") as f:
         head = f.read(8192)
-    if not head.strip():
+    if not head.strip() and path.stat().st_size <= len(head):
         raise DataError(f"The dataset {str(path)!r} is empty: it holds no records.")
     try:
         head.decode("utf-8")
