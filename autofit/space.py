@@ -55,7 +55,7 @@ from autofit.config import (
     loss_unavailable,
     quant_without_lora,
 )
-from autofit.data.source import DataSource
+from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
 from autofit.settings import coerce_setting, setting_error
 
@@ -353,28 +353,6 @@ SpaceKnobs = create_model(
 )
 
 
-class SpaceData(BaseModel):
-    """The data plans are made for: a dataset counted with a tokenizer, or a length file."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str | None = Field(
-        None, description="A local JSON Lines, JSON, CSV or Parquet file or save_to_disk folder."
-    )
-    tokenizer: str | None = Field(None, description="A local tokenizer.json or model folder.")
-    text_field: str | None = Field(
-        None, description="The field counted (default: input_ids, messages or text)."
-    )
-    lengths: str | None = Field(
-        None, description="A length file (one count per line, or a JSON histogram) instead."
-    )
-
-
-def _as_data(value: Any) -> Any:
-    """`dataset: train.jsonl` stands for `dataset: {path: train.jsonl}`."""
-    return {"path": value} if isinstance(value, str) else value
-
-
 class SpaceFile(BaseModel):
     """A search-space file (`search_spaces/*.yaml`)."""
 
@@ -401,7 +379,8 @@ class SpaceFile(BaseModel):
         "train_embeddings", Annotated[str, Field(pattern=r"^(none|full|tokens:[1-9][0-9]*)$")]
     ) = "none"
     dataset: Annotated[
-        SpaceData | None, BeforeValidator(_as_data, json_schema_input_type=SpaceData | str | None)
+        SpaceData | None,
+        BeforeValidator(as_space_data, json_schema_input_type=SpaceData | str | None),
     ] = Field(
         None,
         description="The data plans are made for (--dataset, --tokenizer, --text-field and "
@@ -439,21 +418,8 @@ def parse_space(data: Any, where: str, name: str = "custom") -> Space:
         seq_len=parsed.seq_len,
         description=parsed.description,
         settings=_settings({k: getattr(parsed, k) for k in LORA_SETTINGS}),
-        data=_space_data(parsed.dataset, where),
+        data=DataSource.of_space(parsed.dataset, where),
     )
-
-
-def _space_data(data: SpaceData | None, where: str) -> DataSource | None:
-    """The space file's `dataset:`, relative paths read from the file's folder."""
-    if data is None:
-        return None
-    if (data.path is None) == (data.lengths is None):
-        raise SpaceError(
-            f"{where}: dataset needs exactly one of path (a dataset to count) and lengths (a "
-            "length file); e.g. `dataset: {path: train.jsonl, tokenizer: model/}`."
-        )
-    source = DataSource(data.path, data.tokenizer, data.text_field, data.lengths)
-    return source.relative_to(Path(where).parent)
 
 
 def _space_error(exc: ValidationError, data: Any, where: str) -> str:

@@ -1,8 +1,8 @@
 """Where a plan's lengths come from: a dataset with its tokenizer and field, or a length file.
 
 `DataSource` is what the flags (`--dataset`, `--tokenizer`, `--text-field`, `--lengths`), the API's
-keywords and a space file's `dataset:` key say; `read` turns it into a `LengthHistogram`.
-Torch-free.
+keywords and a space file's `dataset:` key (`SpaceData`, its schema) say; `read` turns it into a
+`LengthHistogram`. Torch-free.
 """
 
 from __future__ import annotations
@@ -11,15 +11,39 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from autofit.data.histogram import LengthHistogram
 from autofit.data.progress import stderr_bar
-from autofit.errors import DataError
+from autofit.errors import DataError, SpaceError
 
 BOTH = (
     "--dataset and --lengths both say where the sequence lengths come from; give one: --dataset "
     "PATH counts the tokens of a local dataset (with --tokenizer), --lengths FILE reads counts "
     "made elsewhere (one per line, or a JSON histogram)."
 )
+
+
+class SpaceData(BaseModel):
+    """The data plans are made for: a dataset counted with a tokenizer, or a length file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(
+        None, description="A local JSON Lines, JSON, CSV or Parquet file or save_to_disk folder."
+    )
+    tokenizer: str | None = Field(None, description="A local tokenizer.json or model folder.")
+    text_field: str | None = Field(
+        None, description="The field counted (default: input_ids, messages or text)."
+    )
+    lengths: str | None = Field(
+        None, description="A length file (one count per line, or a JSON histogram) instead."
+    )
+
+
+def as_space_data(value: Any) -> Any:
+    """`dataset: train.jsonl` stands for `dataset: {path: train.jsonl}`."""
+    return {"path": value} if isinstance(value, str) else value
 
 
 @dataclass(frozen=True)
@@ -39,6 +63,19 @@ class DataSource:
     @property
     def given(self) -> bool:
         return self.dataset is not None or self.lengths is not None
+
+    @classmethod
+    def of_space(cls, data: SpaceData | None, where: str) -> DataSource | None:
+        """A space file's `dataset:` (read at `where`), relative paths from the file's folder."""
+        if data is None:
+            return None
+        if (data.path is None) == (data.lengths is None):
+            raise SpaceError(
+                f"{where}: dataset needs exactly one of path (a dataset to count) and lengths (a "
+                "length file); e.g. `dataset: {path: train.jsonl, tokenizer: model/}`."
+            )
+        source = cls(data.path, data.tokenizer, data.text_field, data.lengths)
+        return source.relative_to(Path(where).parent)
 
     def over(self, base: DataSource | None) -> DataSource:
         """These values where given, `base`'s (a space file's) for the rest; a dataset or a
