@@ -7,6 +7,7 @@ downloaded. Torch-free (transformers is imported only for a model folder).
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -84,16 +85,21 @@ class TokenCounter:
 
 
 def _check_chat(chat: Any, path: Path, where: str) -> None:
-    ok = isinstance(chat, list) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in chat
+    if not isinstance(chat, list) or not chat:
+        got = "an empty list" if isinstance(chat, list) else type(chat).__name__
+    else:
+        bad = next(
+            (m for m in chat if not isinstance(m, dict)
+             or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str)),
+            None,
+        )  # fmt: skip
+        if bad is None:
+            return
+        got = f"a message {json.dumps(bad, default=str)[:60]}"
+    raise DataError(
+        f'{path}, {where}: "messages" must be a non-empty list of {{"role": ..., "content": '
+        f'"..."}} objects (a chat); got {got}.'
     )
-    if not ok or not chat:
-        raise DataError(
-            f'{path}, {where}: "messages" must be a non-empty list of {{"role": ..., '
-            '"content": "..."}} objects (a chat); got '
-            f"{type(chat).__name__ if not isinstance(chat, list) else 'a list that is not'}."
-        )
 
 
 def load_tokenizer(path: str | Path) -> TokenCounter:
