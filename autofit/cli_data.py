@@ -22,8 +22,9 @@ FLAGS = {
         None,
         "--dataset",
         metavar="PATH",
-        help="Your training data, read locally: a JSON Lines, JSON, CSV or Parquet file, or a "
-        "folder saved by datasets.save_to_disk. Each example's tokens are counted (with "
+        help="Your training data, read locally: a JSON Lines, JSON, CSV or Parquet file, a "
+        "folder of such shards, or a folder saved by datasets.save_to_disk. Each example's "
+        "tokens are counted (with "
         "--tokenizer) and the plan is made for these lengths.",
     ),
     "tokenizer": typer.Option(

@@ -22,7 +22,10 @@ from autofit.errors import DataError
 
 BATCH = 10_000  # records per batch: big enough for batch encoding, small enough to stream
 TEXT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"}
-ALLOWED = ".jsonl, .ndjson, .json, .csv, .parquet, or a folder saved by datasets.save_to_disk"
+ALLOWED = (
+    ".jsonl, .ndjson, .json, .csv, .parquet, a folder of such files (shards of one format), or a "
+    "folder saved by datasets.save_to_disk"
+)
 # the fields a record's text may be found in, in the order they are looked for
 INPUT_IDS, MESSAGES, TEXT = "input_ids", "messages", "text"
 
@@ -38,6 +41,43 @@ class Batch:
     total: int | None
 
 
+def dataset_files(path: Path) -> list[tuple[Path, str]]:
+    """The files of the dataset at `path` with their kind (`kind_of`): the file itself, a
+    `save_to_disk` folder (one entry), or a folder of shards of one format (as a Hub snapshot's
+    `data/` holds them: `train-00000-of-00004.parquet`, ...), in name order, hidden files left
+    out."""
+    if not path.is_dir() or _saved_to_disk(path):
+        return [(path, kind_of(path))]
+    shards = sorted(
+        p for p in path.rglob("*")
+        if p.is_file() and _suffix_kind(p) is not None
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )  # fmt: skip
+    kinds = sorted({str(_suffix_kind(p)) for p in shards})
+    if not shards:
+        raise DataError(
+            f"The folder {str(path)!r} holds no dataset: no file of a format autofit reads, and it "
+            f"is not a folder saved by datasets.save_to_disk (no state.json). Allowed: {ALLOWED}."
+        )
+    if len(kinds) > 1:
+        raise DataError(
+            f"The folder {str(path)!r} holds files of several formats ({', '.join(kinds)}): pass "
+            "--dataset one file, or a folder of one format's shards."
+        )
+    return [(p, kinds[0]) for p in shards]
+
+
+def _saved_to_disk(path: Path) -> bool:
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _suffix_kind(path: Path) -> str | None:
+    suffix = path.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        return TEXT_SUFFIXES[suffix]
+    return "parquet" if suffix in (".parquet", ".pq") else None
+
+
 def kind_of(path: Path) -> str:
     """`jsonl`, `json`, `csv`, `parquet` or `arrow` (a `save_to_disk` folder); `DataError`
     for a path that is not there or not one of them."""
@@ -46,22 +86,16 @@ def kind_of(path: Path) -> str:
             f"The dataset {str(path)!r} does not exist. Pass --dataset a local file ({ALLOWED}); "
             "autofit reads local data only and downloads nothing."
         )
-    if path.is_dir():
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return "arrow"
+    if path.is_dir() and _saved_to_disk(path):
+        return "arrow"
+    kind = _suffix_kind(path)
+    if kind is None:
+        suffix = path.suffix.lower() or "none"
         raise DataError(
-            f"The folder {str(path)!r} is not a dataset saved by datasets.save_to_disk (it has no "
-            f"state.json nor dataset_dict.json). Pass --dataset a file ({ALLOWED})."
+            f"The dataset {str(path)!r} has an extension autofit does not read ({suffix}). "
+            f"Allowed: {ALLOWED}."
         )
-    suffix = path.suffix.lower()
-    if suffix in TEXT_SUFFIXES:
-        return TEXT_SUFFIXES[suffix]
-    if suffix in (".parquet", ".pq"):
-        return "parquet"
-    raise DataError(
-        f"The dataset {str(path)!r} has an extension autofit does not read ({suffix or 'none'}). "
-        f"Allowed: {ALLOWED}."
-    )
+    return kind
 
 
 def _check_text(path: Path) -> None:

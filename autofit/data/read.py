@@ -25,9 +25,9 @@ from autofit.data.formats import (
     MESSAGES,
     TEXT,
     csv_records,
+    dataset_files,
     json_records,
     jsonl_records,
-    kind_of,
 )
 from autofit.data.histogram import LengthHistogram
 from autofit.data.progress import Progress
@@ -44,34 +44,58 @@ def read_lengths(
     text_field: str | None = None,
     progress: Progress | None = None,
 ) -> LengthHistogram:
-    """Each record's token count in the dataset at `path` (JSON Lines, JSON, CSV, Parquet or a
-    `datasets.save_to_disk` folder), counted with `tokenizer` (a local tokenizer.json or model
-    folder; not needed for `input_ids`). `DataError` names the file and the line of the first
-    problem. The lengths are not truncated: a plan clips them to its `seq_len`."""
+    """Each record's token count in the dataset at `path` (JSON Lines, JSON, CSV, Parquet, a
+    folder of such shards of one format, or a `datasets.save_to_disk` folder), counted with
+    `tokenizer` (a local tokenizer.json or model folder; not needed for `input_ids`). `DataError`
+    names the file and the line of the first problem. The lengths are not truncated: a plan clips
+    them to its `seq_len`."""
     path = Path(path).expanduser()
-    kind = kind_of(path)
-    reader = _Reader(path, tokenizer, text_field, csv=kind == "csv")
-    if kind in _RECORDS:
-        for records, where, done, total in _RECORDS[kind](path):
-            reader.add_records(records, where)
-            if progress is not None:
+    files = dataset_files(path)
+    sizes = [_size(f) for f, _ in files]
+    reader = _Reader(tokenizer, text_field)
+    before = 0
+    for (file, kind), size in zip(files, sizes, strict=True):
+        reader.path, reader.csv = file, kind == "csv"
+        for done, total in _read_file(reader, file, kind):
+            if progress is None:
+                continue
+            if len(files) == 1:  # the file's own units: bytes, or rows
                 progress(done, total)
+            else:  # shards: bytes of all, each shard's share by its own units
+                progress(before + (round(size * done / total) if total else 0), sum(sizes))
+        before += size
+    return reader.histogram(path)
+
+
+def _read_file(reader: _Reader, file: Path, kind: str) -> Iterator[tuple[int, int | None]]:
+    """Count one file's records into `reader`, yielding (done, total) after each batch."""
+    if kind in _RECORDS:
+        for records, where, done, total in _RECORDS[kind](file):
+            reader.add_records(records, where)
+            yield done, total
     else:
-        reader.field = reader.field_of(column_names(path, kind), "its columns")
-        for column, first, done, total in column_batches(path, kind, reader.field):
+        reader.field = reader.field_of(column_names(file, kind), "its columns")
+        for column, first, done, total in column_batches(file, kind, reader.field):
             reader.add_column(column, first)
-            if progress is not None:
-                progress(done, total if total >= 0 else None)
-    return reader.histogram()
+            yield done, total if total >= 0 else None
+
+
+def _size(path: Path) -> int:
+    """Bytes of a file, or of the files in a folder."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 class _Reader:
     """The tally of one dataset's counts. Without `text_field`, each record's field is the first
     of `input_ids`, `messages` and `text` it has (so chats and plain texts may mix)."""
 
-    def __init__(self, path: Path, tokenizer: Any, text_field: str | None, csv: bool) -> None:
-        self.path, self.text_field, self.csv = path, text_field, csv
+    def __init__(self, tokenizer: Any, text_field: str | None) -> None:
+        self.text_field = text_field
         self.tokenizer = tokenizer
+        self.path = Path()  # the file being read, `csv` when it is CSV
+        self.csv = False
         self.field = ""  # a columnar dataset's column
         self.fields: set[str] = set()  # the fields counted
         self.tally: Counter[int] = Counter()
@@ -165,7 +189,9 @@ class _Reader:
             values = column.to_pylist()
             self.add(self.field, values, [f"row {first_row + i}" for i in range(len(values))])
 
-    def histogram(self) -> LengthHistogram:
+    def histogram(self, source: Path) -> LengthHistogram:
+        """The counts of the dataset at `source` (a file or folder)."""
+        self.path = source
         if self.records == 0:
             raise DataError(f"The dataset {str(self.path)!r} is empty: it holds no records.")
         fields = ", ".join(sorted(self.fields))

@@ -90,7 +90,15 @@ def test_a_dataset_that_does_not_exist_or_is_no_dataset(tmp_path, tok):
     assert_clean_failure(plan("--dataset", missing), f"The dataset {missing!r} does not exist")
     other = jsonl(tmp_path, "a b c", "train.txt")
     assert_clean_failure(plan("--dataset", other, "--tokenizer", tok), "(.txt)", ".jsonl")
-    assert_clean_failure(plan("--dataset", str(tmp_path)), "not a dataset saved by datasets")
+    empty = tmp_path / "empty"
+    (empty / ".cache").mkdir(parents=True)
+    (empty / ".cache" / "x.jsonl").write_text('{"text": "hidden"}\n')
+    assert_clean_failure(plan("--dataset", str(empty)), "holds no dataset", "save_to_disk")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.jsonl").write_text('{"text": "a"}\n')
+    (mixed / "b.csv").write_text("text\nb\n")
+    assert_clean_failure(plan("--dataset", str(mixed)), "several formats (csv, jsonl)")
 
 
 def test_dataset_and_lengths_together_and_flags_without_data(tmp_path, tok):

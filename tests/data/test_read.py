@@ -118,7 +118,12 @@ def test_every_format_counts_the_same_records(tmp_path):
     dict_folder = tmp_path / "dict"
     write_arrow_folder(dict_folder / "train", table)
     (dict_folder / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
-    for name in ("d.json", "lines.json", "d.csv", "d.parquet", "saved", "dict"):
+    shards = tmp_path / "snapshot" / "data"  # a Hub snapshot's shards, in name order
+    shards.mkdir(parents=True)
+    pq.write_table(table.slice(0, 3), str(shards / "train-00000-of-00002.parquet"))
+    pq.write_table(table.slice(3), str(shards / "train-00001-of-00002.parquet"))
+    (tmp_path / "snapshot" / "README.md").write_text("a dataset card")  # not data: left out
+    for name in ("d.json", "lines.json", "d.csv", "d.parquet", "saved", "dict", "snapshot"):
         assert as_dict(read_lengths(tmp_path / name, tokenizer=tok)) == HAND, name
     ids = pa.Table.from_pylist([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}])
     pq.write_table(ids, str(tmp_path / "ids.parquet"))
@@ -132,6 +137,13 @@ def test_progress_reaches_the_end_of_the_file(tmp_path):
         read_lengths(FIXTURE, tokenizer=tok, progress=lambda *at: seen.append(at))
     size = FIXTURE.stat().st_size
     assert seen and seen[-1] == (size, size)
+    shards = tmp_path / "shards"  # several files: bytes of them all
+    shards.mkdir()
+    for i in range(2):
+        (shards / f"part-{i}.jsonl").write_text('{"input_ids": [1, 2]}\n' * (i + 1))
+    seen.clear()
+    hist = read_lengths(shards, progress=lambda *at: seen.append(at))
+    assert hist.counts == (3,) and seen == [(22, 66), (66, 66)]  # 22 bytes a line
 
 
 def test_length_files(tmp_path):
