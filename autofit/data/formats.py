@@ -10,21 +10,24 @@ streaming reader in the standard library). Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gzip
 import io
 import json
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from autofit.errors import DataError
 
 BATCH = 10_000  # records per batch: big enough for batch encoding, small enough to stream
 TEXT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"}
 ALLOWED = (
-    ".jsonl, .ndjson, .json, .csv, .parquet, a folder of such files (shards of one format), or a "
-    "folder saved by datasets.save_to_disk"
+    ".jsonl, .ndjson, .json, .csv (each also .gz), .parquet, a folder of such files (shards of one "
+    "format), or a folder saved by datasets.save_to_disk"
 )
 # the fields a record's text may be found in, in the order they are looked for
 INPUT_IDS, MESSAGES, TEXT = "input_ids", "messages", "text"
@@ -72,7 +75,11 @@ def _saved_to_disk(path: Path) -> bool:
 
 
 def _suffix_kind(path: Path) -> str | None:
-    suffix = path.suffix.lower()
+    """The format a file's name says (a text format's may end in .gz)."""
+    name = path.name.lower()
+    suffix = Path(name.removesuffix(".gz")).suffix if name.endswith(".gz") else path.suffix.lower()
+    if name.endswith(".gz") and suffix not in TEXT_SUFFIXES:
+        return None
     if suffix in TEXT_SUFFIXES:
         return TEXT_SUFFIXES[suffix]
     return "parquet" if suffix in (".parquet", ".pq") else None
@@ -98,11 +105,30 @@ def kind_of(path: Path) -> str:
     return kind
 
 
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[tuple[BinaryIO, Callable[[], int]]]:
+    """The file's bytes (decompressed when its name ends in .gz) and how far into the file on
+    disk the reader is (for progress); a broken gzip stream is a `DataError`."""
+    with open(path, "rb") as raw:
+        if path.suffix.lower() != ".gz":
+            yield raw, raw.tell
+            return
+        try:
+            with gzip.GzipFile(fileobj=raw) as unzipped:
+                yield unzipped, raw.tell  # type: ignore[misc]
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise DataError(
+                f"The dataset {str(path)!r} is not a whole gzip file ({exc or 'it ends early'}); "
+                "its name ends in .gz. Pass it uncompressed, or re-compress it with gzip."
+            ) from None
+
+
 def _check_text(path: Path) -> None:
     """A text format's file must be text: NUL bytes or invalid UTF-8 at its start say binary."""
-    with open(path, "rb") as f:
+    with _open(path) as (f, _):
         head = f.read(8192)
-    if not head.strip() and path.stat().st_size <= len(head):
+        more = bool(f.read(1))
+    if not head.strip() and not more:
         raise DataError(f"The dataset {str(path)!r} is empty: it holds no records.")
     try:
         head.decode("utf-8")
@@ -136,12 +162,10 @@ def jsonl_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str],
     blank lines are skipped."""
     _check_text(path)
     total = path.stat().st_size
-    done = 0
     records: list[dict[str, Any]] = []
     where: list[str] = []
-    with open(path, "rb") as f:
+    with _open(path) as (f, tell):
         for number, raw in enumerate(f, 1):
-            done += len(raw)
             if not raw.strip():
                 continue
             try:
@@ -156,23 +180,24 @@ def jsonl_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str],
             records.append(fields_of(record, path, f"line {number}"))
             where.append(f"line {number}")
             if len(records) >= BATCH:
-                yield records, where, done, total
+                yield records, where, tell(), total
                 records, where = [], []
     if records:
-        yield records, where, done, total
+        yield records, where, total, total
 
 
 def json_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str], int, int]]:
     """Batches from a `.json` file: a list of records (read whole), or JSON Lines saved as
     `.json` (as `datasets.Dataset.to_json` writes by default), which streams."""
     _check_text(path)
-    with open(path, "rb") as f:
+    with _open(path) as (f, _):
         first = f.read(64).lstrip()
     if not first.startswith(b"["):
         yield from jsonl_records(path)
         return
     try:
-        data = json.loads(path.read_bytes())
+        with _open(path) as (f, _):
+            data = json.loads(f.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         line = getattr(exc, "lineno", None)
         raise DataError(
@@ -191,7 +216,7 @@ def csv_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str], i
     """Batches from a CSV file with a header row, streamed."""
     _check_text(path)
     total = path.stat().st_size
-    with open(path, "rb") as raw:
+    with _open(path) as (raw, tell):
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         reader = csv.DictReader(text)
         records: list[dict[str, Any]] = []
@@ -201,7 +226,7 @@ def csv_records(path: Path) -> Iterator[tuple[list[dict[str, Any]], list[str], i
                 records.append(row)
                 where.append(f"line {reader.line_num}")
                 if len(records) >= BATCH:
-                    yield records, where, raw.tell(), total
+                    yield records, where, tell(), total
                     records, where = [], []
         except (csv.Error, UnicodeDecodeError) as exc:
             raise DataError(

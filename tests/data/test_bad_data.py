@@ -67,6 +67,8 @@ def test_an_empty_file(tmp_path, tok):
 def test_a_binary_file(tmp_path, tok):
     data = jsonl(tmp_path, b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
     assert_clean_failure(plan("--dataset", data, "--tokenizer", tok), data, "not a text file")
+    not_gzip = jsonl(tmp_path, b'{"text": "a"}\n', "d.jsonl.gz")
+    assert_clean_failure(plan("--dataset", not_gzip, "--tokenizer", tok), "not a whole gzip file")
     fake = jsonl(tmp_path, b"PAR1 not really", "d.parquet")
     pytest.importorskip("pyarrow")
     assert_clean_failure(plan("--dataset", fake, "--tokenizer", tok), fake, "not a Parquet file")

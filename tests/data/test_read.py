@@ -5,6 +5,7 @@ file format against the same records, and the length files of `--lengths`."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import warnings
 from collections import Counter
@@ -123,7 +124,11 @@ def test_every_format_counts_the_same_records(tmp_path):
     pq.write_table(table.slice(0, 3), str(shards / "train-00000-of-00002.parquet"))
     pq.write_table(table.slice(3), str(shards / "train-00001-of-00002.parquet"))
     (tmp_path / "snapshot" / "README.md").write_text("a dataset card")  # not data: left out
-    for name in ("d.json", "lines.json", "d.csv", "d.parquet", "saved", "dict", "snapshot"):
+    for name in ("lines.json", "d.csv"):  # gzip-compressed text, as Hub datasets ship it
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress((tmp_path / name).read_bytes()))
+    names = ("d.json", "lines.json", "d.csv", "lines.json.gz", "d.csv.gz", "d.parquet", "saved",
+             "dict", "snapshot")  # fmt: skip
+    for name in names:
         assert as_dict(read_lengths(tmp_path / name, tokenizer=tok)) == HAND, name
     ids = pa.Table.from_pylist([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}])
     pq.write_table(ids, str(tmp_path / "ids.parquet"))
