@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from autofit._version import __version__
 from autofit.checks import TRIAL_TIMEOUT_S, check_steps, check_trial_timeout
 from autofit.config import KNOBS, LORA_SETTINGS, Config, loss_unavailable
+from autofit.data import LengthHistogram
+from autofit.data.source import data_lengths
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
@@ -136,6 +138,10 @@ def plan(
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
+    dataset: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    text_field: str | None = None,
+    lengths: str | Path | LengthHistogram | None = None,
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
     otherwise an Optuna study runs real trials of the most promising candidates.
@@ -159,7 +165,13 @@ def plan(
     launch of several nodes) run one planner per node on one shared study (`storage` and `study`,
     the same on every node); `node_rank` says which node this one is where the launch's
     environment does not (`autofit.hardware.launch_world`). Node 0 chooses and starts each trial,
-    the others join it and return node 0's plan."""
+    the others join it and return node 0's plan.
+
+    `dataset` (a local JSON Lines, JSON, CSV or Parquet file, or a `datasets.save_to_disk`
+    folder), counted with `tokenizer` (a local tokenizer.json or model folder; not needed for
+    `input_ids`) in `text_field` (default: `input_ids`, `messages` or `text`), or `lengths` (a
+    length file, or a `LengthHistogram`), gives the plan the data's sequence lengths
+    (`autofit.data`, `Plan.request.lengths`); given, they replace the space file's `dataset:`."""
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
@@ -193,10 +205,17 @@ def plan(
     if settings:
         sp = sp.with_settings(**settings)
     _check_space_embeddings(sp, spec)
+
+    def read_data() -> LengthHistogram | None:  # last of the checks: it may take a while
+        return data_lengths(
+            dataset, tokenizer, text_field, lengths, base=sp.data, progress=console is not None
+        )
+
     if trials == 0:
+        hist = read_data()
         return plan_estimates(
             PlanRequest.of(spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin,
-                           device=device, calibration=calibration)
+                           device=device, calibration=calibration, lengths=hist)
         )  # fmt: skip
     from autofit.report.live import SearchDisplay
     from autofit.report.run_folder import write_run_folder
@@ -206,13 +225,14 @@ def plan(
     # and the run folder it writes at the end
     check_trial_hardware(hw, device, gpus, per_node=True)
     rank = _node_rank(hw, node_rank, storage)
-    folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir)
+    hist = read_data()
+    folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir, hist)
     request = PlanRequest.of(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device,
         prune=prune, calibration=calibration, trials=trials, timeout=timeout,
         trial_timeout=trial_timeout, steps=steps,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), storage=storage, study=study,
-        run_dir=folder,
+        run_dir=folder, lengths=hist,
     )  # fmt: skip
     result = search(request, listener=SearchDisplay(console), node_rank=rank)
     if rank == 0:  # node 0 writes the run folder; the others return the plan it stored
@@ -295,6 +315,7 @@ def _run_folder(
     device: str,
     study: str | None,
     run_dir: str | Path | None,
+    lengths: LengthHistogram | None = None,
 ) -> Path:
     """The search's run folder, checked writable: `run_dir`, or `autofit-runs/<study>` where the
     study name must be one plain folder name (a default name is made into one)."""
@@ -310,7 +331,8 @@ def _run_folder(
             from autofit.search.study import default_study_name
 
             seq = seq_len or sp.seq_len
-            folder = default_run_dir(default_study_name(spec, hw, sp, seq, global_batch, device))
+            name = default_study_name(spec, hw, sp, seq, global_batch, device, lengths=lengths)
+            folder = default_run_dir(name)
         what = f"the run folder {folder}"
         hint = "Run autofit from a folder you can write in, or pass --run-dir a writable folder."
     check_dir_writable(folder, what, hint)

@@ -19,6 +19,7 @@ from rich.markup import escape
 import autofit
 from autofit import interrupt, report
 from autofit.checks import TRIAL_TIMEOUT_S
+from autofit.cli_data import data_flags, data_lengths, lengths_dict
 from autofit.config import DECLARED, Knob, coerce_knob
 from autofit.errors import AutofitError
 from autofit.interrupt import stop_signals_interrupt
@@ -298,8 +299,10 @@ def models(json_out: bool = JSON) -> None:
 
 @app.command()
 @declared_flags()
+@data_flags
 def estimate(
     declared: dict[str, Any],
+    data: dict[str, Any],
     model: str = MODEL,
     gpus: str = GPUS,
     gpu_memory: str | None = GPU_MEMORY,
@@ -315,10 +318,12 @@ def estimate(
                 model, gpus, gpu_memory=gpu_memory, device=device,
                 inter_node_bandwidth=inter_node_bandwidth, **knobs,
             )  # fmt: skip
+            hist = data_lengths(**data, progress=not json_out)
     except AutofitError as exc:
         _fail(exc, json_out, "estimate")
+    seq_len = est.config.seq_len
     if json_out:
-        _emit_json(est.to_dict())
+        _emit_json({**est.to_dict(), **lengths_dict(hist, seq_len)})
         return
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
@@ -327,6 +332,8 @@ def estimate(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
     report.estimate_report(out, resolve_model(model), hw, est)
+    if hist is not None:
+        out.print(report.lengths_line(hist, seq_len), markup=False)
 
 
 @app.command()
@@ -427,8 +434,10 @@ def calibrate(
 
 @app.command()
 @declared_flags(knobs=False, note="; replaces the space file's {}.")
+@data_flags
 def plan(
     declared: dict[str, Any],
+    data: dict[str, Any],
     model: str = MODEL,
     gpus: str = GPUS,
     seq_len: int | None = typer.Option(
@@ -517,6 +526,7 @@ def plan(
                 **{name: value for name, value in declared.items() if value is not None},
                 console=None if json_out else console,
                 calibration="off" if no_calibration else calibration, node_rank=node_rank,
+                **data,
             )  # fmt: skip
         written: list[Path] = []
         if export_path is not None and result.best is not None:

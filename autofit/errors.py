@@ -32,6 +32,11 @@ class HardwareError(AutofitError):
     """A `--gpus` value that names no GPUs, or a GPU preset autofit does not know."""
 
 
+class DataError(AutofitError):
+    """A dataset, tokenizer or length file that is missing or unreadable, naming the file and
+    the line (`autofit.data`)."""
+
+
 def closest(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """The `n` names in `choices` nearest to `word` (for 'did you mean' hints)."""
     choices = list(choices)

@@ -10,6 +10,12 @@ candidate of the space carries (they are not searched):
     lora_alpha: 32                   # default 2 x lora_rank
     train_embeddings: full           # or tokens:N; default none (LoRA candidates only)
 
+and the data plans are made for (`autofit.data`; the flags `--dataset`, `--tokenizer`,
+`--text-field` and `--lengths` replace it), paths relative to the space file:
+
+    dataset: data/train.jsonl        # or {path: ..., tokenizer: ..., text_field: ...}
+                                     # or {lengths: lengths.txt}
+
 `--space NAME` picks a shipped file, `--space path.yaml` any file. Enumeration applies the rules
 between knobs and derives `grad_accum` from the global batch, counting every skipped combination
 by reason.
@@ -49,6 +55,7 @@ from autofit.config import (
     loss_unavailable,
     quant_without_lora,
 )
+from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
 from autofit.settings import coerce_setting, setting_error
 
@@ -79,6 +86,7 @@ class Space:
     # the LoRA settings (`LORA_SETTINGS`) every candidate carries, normalised; only those that
     # differ from their defaults
     settings: dict[str, Any] = field(default_factory=dict)
+    data: DataSource | None = None  # the space file's `dataset:`, its paths made absolute
 
     def with_settings(self, where: str = "", **given: Any) -> Space:
         """This space with the LoRA settings in `given` replacing its own (`lora_targets=
@@ -116,6 +124,8 @@ class Space:
         }
         if self.settings:  # as a (LoRA) Config writes them: lora_targets as a list
             out["settings"] = Config(lora_rank=1, **self.settings).settings()
+        if self.data is not None:
+            out["dataset"] = self.data.to_dict()
         return out
 
     @classmethod
@@ -136,6 +146,7 @@ class Space:
             seq_len=data["seq_len"],
             description=data.get("description", ""),
             settings=_settings(data.get("settings") or {}),
+            data=DataSource(**data["dataset"]) if data.get("dataset") else None,
         )
 
     def candidates(
@@ -287,7 +298,7 @@ def load_space(name_or_path: str | Path = "default") -> Space:
 
 
 # ----- the space file's schema: pydantic owns parsing, errors and the JSON schema ---------------
-SPACE_KEYS = ("knobs", "seq_len", *LORA_SETTINGS, "description", "name")
+SPACE_KEYS = ("knobs", "seq_len", *LORA_SETTINGS, "dataset", "description", "name")
 
 
 def _as_list(value: Any) -> Any:
@@ -367,6 +378,14 @@ class SpaceFile(BaseModel):
     train_embeddings: _setting(  # type: ignore[valid-type]
         "train_embeddings", Annotated[str, Field(pattern=r"^(none|full|tokens:[1-9][0-9]*)$")]
     ) = "none"
+    dataset: Annotated[
+        SpaceData | None,
+        BeforeValidator(as_space_data, json_schema_input_type=SpaceData | str | None),
+    ] = Field(
+        None,
+        description="The data plans are made for (--dataset, --tokenizer, --text-field and "
+        "--lengths replace it); paths are relative to the space file.",
+    )
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )
@@ -399,6 +418,7 @@ def parse_space(data: Any, where: str, name: str = "custom") -> Space:
         seq_len=parsed.seq_len,
         description=parsed.description,
         settings=_settings({k: getattr(parsed, k) for k in LORA_SETTINGS}),
+        data=DataSource.of_space(parsed.dataset, where),
     )
 
 
@@ -430,6 +450,13 @@ def _space_error(exc: ValidationError, data: Any, where: str) -> str:
         )
     if loc[0] == "seq_len":
         return knob_error("seq_len", err["input"], f"{where}, seq_len")
+    if loc[0] == "dataset":
+        at = f" ({loc[1]}: {err['msg'].lower()})" if len(loc) > 1 else ""
+        return (
+            f"{where}: dataset must be a path or a mapping with the keys path, tokenizer, "
+            f"text_field and lengths, each a string{at}; e.g. `dataset: {{path: train.jsonl, "
+            "tokenizer: model/}`."
+        )
     if loc[0] in LORA_SETTINGS:
         return setting_error(str(loc[0]), err["input"], where) or err["msg"]
     if len(loc) == 1:

@@ -37,13 +37,14 @@ LAYERS: list[set[str]] = [
     {"plan"},  # candidates, pruning, ranking, the plan and its sentences
     {"search"},  # the Optuna study: estimate -> trials -> plan, reported as events
     {"report"},  # what people read (tables, the search's events shown live, picture, run folder)
-    {"", "cli", "__main__"},  # the public API and the CLI
+    {"", "cli", "cli_data", "__main__"},  # the public API and the CLI
 ]
 # the worker's entry too: it must guard itself before torch takes seconds to import
 TORCH_FREE = (
     "autofit", "autofit.search", "autofit.plan", "autofit.report", "autofit.trials",
     "autofit.trials.worker", "autofit.trials.launcher", "autofit.cli", "autofit.export",
     "autofit.arch", "autofit.estimate", "autofit.calibration", "autofit.calibration.store",
+    "autofit.data.read", "autofit.data.source",
 )  # fmt: skip
 
 

@@ -96,14 +96,22 @@ class LengthHistogram:
             out["truncated_share"] = self.truncated_share(seq_len)
         return out
 
+    def summary_json(self, seq_len: int) -> dict[str, Any]:
+        """`summary(seq_len)` with the `source`: what a plan's and an estimate's JSON hold."""
+        return {"source": self.source, **self.summary(seq_len)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "lengths": list(self.lengths), "counts": list(self.counts)}
+
     def to_json(self) -> str:
-        return json.dumps(
-            {"source": self.source, "lengths": list(self.lengths), "counts": list(self.counts)}
-        )
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> LengthHistogram:
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LengthHistogram:
         return cls(
             tuple(int(n) for n in data["lengths"]),
             tuple(int(n) for n in data["counts"]),

@@ -182,4 +182,8 @@ class Plan:
             "study": self.study_name,
             "run_dir": self.run_dir,
             "calibration": self.calibration,
+            # the data's lengths summarised; the histogram itself is the run folder's lengths.json
+            "lengths": None
+            if (hist := self.request.lengths) is None
+            else hist.summary_json(self.seq_len),
         }

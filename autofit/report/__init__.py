@@ -3,6 +3,7 @@ the picture of its trials (`plot`) and the run folder (`run_folder`). Sizes are 
 `autofit.units.fmt_size`, the one place that picks a unit. JSON output does not come through here.
 """
 
+from autofit.report.data import lengths_line
 from autofit.report.tables import (
     calibration_report,
     estimate_report,
@@ -22,6 +23,7 @@ __all__ = [
     "calibration_report",
     "estimate_report",
     "hardware_table",
+    "lengths_line",
     "models_table",
     "pairs_table",
     "plan_report",

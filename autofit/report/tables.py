@@ -15,6 +15,7 @@ from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
 from autofit.plan import Outcome, Plan, trial_status
 from autofit.plan.explain import mesh_line
+from autofit.report.data import lengths_line
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_bytes, fmt_count, fmt_size
@@ -372,6 +373,8 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         + (f", global batch {plan.global_batch}" if plan.global_batch else "")
         + f", space '{plan.space.name}'"
     )
+    if plan.request.lengths is not None:
+        console.print(lengths_line(plan.request.lengths, plan.seq_len), markup=False)
     if plan.trials:
         console.print(trials_table(plan))
     elif plan.ranked:
@@ -402,7 +405,9 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
             "candidates before you launch.[/]"
         )
     if plan.run_dir:
-        console.print(f"Run folder: {plan.run_dir} (study, plan.json, plan.yaml, trials.png)")
+        files = "study, plan.json, plan.yaml, trials.png"
+        files += ", lengths.json" if plan.request.lengths is not None else ""
+        console.print(f"Run folder: {plan.run_dir} ({files})")
     for path in written or []:
         console.print(f"wrote {path}")
 

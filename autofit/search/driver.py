@@ -97,8 +97,9 @@ def search(
     cands = enumerate_candidates(setting, prior)  # judged by the prior from the start
     calibrator = Calibrator(cands, prior)
     name = setting.study.name or st.default_study_name(
-        model, hardware, setting.space, setting.seq_len, setting.global_batch, device
-    )
+        model, hardware, setting.space, setting.seq_len, setting.global_batch, device,
+        lengths=setting.lengths,
+    )  # fmt: skip
     run_dir = setting.study.run_dir
     folder = Path(run_dir) if run_dir is not None else default_run_dir(name)
     folder.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from typing import Any
 import optuna
 
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
@@ -70,8 +71,10 @@ def default_study_name(
     seq_len: int,
     global_batch: int | None,
     device: str,
+    lengths: LengthHistogram | None = None,
 ) -> str:
-    """Stable, readable and unique per setting: the same command always finds the same study."""
+    """Stable, readable and unique per setting: the same command always finds the same study
+    (the data's lengths, when given, are part of it)."""
     # the family (`model_type`) and an empty `extra` are left out so names stay those of studies
     # made before specs recorded them; the numbers and the name already tell two models apart
     ident = {
@@ -97,6 +100,8 @@ def default_study_name(
         "seq_len": seq_len,
         "global_batch": global_batch,
     }
+    if lengths is not None:  # only then: names of studies without data stay as they were
+        ident["lengths"] = hashlib.sha1(lengths.to_json().encode()).hexdigest()
     if space.settings:  # only then: the names of studies made before settings existed stay
         ident["settings"] = space.to_dict()["settings"]
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
