@@ -77,7 +77,7 @@ def estimate(
     gpu_memory: str | int | None = None,
     device: str = "cuda",
     inter_node_bandwidth: str | float | None = None,
-    optimizer_impl: str = "fused",
+    foreach_intermediates: int | None = None,
     expandable_segments: bool = True,
     **knobs: Any,
 ) -> Estimate:
@@ -87,10 +87,11 @@ def estimate(
     projection of the decoder blocks), `lora_dropout=0.05`, `lora_alpha=32`,
     `train_embeddings="full"` (or `"tokens:N"`: the last N token ids). Past one node
     (`gpus="4x8xh100-80gb"`), `inter_node_bandwidth="400Gb/s"` replaces the network's preset.
-    For a launch autofit did not set up: `optimizer_impl="foreach"` (torch AdamW's default, whose
-    step holds a parameter-sized temporary; `"foreach-2.0"`: torch 2.0's, two; autofit pins
-    `fused`) and `expandable_segments=False`
-    (the allocator's default mode; autofit sets `expandable_segments:True`)."""
+    `optimizer_impl="foreach"` (a setting: torch AdamW's default on CUDA, HF Trainer's
+    `adamw_torch`, whose step holds a parameter-sized intermediate; `auto` is fused on a GPU).
+    For a launch autofit did not set up: `foreach_intermediates=2` (torch 2.0's foreach step held
+    two) and `expandable_segments=False` (the allocator's default mode; autofit sets
+    `expandable_segments:True`)."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model
@@ -105,7 +106,7 @@ def estimate(
         hw,
         _config(knobs, spec),
         device=device,
-        optimizer_impl=optimizer_impl,
+        foreach_intermediates=foreach_intermediates,
         expandable_segments=expandable_segments,
     )
 

@@ -22,7 +22,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -50,7 +50,7 @@ from autofit.config import (
     quant_without_lora,
 )
 from autofit.errors import SpaceError, did_you_mean
-from autofit.settings import coerce_setting, setting_error
+from autofit.settings import OPTIMIZER_IMPLS, coerce_setting, setting_error
 
 
 def spaces_dir() -> Path:
@@ -367,6 +367,9 @@ class SpaceFile(BaseModel):
     train_embeddings: _setting(  # type: ignore[valid-type]
         "train_embeddings", Annotated[str, Field(pattern=r"^(none|full|tokens:[1-9][0-9]*)$")]
     ) = "none"
+    optimizer_impl: _setting(  # type: ignore[valid-type]
+        "optimizer_impl", Literal[OPTIMIZER_IMPLS]
+    ) = "auto"
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )

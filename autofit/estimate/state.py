@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from autofit.config import Sharding, sharding_for
 from autofit.estimate import memory as mem
-from autofit.recipe import base_stays_whole
+from autofit.recipe import adamw_impl, base_stays_whole
 from autofit.structure import Structure
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
@@ -37,11 +37,14 @@ class States(NamedTuple):
 def states(
     s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
     lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool, embeddings: str = "none",
+    accumulates: bool, embeddings: str = "none", optimizer_impl: str = "auto",
+    foreach_intermediates: int | None = None,
 ) -> States:  # fmt: skip
     """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
     dimension (`mem.shard_degree`), what offload moves to a node's host (its `per_node` ranks'
-    share), and the gradients alive during forward."""
+    share), the gradients alive during forward and the optimizer step's intermediates (of the
+    AdamW implementation `optimizer_impl` resolves to; `foreach_intermediates`: another torch's
+    count for foreach, `mem.optimizer_temp_bytes`)."""
     sharding = sharding_for(wrap, n)
     shard = mem.shard_degree(sharding, n, mesh, per_node)
     trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
@@ -84,10 +87,11 @@ def states(
     elif accumulates:
         accum = grads  # 0 under offload=params: the gradients live on the host
     buckets = grads if sharding is Sharding.DDP else 0.0
-    opt_temp = mem.optimizer_temp_bytes(s, lora, precision, optimizer, device, shard, targets)
-    if device == "cpu":  # its temporaries are sized by the largest trainable tensor
-        largest = mem.trained_largest_tensor(s, embeddings)
-        opt_temp = max(opt_temp, 2 * largest * pb / shard)
+    opt_temp = mem.optimizer_temp_bytes(
+        s, lora, precision, optimizer, device, shard, targets,
+        impl=adamw_impl(optimizer_impl, optimizer, device, offload), offload=offload,
+        trainable=trainable, embeddings=embeddings, foreach_intermediates=foreach_intermediates,
+    )  # fmt: skip
     # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
     # separate `.grad` tensors
     ddp_views = sharding is Sharding.DDP and not accumulates

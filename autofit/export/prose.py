@@ -16,7 +16,7 @@ from autofit.config import (
 )
 from autofit.export.layout import accelerate_hsdp, plan_mesh, plan_nodes, plan_sharding
 from autofit.export.schema import MARKER, env_text
-from autofit.recipe import trained_embedding_modules, trained_token_ids
+from autofit.recipe import adamw_impl, trained_embedding_modules, trained_token_ids
 
 
 def measured_path(doc: dict[str, Any]) -> list[str]:
@@ -117,7 +117,24 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
         )
         lines += embedding_notes(doc)
     lines += loss_and_compile_notes(cfg)
+    lines += adamw_notes(cfg)
     return lines
+
+
+def adamw_notes(cfg: dict[str, Any]) -> list[str]:
+    """The AdamW implementation a plan measured, where it chose one (`optimizer_impl` not
+    `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and foreach only."""
+    chosen = cfg.get("optimizer_impl", "auto")
+    impl = adamw_impl(chosen, cfg.get("optimizer", "adamw"), "cuda", cfg.get("offload", "none"))
+    if chosen == "auto" or impl is None:
+        return []
+    what = {
+        "fused": "fused (torch.optim.AdamW(fused=True); HF Trainer optim adamw_torch_fused)",
+        "foreach": "foreach (torch.optim.AdamW(foreach=True); HF Trainer optim adamw_torch)",
+        "for-loop": "for-loop (torch.optim.AdamW(foreach=False); HF Trainer has no such optim: "
+        "its adamw_torch is foreach on a GPU)",
+    }[impl]
+    return [f"# AdamW step: {what}; autofit.apply builds it (run.optimizer)."]
 
 
 def embedding_notes(doc: dict[str, Any]) -> list[str]:

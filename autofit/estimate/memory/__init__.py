@@ -52,11 +52,8 @@ from autofit.estimate.memory.overheads import (
     workspace_bytes,
 )
 from autofit.estimate.memory.sharded import (
-    OPTIMIZER_IMPLS,
-    OPTIMIZER_INTERMEDIATES,
     autocast_copy_bytes,
     embed_unit_bytes,
-    foreach_temp_bytes,
     gathered_at_layer_backward_bytes,
     gathered_at_loss_bytes,
     gathered_at_reduce_bytes,
@@ -99,8 +96,6 @@ __all__ = [
     "NCCL_CHANNELS",
     "NCCL_CONNECTION_BYTES",
     "NF4_DEQUANT_TRANSIENT_BYTES",
-    "OPTIMIZER_IMPLS",
-    "OPTIMIZER_INTERMEDIATES",
     "Targets",
     "accumulated_grad_bytes",
     "activation_bytes",
@@ -112,7 +107,6 @@ __all__ = [
     "compiled_mlp_fusion_bytes",
     "dequant_transient_bytes",
     "embed_unit_bytes",
-    "foreach_temp_bytes",
     "forward_gather_buffer_bytes",
     "frozen_other_bytes",
     "gathered_at_layer_backward_bytes",
