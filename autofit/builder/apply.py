@@ -3,10 +3,10 @@
 dtypes, LoRA, checkpoint, compile (each decoder layer, `compile: true`), then layer by layer
 materialise, quantize and shard, then the optimizer: the trial builds its random-weight model
 with exactly these steps, and `autofit.apply` runs them on a user's model, so a user's run is
-what was measured. How the model is held follows `sharding_for(wrap, world size)`: the plain
-module on one GPU (`wrap: none`), DDP replicas on several, FSDP2 laid out as torchtitan does
-otherwise, on the mesh of `autofit.config.mesh_shape(shard, world size, ranks per node)` (HSDP
-with `shard: node` across several nodes).
+what was measured. How the model is held is the config's `autofit.layout.Layout` (world size,
+ranks per node, decoder layers), which the estimator reads too: the plain module on one GPU
+(`wrap: none`), DDP replicas on several, FSDP2 laid out as torchtitan does otherwise, on the
+layout's mesh and units (HSDP with `shard: node` across several nodes).
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from autofit.builder.checkpoint import apply_checkpointing
 from autofit.builder.compile import apply_compile
 from autofit.builder.ddp import apply_ddp
 from autofit.builder.dtypes import autocast_dtype, base_dtype, compute_dtype, train_dtype
-from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh, shard_degree
+from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh
 from autofit.builder.lora import apply_lora
 from autofit.builder.loss import apply_loss
 from autofit.builder.model import (
     build_meta_model,
+    decoder_layers,
     has_meta,
     materialize,
     model_parts,
@@ -38,7 +39,8 @@ from autofit.builder.model import (
 )
 from autofit.builder.optim import LR, build_optimizer
 from autofit.builder.quantize import quantize_layer
-from autofit.config import Config, Sharding, sharding_for
+from autofit.config import Config, Sharding
+from autofit.layout import layout_of
 from autofit.models import ModelSpec
 
 Batch = torch.Tensor | Mapping[str, torch.Tensor]
@@ -185,22 +187,23 @@ def prepare(
     node (default `world`: one node)."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
-    sharding = sharding_for(config.wrap, world)
-    model = adapt(model, config, autocast=autocast_dtype(config, sharding) is not None)
+    layout = layout_of(config, world, local_world or world, len(decoder_layers(model)), device.type)
+    sharding = layout.sharding
+    model = adapt(model, config, autocast=layout.autocast)
     apply_compile(model, config)
     parts = model_parts(model)
 
     if sharding is Sharding.FSDP2:
-        mesh = make_mesh(device.type, config.shard, world, local_world or world)
+        mesh = make_mesh(device.type, layout)
 
         def build_layers(layers: list[nn.Module]) -> None:
             if config.quant == "none":
                 return  # left on meta: `fully_shard` first, so only shards are ever allocated
             for layer in layers:
-                quantize_layer(layer, config.quant, device, shard_degree(mesh))
+                quantize_layer(layer, config.quant, device, layout.shard)
                 materialize(layer, device)
 
-        apply_fsdp(model, parts, config, mesh, before_unit=build_layers)
+        apply_fsdp(model, parts, config, mesh, layout, before_unit=build_layers)
         materialize(model, device)
         return model, sharding
     for layer in parts.layers:

@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from autofit.arch import step_events_of, structure_of
-from autofit.config import Config, Sharding, uses_autocast
+from autofit.config import Config, Sharding
 from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
 from autofit.estimate.state import Gathered, States, gathered_at_moments, states
@@ -212,9 +212,9 @@ def _model_state(
         k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
         foreach_intermediates,
     )  # fmt: skip
-    autocast = uses_autocast(k.precision, k.optimizer, st.sharding)
+    autocast = st.layout.autocast  # type: ignore[union-attr]
     g = gathered_at_moments(
-        s, n, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
+        s, st.sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
         k.train_embeddings
     )  # fmt: skip
     # a trained head's gradient exists from its backward on, the last layer's included

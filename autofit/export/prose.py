@@ -10,13 +10,18 @@ from autofit._version import __version__
 from autofit.config import (
     ALL_LINEAR,
     Sharding,
-    fp32_trainable,
     trained_token_count,
     wrap_group_size,
 )
-from autofit.export.layout import accelerate_hsdp, plan_mesh, plan_nodes, plan_sharding
+from autofit.export.layout import (
+    accelerate_hsdp,
+    plan_layout,
+    plan_mesh,
+    plan_nodes,
+    plan_sharding,
+)
 from autofit.export.schema import MARKER, env_text
-from autofit.recipe import adamw_impl, trained_embedding_modules, trained_token_ids
+from autofit.recipe import FP32, trained_embedding_modules, trained_token_ids
 
 
 def measured_path(doc: dict[str, Any]) -> list[str]:
@@ -26,7 +31,7 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
     nodes, per_node = plan_nodes(doc)
     gpus = f"{n} GPUs ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} GPUs"
     sharding = plan_sharding(doc)
-    mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
+    mixed = plan_layout(doc).param_dtype == FP32
     if sharding is Sharding.NONE:
         lines = [
             "# Measured path: the plain module on one GPU (no DDP, no FSDP), "
@@ -117,16 +122,15 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
         )
         lines += embedding_notes(doc)
     lines += loss_and_compile_notes(cfg)
-    lines += adamw_notes(cfg)
+    lines += adamw_notes(doc)
     return lines
 
 
-def adamw_notes(cfg: dict[str, Any]) -> list[str]:
+def adamw_notes(doc: dict[str, Any]) -> list[str]:
     """The AdamW implementation a plan measured, where it chose one (`optimizer_impl` not
     `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and foreach only."""
-    chosen = cfg.get("optimizer_impl", "auto")
-    impl = adamw_impl(chosen, cfg.get("optimizer", "adamw"), "cuda", cfg.get("offload", "none"))
-    if chosen == "auto" or impl is None:
+    impl = plan_layout(doc).adamw
+    if doc["config"].get("optimizer_impl", "auto") == "auto" or impl is None:
         return []
     what = {
         "fused": "fused (torch.optim.AdamW(fused=True); HF Trainer optim adamw_torch_fused)",
@@ -231,7 +235,7 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
         )
     if cfg["optimizer"] != "adamw":
         notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
-    if not fp32_trainable(cfg["precision"], cfg["optimizer"]):
+    if plan_layout(doc).param_dtype != FP32:
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
     if cfg.get("compile"):
         notes.append(

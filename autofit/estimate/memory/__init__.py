@@ -78,7 +78,6 @@ from autofit.estimate.memory.widths import (
     grad_bytes,
     master_bytes,
     optimizer_bytes_per_param,
-    shard_degree,
     traced_loss,
     trainable_params,
 )
@@ -129,7 +128,6 @@ __all__ = [
     "optimizer_temp_bytes",
     "outside_allocator_bytes",
     "root_all_gather_buffer_bytes",
-    "shard_degree",
     "traced_loss",
     "trainable_params",
     "trained_embedding_params",
