@@ -110,17 +110,17 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     from autofit.builder.lora import apply_lora
     from autofit.builder.model import build_meta_model, materialize, model_parts
     from autofit.builder.optim import build_optimizer
-    from autofit.config import Config, Sharding, sharding_for
+    from autofit.config import Config
     from autofit.layout import layout_of
 
     spec = resolve_model(model)
     cfg = Config(**{"seq_len": 2048, **knobs})
-    if sharding_for(cfg.wrap, world) is not Sharding.FSDP2:
+    layout = layout_of(cfg, world, n_layers=spec.layers, device="cpu")  # one node
+    if not layout.fsdp:
         raise ValueError(f"wrap={cfg.wrap} on {world} GPU(s) is not FSDP2: nothing to track")
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    layout = layout_of(cfg, world, n_layers=spec.layers, device="cpu")  # one node
     mesh = make_mesh("cpu", layout)  # made outside the fake mode
     # The builder's steps before sharding run on the meta device outside the fake mode (peft's
     # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
