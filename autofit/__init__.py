@@ -134,6 +134,7 @@ def plan(
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
     train_embeddings: str | None = None,
+    optimizer_impl: str | None = None,
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
@@ -148,6 +149,9 @@ def plan(
     replace the space file's (None: the space's, whose default is every linear projection of the
     decoder blocks, no dropout and frozen embeddings). With `train_embeddings` set, the space's
     full fine-tunes (`lora_rank: 0`, which train the embeddings anyway) are skipped.
+    `optimizer_impl` (`auto`, `fused`, `foreach`, `for-loop`) is how torch AdamW runs its step
+    in every candidate (None: the space's, default `auto`: fused on a GPU); set, the space's
+    torchao low-bit AdamW candidates are skipped.
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -183,7 +187,7 @@ def plan(
     check_calibration(calibration)
     settings = _lora_settings(
         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
-        train_embeddings=train_embeddings,
+        train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
     )  # fmt: skip
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)
