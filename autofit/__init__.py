@@ -79,7 +79,7 @@ def estimate(
     gpu_memory: str | int | None = None,
     device: str = "cuda",
     inter_node_bandwidth: str | float | None = None,
-    optimizer_impl: str = "fused",
+    foreach_intermediates: int | None = None,
     expandable_segments: bool = True,
     **knobs: Any,
 ) -> Estimate:
@@ -89,10 +89,11 @@ def estimate(
     projection of the decoder blocks), `lora_dropout=0.05`, `lora_alpha=32`,
     `train_embeddings="full"` (or `"tokens:N"`: the last N token ids). Past one node
     (`gpus="4x8xh100-80gb"`), `inter_node_bandwidth="400Gb/s"` replaces the network's preset.
-    For a launch autofit did not set up: `optimizer_impl="foreach"` (torch AdamW's default, whose
-    step holds a parameter-sized temporary; `"foreach-2.0"`: torch 2.0's, two; autofit pins
-    `fused`) and `expandable_segments=False`
-    (the allocator's default mode; autofit sets `expandable_segments:True`)."""
+    `optimizer_impl="foreach"` (a setting: torch AdamW's default on CUDA, HF Trainer's
+    `adamw_torch`, whose step holds a parameter-sized intermediate; `auto` is fused on a GPU).
+    For a launch autofit did not set up: `foreach_intermediates=2` (torch 2.0's foreach step held
+    two) and `expandable_segments=False` (the allocator's default mode; autofit sets
+    `expandable_segments:True`)."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model
@@ -107,7 +108,7 @@ def estimate(
         hw,
         _config(knobs, spec),
         device=device,
-        optimizer_impl=optimizer_impl,
+        foreach_intermediates=foreach_intermediates,
         expandable_segments=expandable_segments,
     )
 
@@ -135,6 +136,7 @@ def plan(
     lora_targets: str | Sequence[str] | None = None,
     lora_dropout: float | None = None,
     train_embeddings: str | None = None,
+    optimizer_impl: str | None = None,
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
@@ -153,6 +155,9 @@ def plan(
     replace the space file's (None: the space's, whose default is every linear projection of the
     decoder blocks, no dropout and frozen embeddings). With `train_embeddings` set, the space's
     full fine-tunes (`lora_rank: 0`, which train the embeddings anyway) are skipped.
+    `optimizer_impl` (`auto`, `fused`, `foreach`, `for-loop`) is how torch AdamW runs its step
+    in every candidate (None: the space's, default `auto`: fused on a GPU); set, the space's
+    torchao low-bit AdamW candidates are skipped.
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -194,7 +199,7 @@ def plan(
     check_calibration(calibration)
     settings = _lora_settings(
         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
-        train_embeddings=train_embeddings,
+        train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
     )  # fmt: skip
     spec = resolve_model(model)
     check_seq_len(spec, seq_len)

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autofit.errors import ConfigError
-from autofit.settings import coerce_setting
+from autofit.settings import OPTIMIZER_IMPLS, coerce_setting
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,15 @@ class Config:
         metavar="none|full|tokens:N",
         label=lambda c: f"emb={c.train_embeddings}" if c.train_embeddings != "none" else None,
     )  # fmt: skip
+    optimizer_impl: str = setting(
+        "auto", "how torch AdamW runs its step: auto (default) = fused where the parameters are "
+        "on a GPU (fastest, no intermediate), torch's own choice elsewhere (its for-loop on "
+        "CPU); fused; foreach (torch's default on CUDA, HF Trainer's adamw_torch: one "
+        "intermediate the size of every trainable parameter); for-loop (torch's single-tensor "
+        "step: two the size of the largest); optimizer=adamw only",
+        metavar="|".join(OPTIMIZER_IMPLS),
+        label=lambda c: f"adamw={c.optimizer_impl}" if c.optimizer_impl != "auto" else None,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         fields = self.__dict__  # a frozen dataclass's own fields, set once here
@@ -200,16 +209,12 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def settings(self) -> dict[str, Any]:
-        """The LoRA settings that differ from their defaults, JSON-ready (targets as a list)."""
+        """The settings that differ from their defaults, JSON-ready (targets as a list)."""
         out: dict[str, Any] = {}
-        if self.lora_alpha is not None:
-            out["lora_alpha"] = self.lora_alpha
-        if self.lora_targets is not None:
-            out["lora_targets"] = list(self.lora_targets)
-        if self.lora_dropout:
-            out["lora_dropout"] = self.lora_dropout
-        if self.train_embeddings != "none":
-            out["train_embeddings"] = self.train_embeddings
+        for name in LORA_SETTINGS:
+            value = getattr(self, name)
+            if value != DECLARED[name].default:
+                out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -474,6 +479,13 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             "shard=node (HSDP: shard within a node, replicate across nodes) needs FSDP2 "
             "(wrap=layer, every-2, every-4 or model): wrap=none runs DDP replicas, which hold "
             "everything on every GPU. Use shard=all with wrap=none.",
+        )
+    if cfg.optimizer_impl != "auto" and cfg.optimizer != "adamw":
+        return (
+            "optimizer_impl without torch AdamW",
+            f"optimizer_impl={cfg.optimizer_impl} chooses how torch's AdamW runs its step, and "
+            f"optimizer={cfg.optimizer} is torchao's low-bit AdamW, which has one step of its "
+            "own (compiled, one parameter at a time). Use optimizer=adamw, or optimizer_impl=auto.",
         )
     if cfg.offload == "params" and cfg.wrap == "none":
         return (

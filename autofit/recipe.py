@@ -102,6 +102,32 @@ def optimizer_state_bytes_per_param(optimizer: str, param_bytes: int) -> float:
     return ADAM_MOMENTS * (state.value_bytes + LOW_BIT_SCALE_BYTES / state.block)
 
 
+ADAMW_INTERMEDIATES: dict[str, int] = {"fused": 0, "foreach": 1, "for-loop": 2}
+"""Tensors torch's AdamW step (`torch/optim/adam.py`, torch 2.13, weight decay off or decoupled,
+no amsgrad, not capturable) allocates and holds at its peak, by `optimizer_impl`: `fused`
+(`_fused_adamw_`, one kernel per (device, dtype) group on CUDA and, since torch 2.4, on CPU) none;
+`foreach` (`_multi_tensor_adam`) one the size of every parameter of a (device, dtype) group at
+once, `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`, updated in place and freed after
+`_foreach_addcdiv_` (torch 2.0 held a second, `denom`: pytorch#97712, cut by #104898 for 2.1);
+`for-loop` (`_single_tensor_adam`) two the size of one parameter, in turn, `exp_avg_sq.sqrt()` and
+its quotient by `bias_correction2_sqrt`, so the largest parameter sizes them. Each in the
+parameter's own dtype."""
+
+
+def adamw_impl(setting: str, optimizer: str, device: str, offload: str) -> str | None:
+    """The implementation of torch's AdamW a run's step uses (a key of `ADAMW_INTERMEDIATES`), or
+    None for torchao's low-bit AdamW, which has its own step. `auto` is fused where the
+    parameters the step updates are on the GPU (torchao's `CPUOffloadOptimizer` too, which runs it
+    on host copies), and torch's own choice where they are CPU tensors (a CPU trial, FSDP2's
+    `offload=params`): its for-loop, as torch has no foreach kernels on CPU. The builder builds
+    this and the estimator counts it."""
+    if optimizer != "adamw":
+        return None
+    if setting != "auto":
+        return setting
+    return "fused" if device == "cuda" and offload != "params" else "for-loop"
+
+
 # ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------
 EMBEDDING_MODULE = "embed_tokens"
 """The input embedding's name in every supported HF family; the builder finds the module itself

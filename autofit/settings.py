@@ -1,9 +1,9 @@
-"""The LoRA settings' values: what each may be and the one sentence for a value it cannot be.
+"""The settings' values: what each may be and the one sentence for a value it cannot be.
 
 The settings are declared with the knobs on `autofit.config.Config` (name, default, help); this
-module holds the checks that are more than a list of choices: `lora_targets` (module names),
-`lora_dropout` (a share), `lora_alpha` (a whole number) and `train_embeddings` (`none`, `full`
-or `tokens:N`). Plain data, no torch.
+module holds their checks: `lora_targets` (module names), `lora_dropout` (a share), `lora_alpha`
+(a whole number), `train_embeddings` (`none`, `full` or `tokens:N`) and `optimizer_impl` (one of
+`OPTIMIZER_IMPLS`). Plain data, no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from autofit.errors import ConfigError
 # `train_embeddings` values: `none`, `full`, or `tokens:N` (the last N ids of the vocabulary).
 TRAIN_EMBEDDINGS = ("none", "full")
 TOKENS_PREFIX = "tokens:"
+
+# `optimizer_impl` values: how torch's AdamW runs its step (`autofit.recipe.adamw_impl` resolves
+# `auto`; `autofit.recipe.ADAMW_INTERMEDIATES` counts what each holds)
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
 
 # `lora_targets` spellings of the default: every linear projection of the decoder blocks.
 ALL_LINEAR = "all-linear"
@@ -100,6 +104,9 @@ def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
         return int(number), None
     if name == "train_embeddings":
         return _train_embeddings_problem(value)
+    if name == "optimizer_impl":
+        text = "auto" if value is None else value.strip().lower() if isinstance(value, str) else ""
+        return (text, None) if text in OPTIMIZER_IMPLS else (None, "unknown value")
     raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
 
 
@@ -154,6 +161,13 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
         )
     if name == "lora_alpha":
         return f"Setting 'lora_alpha'{place} must be a whole number >= 1; got {value!r}."
+    if name == "optimizer_impl":
+        return (
+            f"Setting 'optimizer_impl'{place} cannot be {value!r}. Allowed: auto (the default: "
+            "fused where the parameters are on a GPU, torch's own choice elsewhere), fused, "
+            "foreach (torch AdamW's default on CUDA, HF Trainer's adamw_torch) or for-loop "
+            "(torch's single-tensor step)."
+        )
     if name == "train_embeddings":
         return (
             f"Setting 'train_embeddings'{place} cannot be {value!r} ({why}). Allowed: none (the "
@@ -171,10 +185,10 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
 
 
 def coerce_setting(name: str, value: Any, where: str = "") -> Any:
-    """Check and normalise one LoRA setting (`LORA_SETTINGS`); raise `ConfigError` naming the
+    """Check and normalise one setting (`LORA_SETTINGS`); raise `ConfigError` naming the
     setting, the value and what is allowed. `lora_targets`: a tuple of module names, or None for
     every linear projection (`all-linear`, `all`, an empty list); `lora_dropout`: a float;
-    `train_embeddings`: `none`, `full` or `tokens:N`."""
+    `train_embeddings`: `none`, `full` or `tokens:N`; `optimizer_impl`: lower case."""
     problem = setting_error(name, value, where)
     if problem is not None:
         raise ConfigError(problem)

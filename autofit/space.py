@@ -28,7 +28,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -57,7 +57,7 @@ from autofit.config import (
 )
 from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
-from autofit.settings import coerce_setting, setting_error
+from autofit.settings import OPTIMIZER_IMPLS, coerce_setting, setting_error
 
 
 def spaces_dir() -> Path:
@@ -386,6 +386,9 @@ class SpaceFile(BaseModel):
         description="The data plans are made for (--dataset, --tokenizer, --text-field and "
         "--lengths replace it); paths are relative to the space file.",
     )
+    optimizer_impl: _setting(  # type: ignore[valid-type]
+        "optimizer_impl", Literal[OPTIMIZER_IMPLS]
+    ) = "auto"
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )

@@ -30,10 +30,10 @@ from tests.estimate import tracked  # noqa: E402
 from tests.estimate.measured import CASES, error, measure, problem  # noqa: E402
 
 FACTORS = (0.7, 1.3)
-# GPU-only terms: a CPU trial has no CUDA context, NCCL, cuBLAS workspace, caching allocator nor
-# foreach AdamW (CUDA's default) to hold them to.
+# GPU-only terms: a CPU trial has no CUDA context, NCCL, cuBLAS workspace nor caching allocator to
+# hold them to.
 GPU_ONLY = {"outside_allocator_bytes", "nccl_bytes", "workspace_bytes", "usable_bytes",
-            "allocator_overhead", "foreach_temp_bytes"}  # fmt: skip
+            "allocator_overhead"}  # fmt: skip
 # Not a term of any peak: the share of host RAM offloaded state may take, which the estimate's
 # `host_bytes` is compared with (`within_capacity`, pruning). No measured peak can hold it.
 CAPACITIES = {"usable_host_bytes"}

@@ -63,13 +63,13 @@ mirror zhangningboo/Qwen-7B@1ff20863):
   `self.to(weight.device, dtype=weight.dtype)` gives the adapters the base weight's dtype (bf16),
   and torch AdamW (finetune.py:43 `optim="adamw_torch"`) keeps its moments in the param dtype.
   So `precision="bf16"` (pure bf16 weights and AdamW states). Optimizer: torch 2.0's foreach
-  AdamW step (`optimizer_impl="foreach-2.0"`): `_multi_tensor_adamw` kept `exp_avg_sq_sqrt` and
-  `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)` alive together, two parameter-sized
-  intermediates (pytorch/pytorch#97712, one since #104898 in 2.1); the README's "LoRA (emb)" minus
-  "LoRA" figures are 12 B per trained embedding parameter, as that step holds. `--bf16 True`
-  (finetune_lora_single_gpu.sh:42) only adds HF Trainer's bf16 autocast, which makes no copy of
-  bf16 weights; the loss (`CrossEntropyLoss` on `shift_logits`) then runs in fp32 as autofit's
-  standard loss does.
+  AdamW step (`optimizer_impl="foreach", foreach_intermediates=2`): `_multi_tensor_adamw` kept
+  `exp_avg_sq_sqrt` and `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)` alive together, two
+  parameter-sized intermediates (pytorch/pytorch#97712, one since #104898 in 2.1); the README's
+  "LoRA (emb)" minus "LoRA" figures are 12 B per trained embedding parameter, as that step
+  holds. `--bf16 True` (finetune_lora_single_gpu.sh:42) only adds HF Trainer's bf16 autocast,
+  which makes no copy of bf16 weights; the loss (`CrossEntropyLoss` on `shift_logits`) then runs
+  in fp32 as autofit's standard loss does.
 - LoRA: finetune.py:55-59 r 64, alpha 16, dropout 0.05, targets c_attn, c_proj, w1, w2. By peft's
   suffix match `c_proj` is both the attention output and the MLP down projection, so the targets
   are every projection: q/k/v (c_attn), o (attn.c_proj), gate/up (w1, w2), down (mlp.c_proj) =
@@ -496,11 +496,11 @@ def map_row(i: int, row: dict[str, str], strict: bool = True) -> Mapped | Exclud
     # The launch's own settings autofit's would pin otherwise: HF Trainer's `adamw_torch` (Qwen
     # finetune.py:43; fms: HF's default) is torch AdamW with its defaults, foreach on CUDA, whose
     # step on torch 2.0 (Qwen's README: "Pytorch 2.0") held two parameter-sized intermediates and
-    # from 2.1 on (fms: 2.4.1) one (`autofit.estimate.memory.OPTIMIZER_INTERMEDIATES`); both
-    # ran the caching allocator with its default segments (neither launch sets
-    # PYTORCH_CUDA_ALLOC_CONF).
-    impl = "foreach-2.0" if src == "qwen" else "foreach"
-    extra: dict[str, Any] = {"optimizer_impl": impl, "expandable_segments": False}
+    # from 2.1 on (fms: 2.4.1) one (`autofit.recipe.ADAMW_INTERMEDIATES`); both ran the caching
+    # allocator with its default segments (neither launch sets PYTORCH_CUDA_ALLOC_CONF).
+    extra: dict[str, Any] = {"optimizer_impl": "foreach", "expandable_segments": False}
+    if src == "qwen":
+        extra["foreach_intermediates"] = 2
     smi = tps = None
     scope, derived = "", False
     if src == "qwen":
@@ -578,8 +578,9 @@ def short_config(knobs: dict[str, Any], extra: dict[str, Any]) -> str:
     parts.append("mixed" if knobs["precision"] == "bf16-mixed" else knobs["precision"])
     if extra.get("train_embeddings"):
         parts.append("+emb")
-    if extra.get("optimizer_impl", "fused") != "fused":
-        parts.append(extra["optimizer_impl"])
+    if extra.get("optimizer_impl", "auto") != "auto":
+        two = extra.get("foreach_intermediates") == 2  # torch 2.0's step
+        parts.append(extra["optimizer_impl"] + ("-2.0" if two else ""))
     return " ".join(parts)
 
 

@@ -156,3 +156,14 @@ def test_trial_takes_its_limit_as_trial_timeout_and_the_old_name_warns(monkeypat
         autofit.trial("llama-debug", "1", device="cpu", timeout=34)
     assert seen["timeout_s"] == 34
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+
+
+def test_plan_carries_the_optimizer_impl_setting_to_every_candidate():
+    # a setting, like the LoRA ones: every candidate steps with foreach AdamW, and the space's
+    # torchao low-bit AdamW candidates (which have their own step) are skipped
+    plan = autofit.plan(
+        "llama-7b", gpus="1xh200", trials=0, space="full", seq_len=1024, optimizer_impl="Foreach"
+    )
+    configs = [c.config for c in plan.ranked]
+    assert configs and {(c.optimizer, c.optimizer_impl) for c in configs} == {("adamw", "foreach")}
+    assert plan.best.config.short().endswith("adamw=foreach")

@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
         "space",
         "request",
         "recipe",
+        "layout",
         "structure",
         "data",
     },  # in

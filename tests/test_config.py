@@ -150,7 +150,9 @@ def test_wrap_units_group_decoder_layers():
 # ----- the LoRA settings: the user's choice, not searched ---------------------------------------
 def test_lora_settings_follow_lora_alpha_in_the_config():
     names = [f.name for f in dataclasses.fields(Config)]
-    assert LORA_SETTINGS == ("lora_alpha", "lora_targets", "lora_dropout", "train_embeddings")
+    assert LORA_SETTINGS == (
+        "lora_alpha", "lora_targets", "lora_dropout", "train_embeddings", "optimizer_impl"
+    )  # fmt: skip
     assert names[len(KNOBS) :] == list(LORA_SETTINGS)
     cfg = Config()
     assert cfg.lora_targets is None and cfg.lora_dropout == 0.0  # every projection, no dropout
@@ -316,3 +318,20 @@ def test_the_readmes_knob_and_setting_tables_are_the_declarations():
             assert shown == [str(v).lower() for v in declared.choices], (name, values)
     settings = _readme_rows("setting")
     assert sorted(row[0].strip("`") for row in settings) == sorted(LORA_SETTINGS)
+
+
+def test_optimizer_impl_is_a_setting_of_torch_adamw_only():
+    # not searched: fused is faster on a GPU and holds no intermediate, so a search could only
+    # pick it; foreach and the for-loop describe another launch (HF Trainer's adamw_torch)
+    assert "optimizer_impl" not in KNOBS
+    cfg = Config(optimizer_impl=" Foreach ")
+    assert cfg.optimizer_impl == "foreach"
+    assert cfg.short() == "full mb1x1 wrap=layer adamw=foreach"
+    assert cfg.to_dict()["optimizer_impl"] == "foreach"
+    assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert "optimizer_impl" not in Config().to_dict()  # the default stays out
+    with pytest.raises(ConfigError, match="optimizer_impl=for-loop chooses how torch's AdamW"):
+        Config(optimizer="adamw8bit", optimizer_impl="for-loop")
+    assert Config(optimizer="adamw4bit").optimizer_impl == "auto"
+    with pytest.raises(ConfigError, match="Allowed: auto .* fused, foreach .* or for-loop"):
+        Config(optimizer_impl="apex")

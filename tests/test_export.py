@@ -578,3 +578,27 @@ def test_a_tied_head_exports_one_trained_weight(value):
     # one weight: the embedding's copy (1024 x 128), or 3 of its rows; not a second for the head
     assert trained == (1024 if value == "full" else 3) * 128
     assert _peft_trained(lora, spec) == trained
+
+
+@pytest.mark.parametrize(
+    ("impl", "optim", "note"),
+    [
+        ("auto", "adamw_torch_fused", None),
+        ("fused", "adamw_torch_fused", "torch.optim.AdamW(fused=True)"),
+        ("foreach", "adamw_torch", "torch.optim.AdamW(foreach=True)"),
+        ("for-loop", "adamw_torch", "HF Trainer has no such optim"),
+    ],
+)
+def test_the_adamw_implementation_reaches_every_export(one_gpu_plan, tmp_path, impl, optim, note):
+    # transformers 5's OptimizerNames: adamw_torch_fused passes fused=True, adamw_torch leaves
+    # torch AdamW at its default (foreach on a GPU); it has no for-loop name, which the side
+    # file's comment says. The autofit plan carries the setting, and load_plan reads it back.
+    with winner(one_gpu_plan, wrap="none", lora_rank=16, optimizer="adamw", optimizer_impl=impl):
+        tpath, side = export_plan(one_gpu_plan, "trainer", tmp_path / "args.json")
+        apath, _ = export_plan(one_gpu_plan, "accelerate", tmp_path / "acc.yaml")
+    assert json.loads(tpath.read_text())["optim"] == optim
+    assert _training_arguments(tpath).optim == optim
+    assert load_plan(side).best.config.optimizer_impl == impl
+    for text in (side.read_text(), apath.read_text()):
+        assert (note is None) == ("AdamW step:" not in text)
+        assert note is None or note in text

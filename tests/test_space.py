@@ -196,6 +196,22 @@ def test_space_file_train_embeddings_reach_the_lora_candidates(tmp_path):
     assert space.with_settings(train_embeddings="none").settings == {}
 
 
+def test_space_file_optimizer_impl_reaches_torch_adamw_and_skips_torchaos(tmp_path):
+    path = tmp_path / "foreach.yaml"
+    path.write_text("knobs:\n  optimizer: [adamw, adamw8bit]\n  micro_batch: [1, 2]\n"
+                    "optimizer_impl: Foreach\n")  # fmt: skip
+    space = load_space(str(path))
+    assert space.settings == {"optimizer_impl": "foreach"}
+    configs, skipped = space.candidates(1)
+    # torchao's low-bit AdamW has one step of its own: those candidates are skipped, saying why
+    assert skipped["optimizer_impl without torch AdamW"] == 2
+    assert {(c.optimizer, c.optimizer_impl) for c in configs} == {("adamw", "foreach")}
+    data = json.loads(json.dumps(space.to_dict()))  # as a study stores it
+    assert Space.from_dict(data).settings == {"optimizer_impl": "foreach"}
+    with pytest.raises(SpaceError, match="'optimizer_impl'.*'apex'"):
+        parse_space({"knobs": {}, "optimizer_impl": "apex"}, "bad.yaml")
+
+
 def test_space_file_settings_may_be_text_and_name_alpha(tmp_path):
     text = LORA_SPACE + "lora_targets: self_attn.q_proj, self_attn.v_proj\nlora_alpha: 32\n"
     space = parse_space(yaml.safe_load(text), "inline")

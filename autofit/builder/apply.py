@@ -3,10 +3,10 @@
 dtypes, LoRA, checkpoint, compile (each decoder layer, `compile: true`), then layer by layer
 materialise, quantize and shard, then the optimizer: the trial builds its random-weight model
 with exactly these steps, and `autofit.apply` runs them on a user's model, so a user's run is
-what was measured. How the model is held follows `sharding_for(wrap, world size)`: the plain
-module on one GPU (`wrap: none`), DDP replicas on several, FSDP2 laid out as torchtitan does
-otherwise, on the mesh of `autofit.config.mesh_shape(shard, world size, ranks per node)` (HSDP
-with `shard: node` across several nodes).
+what was measured. How the model is held is the config's `autofit.layout.Layout` (world size,
+ranks per node, decoder layers), which the estimator reads too: the plain module on one GPU
+(`wrap: none`), DDP replicas on several, FSDP2 laid out as torchtitan does otherwise, on the
+layout's mesh and units (HSDP with `shard: node` across several nodes).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from torch.distributed.fsdp import FSDPModule
 from autofit.builder.checkpoint import apply_checkpointing
 from autofit.builder.compile import apply_compile
 from autofit.builder.ddp import apply_ddp
-from autofit.builder.dtypes import autocast_dtype, base_dtype, compute_dtype, train_dtype
-from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh, shard_degree
+from autofit.builder.dtypes import base_dtype, compute_dtype, train_dtype
+from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh
 from autofit.builder.lora import apply_lora
 from autofit.builder.loss import apply_loss
 from autofit.builder.model import (
     build_meta_model,
+    decoder_layers,
     has_meta,
     materialize,
     model_parts,
@@ -38,7 +39,8 @@ from autofit.builder.model import (
 )
 from autofit.builder.optim import LR, build_optimizer
 from autofit.builder.quantize import quantize_layer
-from autofit.config import Config, Sharding, sharding_for
+from autofit.config import Config, Sharding
+from autofit.layout import Layout, layout_of
 from autofit.models import ModelSpec
 
 Batch = torch.Tensor | Mapping[str, torch.Tensor]
@@ -61,16 +63,21 @@ class Applied:
     model: nn.Module  # the module to call: plain (peft) model, DDP wrapper, or FSDP2 root
     optimizer: torch.optim.Optimizer
     config: Config
-    sharding: Sharding
+    layout: Layout  # how the run holds the model, as the estimator counted it
     device: torch.device
+
+    @property
+    def sharding(self) -> Sharding:
+        """The plain module, DDP or FSDP2 (`Layout.sharding`)."""
+        return self.layout.sharding
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """bf16 autocast where the plain module or DDP hold fp32 trainable params (bf16-mixed);
-        FSDP2 casts through its `MixedPrecisionPolicy` instead, pure bf16 needs nothing."""
-        dtype = autocast_dtype(self.config, self.sharding)
-        if dtype is None:
+        FSDP2 casts through its `MixedPrecisionPolicy` instead, pure bf16 needs nothing
+        (`Layout.autocast`)."""
+        if not self.layout.autocast:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
+        return torch.autocast(self.device.type, dtype=compute_dtype())
 
     @contextlib.contextmanager
     def gradient_sync(self, enabled: bool) -> Iterator[None]:
@@ -176,33 +183,34 @@ def prepare(
     device: torch.device,
     world: int,
     local_world: int | None = None,
-) -> tuple[nn.Module, Sharding]:
+) -> tuple[nn.Module, Layout]:
     """dtypes, LoRA, checkpointing, `torch.compile` of each decoder layer (`compile: true`; after
     checkpointing, before sharding, as torchtitan), then unit by unit: materialise (if on meta),
     quantize one projection at a time, shard; then the rest. A rank holds its shards plus the
     projection being quantized; only with `wrap: model` (every layer in the root unit, sharded last)
     does a quantized base exist whole on each rank before it is sharded. `local_world`: ranks per
-    node (default `world`: one node)."""
+    node (default `world`: one node). Returns the model to call and its layout."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
-    sharding = sharding_for(config.wrap, world)
-    model = adapt(model, config, autocast=autocast_dtype(config, sharding) is not None)
+    layout = layout_of(config, world, local_world or world, len(decoder_layers(model)), device.type)
+    sharding = layout.sharding
+    model = adapt(model, config, autocast=layout.autocast)
     apply_compile(model, config)
     parts = model_parts(model)
 
     if sharding is Sharding.FSDP2:
-        mesh = make_mesh(device.type, config.shard, world, local_world or world)
+        mesh = make_mesh(device.type, layout)
 
         def build_layers(layers: list[nn.Module]) -> None:
             if config.quant == "none":
                 return  # left on meta: `fully_shard` first, so only shards are ever allocated
             for layer in layers:
-                quantize_layer(layer, config.quant, device, shard_degree(mesh))
+                quantize_layer(layer, config.quant, device, layout.shard)
                 materialize(layer, device)
 
-        apply_fsdp(model, parts, config, mesh, before_unit=build_layers)
+        apply_fsdp(model, parts, config, mesh, layout, before_unit=build_layers)
         materialize(model, device)
-        return model, sharding
+        return model, layout
     for layer in parts.layers:
         if not has_meta(layer):
             layer.to(device)  # a user's model may arrive on the host
@@ -211,8 +219,8 @@ def prepare(
     materialize(model, device)
     model.to(device)
     if sharding is Sharding.DDP:
-        return apply_ddp(model, device), sharding
-    return model, sharding
+        return apply_ddp(model, device), layout
+    return model, layout
 
 
 def keep_lora_inputs(model: nn.Module) -> None:
@@ -302,11 +310,11 @@ def apply(
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     world = _world()
-    built, sharding = prepare(model, config, dev, world, _local_world(config, world))
+    built, layout = prepare(model, config, dev, world, _local_world(config, world))
     optimizer = build_optimizer(
-        built, config, dev.type, keep_gradients=sharding is Sharding.DDP, lr=lr
+        built, config, dev.type, keep_gradients=layout.sharding is Sharding.DDP, lr=lr
     )
-    return Applied(model=built, optimizer=optimizer, config=config, sharding=sharding, device=dev)
+    return Applied(model=built, optimizer=optimizer, config=config, layout=layout, device=dev)
 
 
 def build_for_trial(spec: ModelSpec, config: Config, device: torch.device) -> Applied:

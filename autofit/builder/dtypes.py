@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 import autofit.recipe as recipe
-from autofit.config import Config, Sharding, uses_autocast
+from autofit.config import Config
 
 TORCH_DTYPES: dict[str, torch.dtype] = {recipe.BF16: torch.bfloat16, recipe.FP32: torch.float32}
 
@@ -34,10 +34,3 @@ def compute_dtype() -> torch.dtype:
 def reduce_dtype(config: Config) -> torch.dtype:
     """Gradient reduction: fp32 under bf16-mixed, else bf16 (`autofit.recipe.reduce_dtype`)."""
     return TORCH_DTYPES[recipe.reduce_dtype(config.precision)]
-
-
-def autocast_dtype(config: Config, sharding: Sharding) -> torch.dtype | None:
-    """bf16 where `autofit.config.uses_autocast` says the run autocasts, else None."""
-    if uses_autocast(config.precision, config.optimizer, sharding):
-        return compute_dtype()
-    return None

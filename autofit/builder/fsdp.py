@@ -1,5 +1,5 @@
-"""FSDP2 laid out as torchtitan's `apply_fsdp`: token embeddings, each unit of
-`wrap_units(config.wrap)`, `[final norm, LM head]`, then the root.
+"""FSDP2 laid out as torchtitan's `apply_fsdp`: token embeddings, each unit of the layout
+(`autofit.layout.Layout.units`), `[final norm, LM head]`, then the root.
 
 bf16-mixed: fp32 (trainable) params sharded, gathered in bf16, gradients reduced in fp32
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`). bf16: everything bf16, no policy.
@@ -30,30 +30,26 @@ from torch.distributed.fsdp import (
 
 from autofit.builder.dtypes import compute_dtype, reduce_dtype, train_dtype
 from autofit.builder.model import ModelParts, trainable_copy
-from autofit.config import Config, mesh_shape, wrap_units
+from autofit.config import Config
+from autofit.layout import Layout
 from autofit.recipe import QUANT_TENSOR_CLASS, base_stays_whole
 
 SHARD_DIM = "dp_shard"
 REPLICATE_DIM = "dp_replicate"
 
 
-def make_mesh(device_type: str, shard: str, world_size: int, local_world_size: int) -> DeviceMesh:
-    """The data-parallel mesh FSDP2 shards over (one rank on one GPU), of `mesh_shape`'s
-    (replicas, shard degree): 1-D `("dp_shard",)` for one replica; else torchtitan's 2-D
-    `("dp_replicate", "dp_shard")` mesh, which `fully_shard` reads as HSDP. `init_device_mesh`
-    lays ranks out row-major, so each shard group is `local_world_size` consecutive ranks: one
-    node under torchrun, whose ranks on a node are consecutive."""
-    replicas, degree = mesh_shape(shard, world_size, local_world_size)
+def make_mesh(device_type: str, layout: Layout) -> DeviceMesh:
+    """The data-parallel mesh FSDP2 shards over (one rank on one GPU), of the layout's
+    (replicas, shard degree) (`Layout.mesh`): 1-D `("dp_shard",)` for one replica; else
+    torchtitan's 2-D `("dp_replicate", "dp_shard")` mesh, which `fully_shard` reads as HSDP.
+    `init_device_mesh` lays ranks out row-major, so each shard group is a node's consecutive
+    ranks under torchrun."""
+    replicas, degree = layout.mesh
     if replicas == 1:
         return init_device_mesh(device_type, (degree,), mesh_dim_names=(SHARD_DIM,))
     return init_device_mesh(
         device_type, (replicas, degree), mesh_dim_names=(REPLICATE_DIM, SHARD_DIM)
     )
-
-
-def shard_degree(mesh: DeviceMesh) -> int:
-    """Ranks a parameter is sharded over: the `dp_shard` dimension (the whole of a 1-D mesh)."""
-    return mesh[SHARD_DIM].size() if mesh.ndim > 1 else mesh.size()
 
 
 def mp_policy(config: Config) -> MixedPrecisionPolicy:
@@ -74,10 +70,12 @@ def apply_fsdp(
     parts: ModelParts,
     config: Config,
     mesh: DeviceMesh,
+    layout: Layout,
     *,
     before_unit: Callable[[list[nn.Module]], None] | None = None,
 ) -> nn.Module:
-    """Shard `model` per `config.wrap`, `reshard`, `offload` and `precision`; returns the root.
+    """Shard `model` over `mesh` (`make_mesh(layout)`) into the layout's units, per `config`'s
+    `reshard`, `offload` and `precision`; returns the root.
 
     `before_unit(modules)` runs just before each unit of decoder layers is sharded: the builder
     materialises and quantizes those layers there, so a rank holds its shards plus one unit.
@@ -91,7 +89,7 @@ def apply_fsdp(
     def shard(modules: nn.Module | list[nn.Module], reshard: bool | None) -> None:
         group = modules if isinstance(modules, list) else [modules]
         params = [p for m in group for p in m.parameters()]
-        ignored = unshardable_params(params, shard_degree(mesh)) or None
+        ignored = unshardable_params(params, layout.shard) or None
         fully_shard(modules, reshard_after_forward=reshard, ignored_params=ignored, **kwargs)
 
     originals = frozen_originals(parts)
@@ -99,12 +97,12 @@ def apply_fsdp(
         shard(originals, True)
     if not parts.tied:
         shard(parts.embed, config.reshard)
-    for unit in wrap_units(config.wrap, len(parts.layers)):
+    for unit in layout.units:
         modules = [parts.layers[i] for i in unit]
         if before_unit is not None:
             before_unit(modules)
         shard(modules if len(modules) > 1 else modules[0], config.reshard)
-    if before_unit is not None and not wrap_units(config.wrap, len(parts.layers)):
+    if before_unit is not None and not layout.units:
         before_unit(list(parts.layers))  # `model`: the layers belong to the root unit
     if not parts.tied and parts.head is not None:
         shard([m for m in (parts.norm, parts.head) if m is not None], False)
@@ -133,7 +131,7 @@ def unshardable_params(params: Iterable[nn.Parameter], shards: int) -> set[nn.Pa
 
     Quantized base weights per `autofit.recipe.base_stays_whole` (torchao `Int8Tensor` always,
     `NF4Tensor` on a one-rank shard dimension, where it loses nothing but CPU offload); `shards`:
-    the mesh's `shard_degree`.
+    the layout's shard degree (`Layout.shard`).
     """
     whole = {cls for quant, cls in QUANT_TENSOR_CLASS.items() if base_stays_whole(quant, shards)}
     return {p for p in params if any(c.__name__ in whole for c in type(p.data).__mro__)}

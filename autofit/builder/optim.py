@@ -1,5 +1,6 @@
-"""The optimizer: torch AdamW (fused on CUDA) or torchao AdamW8bit / AdamW4bit, optionally with
-its state and step on the CPU (torchao `CPUOffloadOptimizer`)."""
+"""The optimizer: torch AdamW (fused, foreach or its for-loop: `optimizer_impl`) or torchao
+AdamW8bit / AdamW4bit, optionally with its state and step on the CPU (torchao
+`CPUOffloadOptimizer`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import torch
 from torch import nn
 
 from autofit.config import Config
-from autofit.recipe import LOW_BIT_STATES
+from autofit.recipe import LOW_BIT_STATES, adamw_impl
 
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
+
+ADAMW_KWARGS: dict[str, dict[str, bool]] = {
+    "fused": {"fused": True},
+    "foreach": {"foreach": True},
+    "for-loop": {"foreach": False},
+}
+"""torch.optim.AdamW's arguments for each implementation `autofit.recipe.adamw_impl` resolves."""
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -45,8 +53,9 @@ def build_optimizer(
     kwargs: dict[str, object] = {"lr": lr, "weight_decay": 0.0}
     if config.optimizer in LOW_BIT_STATES:  # the block size the estimator counts, not a default
         kwargs["block_size"] = LOW_BIT_STATES[config.optimizer].block
-    if cls is torch.optim.AdamW and device_type == "cuda" and config.offload != "params":
-        kwargs["fused"] = True
+    impl = adamw_impl(config.optimizer_impl, config.optimizer, device_type, config.offload)
+    if impl is not None:
+        kwargs.update(ADAMW_KWARGS[impl])
     if config.offload == "optimizer" and device_type == "cuda":
         from torchao.optim import CPUOffloadOptimizer
 

@@ -132,18 +132,18 @@ class Estimate:
 
 def estimate(
     model: ModelSpec, hardware: Hardware, config: Config, *, device: str = "cuda",
-    optimizer_impl: str = "fused", expandable_segments: bool = True,
+    foreach_intermediates: int | None = None, expandable_segments: bool = True,
 ) -> Estimate:  # fmt: skip
     """Predict peak memory per GPU and step time of `config` for `model` on `hardware`.
 
     `device="cpu"` predicts what a CPU trial measures (tensor bytes only: no CUDA context, no
-    caching-allocator slack) so CPU trials can check the same formulas. `optimizer_impl` and
-    `expandable_segments` describe a launch autofit did not set up (autofit's own build and
-    exports pin fused AdamW and set `expandable_segments:True`): torch's default foreach AdamW,
-    the allocator's default segments (`estimate_many`).
+    caching-allocator slack) so CPU trials can check the same formulas. `foreach_intermediates`
+    and `expandable_segments` describe a launch autofit did not set up (autofit's own trials and
+    exports set `expandable_segments:True`): another torch's foreach AdamW, the allocator's
+    default segments (`estimate_many`).
     """
     return estimate_many(
-        model, hardware, (config,), device=device, optimizer_impl=optimizer_impl,
+        model, hardware, (config,), device=device, foreach_intermediates=foreach_intermediates,
         expandable_segments=expandable_segments,
     )[0]  # fmt: skip
 
@@ -155,22 +155,26 @@ _TIMED_KNOBS = attrgetter(*(f.name for f in fields(Config) if f.name != "loss"))
 
 def estimate_many(
     model: ModelSpec, hardware: Hardware, configs: Iterable[Config], *, device: str = "cuda",
-    optimizer_impl: str = "fused", expandable_segments: bool = True,
+    foreach_intermediates: int | None = None, expandable_segments: bool = True,
 ) -> list[Estimate]:  # fmt: skip
     """`estimate` of each of `configs`, in order. The configs of a space share most knob values,
     so each group of terms is computed once per distinct value of the knobs it reads (memory:
     `autofit.estimate.peak.Peaks`; the step time once per value of every knob but `loss`).
 
-    What the launch does that autofit's own build pins: `optimizer_impl` (`memory.OPTIMIZER_IMPLS`:
-    `fused`; `foreach`, torch's default, whose step holds a parameter-sized temporary; or
-    `foreach-2.0`, torch 2.0's, which held two) and
-    `expandable_segments` (the caching allocator's mode the slack is replayed with)."""
-    if optimizer_impl not in mem.OPTIMIZER_IMPLS:
+    What a launch autofit did not set up does differently: `foreach_intermediates`, the
+    parameter-sized intermediates its torch's foreach AdamW step holds (configs with
+    `optimizer_impl: foreach`; None: torch 2.13's one, `autofit.recipe.ADAMW_INTERMEDIATES`;
+    torch 2.0's step held 2) and `expandable_segments` (the caching allocator's mode the slack is
+    replayed with)."""
+    if foreach_intermediates is not None and (
+        isinstance(foreach_intermediates, bool)
+        or not isinstance(foreach_intermediates, int)
+        or foreach_intermediates < 0
+    ):
         raise ConfigError(
-            f"optimizer_impl cannot be {optimizer_impl!r}. Allowed values: "
-            f"{', '.join(mem.OPTIMIZER_IMPLS)} (fused: what autofit's build and exports pin; "
-            "foreach: torch AdamW's default, e.g. HF Trainer's adamw_torch; foreach-2.0: the same "
-            "on torch 2.0, which held two parameter-sized intermediates)."
+            f"foreach_intermediates must be a whole number >= 0 (the parameter-sized tensors a "
+            f"launch's foreach AdamW step holds at once: 1 on torch 2.1 and later, 2 on torch "
+            f"2.0), or None for this torch's; got {foreach_intermediates!r}."
         )
     n = max(hardware.n_gpus, 1)
     per_node = min(max(hardware.gpus_per_node, 1), n)
@@ -180,7 +184,7 @@ def estimate_many(
     hsdp = mem.outside_allocator_bytes(device, n, hardware.link, communicators=2)
     peaks = Peaks(model, n, device, per_node,
                   workspace=mem.workspace_bytes(device, gpu.compute_capability),
-                  outside=(flat, hsdp), optimizer_impl=optimizer_impl,
+                  outside=(flat, hsdp), foreach_intermediates=foreach_intermediates,
                   expandable_segments=expandable_segments)  # fmt: skip
     step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
     parts = step_time_terms(s, hardware)  # `step_time`'s parts, per value of their knobs

@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from autofit.arch import step_events_of, structure_of
-from autofit.config import Config, Sharding, uses_autocast
+from autofit.config import Config, Sharding
 from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
 from autofit.estimate.state import Gathered, States, gathered_at_moments, states
@@ -81,7 +81,7 @@ class Peaks:
     def __init__(
         self, model: ModelSpec, n: int, device: str, gpus_per_node: int | None = None,
         *, workspace: int = 0, outside: tuple[dict[str, int], dict[str, int]] | None = None,
-        optimizer_impl: str = "fused", expandable_segments: bool = True,
+        foreach_intermediates: int | None = None, expandable_segments: bool = True,
     ) -> None:  # fmt: skip
         s = structure_of(model)
         self.device = device
@@ -94,7 +94,7 @@ class Peaks:
             flat = mem.outside_allocator_bytes(device, n)
             outside = (flat, flat)
         self._model_state = _model_state.memo(
-            s, n, per_node, device, float(workspace), outside, optimizer_impl
+            s, n, per_node, device, float(workspace), outside, foreach_intermediates
         )
         self._activations = _activations.memo(model, s)
         self._workspace = float(workspace)
@@ -103,7 +103,7 @@ class Peaks:
         self._structure = s
         self._n = n
         self._per_node = per_node
-        self._optimizer_impl = optimizer_impl
+        self._foreach_intermediates = foreach_intermediates
         self._expandable = expandable_segments
 
     def of(self, config: Config) -> Peak:
@@ -134,7 +134,7 @@ class Peaks:
     def replay_key(self, c: Config) -> tuple[Any, ...]:
         """What a replay depends on: configs with equal keys have the same slack."""
         return (self._model, self._n, self._per_node, self.device, self._expandable,
-                self._optimizer_impl, EAGER_KNOBS(c))  # fmt: skip
+                self._foreach_intermediates, EAGER_KNOBS(c))  # fmt: skip
 
     def _replay(self, c: Config) -> Slack:
         s, n = self._structure, self._n
@@ -197,10 +197,10 @@ class _ModelState(NamedTuple):
 
 
 @reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "precision", "optimizer", "offload",
-       "train_embeddings")  # fmt: skip
+       "train_embeddings", "optimizer_impl")  # fmt: skip
 def _model_state(
     k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
-    outsides: tuple[dict[str, int], dict[str, int]], optimizer_impl: str, mesh: str,
+    outsides: tuple[dict[str, int], dict[str, int]], foreach_intermediates: int | None, mesh: str,
     accumulates: bool,
 ) -> _ModelState:  # fmt: skip
     """The model state of a config: its persistent state, its gathered parameters (through
@@ -209,21 +209,12 @@ def _model_state(
     GPUs of a node (`n` on one node); `accumulates` whether `grad_accum` > 1."""
     st = states(
         s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
-        k.optimizer, k.offload, accumulates, k.train_embeddings,
+        k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
+        foreach_intermediates,
     )  # fmt: skip
-    if (
-        optimizer_impl != "fused"
-        and device != "cpu"
-        and k.optimizer == "adamw"
-        and (k.offload == "none")
-    ):  # a launch that leaves torch's AdamW at its default (the step runs on the GPU)
-        temp = mem.foreach_temp_bytes(
-            st.trainable, mem.master_bytes(k.precision), st.shard, optimizer_impl
-        )
-        st = st._replace(opt_temp=max(st.opt_temp, temp))
-    autocast = uses_autocast(k.precision, k.optimizer, st.sharding)
+    autocast = st.layout.autocast  # type: ignore[union-attr]
     g = gathered_at_moments(
-        s, n, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
+        s, st.sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
         k.train_embeddings
     )  # fmt: skip
     # a trained head's gradient exists from its backward on, the last layer's included

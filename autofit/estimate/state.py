@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from autofit.config import Sharding, sharding_for
+from autofit.config import Sharding
 from autofit.estimate import memory as mem
+from autofit.layout import Layout
 from autofit.recipe import base_stays_whole
 from autofit.structure import Structure
 
@@ -32,18 +33,25 @@ class States(NamedTuple):
     buckets: float  # DDP's all-reduce buckets
     host: float  # offloaded to one node's host, all its ranks
     head_grad: float = 0.0  # a trained LM head's gradient, born in the loss's backward
+    layout: Layout | None = None  # how the run holds the model (`autofit.layout`)
 
 
 def states(
     s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
     lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool, embeddings: str = "none",
+    accumulates: bool, embeddings: str = "none", optimizer_impl: str = "auto",
+    foreach_intermediates: int | None = None,
 ) -> States:  # fmt: skip
     """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
-    dimension (`mem.shard_degree`), what offload moves to a node's host (its `per_node` ranks'
-    share), and the gradients alive during forward."""
-    sharding = sharding_for(wrap, n)
-    shard = mem.shard_degree(sharding, n, mesh, per_node)
+    dimension (`Layout.shard`), what offload moves to a node's host (its `per_node` ranks'
+    share), the gradients alive during forward and the optimizer step's intermediates (of the
+    AdamW implementation `optimizer_impl` resolves to; `foreach_intermediates`: another torch's
+    count for foreach, `mem.optimizer_temp_bytes`)."""
+    layout = Layout.of(
+        wrap=wrap, shard=mesh, n_gpus=n, gpus_per_node=per_node, precision=precision,
+        optimizer=optimizer, offload=offload, optimizer_impl=optimizer_impl, device=device,
+    )  # fmt: skip
+    sharding, shard = layout.sharding, layout.shard
     trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
     pb = mem.master_bytes(precision, optimizer)
     if lora:
@@ -84,10 +92,11 @@ def states(
     elif accumulates:
         accum = grads  # 0 under offload=params: the gradients live on the host
     buckets = grads if sharding is Sharding.DDP else 0.0
-    opt_temp = mem.optimizer_temp_bytes(s, lora, precision, optimizer, device, shard, targets)
-    if device == "cpu":  # its temporaries are sized by the largest trainable tensor
-        largest = mem.trained_largest_tensor(s, embeddings)
-        opt_temp = max(opt_temp, 2 * largest * pb / shard)
+    opt_temp = mem.optimizer_temp_bytes(
+        s, lora, precision, optimizer, device, shard, targets,
+        impl=layout.adamw, offload=offload,
+        trainable=trainable, embeddings=embeddings, foreach_intermediates=foreach_intermediates,
+    )  # fmt: skip
     # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
     # separate `.grad` tensors
     ddp_views = sharding is Sharding.DDP and not accumulates
@@ -98,7 +107,7 @@ def states(
     )
     return States(
         sharding, str(sharding), shard, trainable, base, weights, grads, opt, opt_temp, accum,
-        buckets, host, head_grad,
+        buckets, host, head_grad, layout,
     )  # fmt: skip
 
 
@@ -116,12 +125,11 @@ class Gathered(NamedTuple):
 
 
 def gathered_at_moments(
-    s: Structure, n: int, device: str, wrap: str, reshard: bool, quant: str, lora: int,
-    targets: mem.Targets, autocast: bool, embeddings: str = "none",
+    s: Structure, sharding: Sharding, device: str, wrap: str, reshard: bool, quant: str,
+    lora: int, targets: mem.Targets, autocast: bool, embeddings: str = "none",
 ) -> Gathered:  # fmt: skip
-    """Unsharded parameters (and their gradients) at each moment: FSDP2's all-gathers, or the
-    bf16 copies autocast makes."""
-    sharding = sharding_for(wrap, n)
+    """Unsharded parameters (and their gradients) at each moment, as the run's `sharding` holds
+    them (`Layout.sharding`): FSDP2's all-gathers, or the bf16 copies autocast makes."""
     gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
     copies = mem.autocast_copy_bytes(s, lora, autocast, targets)
     copies += mem.trained_head_autocast_bytes(s, embeddings, autocast)

@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autofit.config import Config, Sharding, mesh_shape, sharding_for, wrap_units
+from autofit.config import Config, Sharding
 from autofit.estimate import comm
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
+from autofit.layout import Layout
 from autofit.structure import Structure
 
 __all__ = ["step_time", "step_time_terms"]
@@ -134,8 +135,8 @@ def _transfers(
     all-gathers do (1.0) or not (0.0), the share of `reduce` that does, and the reduction's
     seconds on the network before any overlap.
 
-    Each collective runs over its group of the mesh (`autofit.k.mesh_shape`, whose shard
-    degree `shard` is) at that group's bandwidth (`comm.group_bw`) with a latency per network
+    Each collective runs over its group of the mesh (`Layout.mesh`, whose shard degree
+    `shard` is) at that group's bandwidth (`comm.group_bw`) with a latency per network
     step (`comm.collective_latency`): the all-gathers and the reduce-scatter over the shard
     dimension (every GPU under `shard: all`, so across nodes; one node's GPUs under HSDP), and
     under HSDP the all-reduce of each 1/K gradient shard across the replicas, one GPU per node
@@ -144,20 +145,21 @@ def _transfers(
     two pipeline over the units). DDP's all-reduce spans every GPU."""
     gpu = hardware.smallest_gpu
     n = max(hardware.n_gpus, 1)
-    sharding = sharding_for(k.wrap, n)
-    fsdp = sharding is Sharding.FSDP2
     # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
     # behind, so nothing overlaps there.
     on_cpu = hardware.source == "cpu"
     per_node = min(max(hardware.gpus_per_node, 1), n)
-    replicas = mesh_shape(k.shard, n, per_node)[0] if fsdp else 1
+    layout = Layout.of(
+        wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node, n_layers=s.layers
+    )
+    sharding, fsdp, replicas = layout.sharding, layout.fsdp, layout.mesh[0]
     # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
     group = shard if fsdp else n
     group_nodes = -(-group // per_node)
     group_bw = comm.group_bw(hardware.link_bw_gbs, hardware.inter_node_bw_gbs, group_nodes,
                             min(group, per_node))  # fmt: skip
     latency = comm.collective_latency(on_cpu, group_nodes - 1)
-    units = len(wrap_units(k.wrap, s.layers))
+    units = len(layout.units)
     gathers, reduces = comm.fsdp_collectives(units, s.tied_embeddings, k.reshard)
     prefetch_units = 1 if on_cpu or not units else gathers - units * k.reshard
     pb = mem.master_bytes(k.precision, k.optimizer)

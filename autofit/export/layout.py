@@ -1,17 +1,29 @@
-"""How the measured run held the model, read from the plan document: the plain module, DDP, FSDP2
-or HSDP (`autofit.config.sharding_for`, `mesh_shape`), on how many nodes, and the `Accelerate`
-settings that describe the same mesh."""
+"""How the measured run held the model, read from the plan document: its `autofit.layout.Layout`
+(the plain module, DDP, FSDP2 or HSDP, the mesh, the AdamW step), on how many nodes, and the
+`Accelerate` settings that describe the same mesh."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from autofit.config import Sharding, mesh_shape, sharding_for
+from autofit.config import Sharding
+from autofit.layout import Layout
+
+
+def plan_layout(doc: dict[str, Any]) -> Layout:
+    """The layout the measured run had (`Layout.of` the plan's knobs on its GPUs and nodes)."""
+    cfg = doc["config"]
+    return Layout.of(
+        wrap=cfg["wrap"], shard=cfg.get("shard", "all"), n_gpus=int(doc["hardware"]["n_gpus"]),
+        gpus_per_node=plan_nodes(doc)[1], precision=cfg.get("precision", "bf16-mixed"),
+        optimizer=cfg.get("optimizer", "adamw"), offload=cfg.get("offload", "none"),
+        optimizer_impl=cfg.get("optimizer_impl", "auto"),
+    )  # fmt: skip
 
 
 def plan_sharding(doc: dict[str, Any]) -> Sharding:
-    """How the measured run held the model: the plain module, DDP or FSDP2 (`sharding_for`)."""
-    return sharding_for(doc["config"]["wrap"], int(doc["hardware"]["n_gpus"]))
+    """How the measured run held the model: the plain module, DDP or FSDP2."""
+    return plan_layout(doc).sharding
 
 
 def plan_nodes(doc: dict[str, Any]) -> tuple[int, int]:
@@ -23,12 +35,10 @@ def plan_nodes(doc: dict[str, Any]) -> tuple[int, int]:
 
 
 def plan_mesh(doc: dict[str, Any]) -> tuple[int, int] | None:
-    """The FSDP2 mesh the run builds, (replicas, shard degree) by `mesh_shape`; None when the
+    """The FSDP2 mesh the run builds, (replicas, shard degree) (`Layout.mesh`); None when the
     plan is not FSDP2."""
-    if plan_sharding(doc) is not Sharding.FSDP2:
-        return None
-    nodes, per_node = plan_nodes(doc)
-    return mesh_shape(doc["config"].get("shard", "all"), int(doc["hardware"]["n_gpus"]), per_node)
+    layout = plan_layout(doc)
+    return layout.mesh if layout.fsdp else None
 
 
 def path_title(doc: dict[str, Any]) -> str:

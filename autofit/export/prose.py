@@ -7,10 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from autofit._version import __version__
-from autofit.config import Sharding, fp32_trainable, wrap_group_size
-from autofit.export.layout import accelerate_hsdp, plan_mesh, plan_nodes, plan_sharding
+from autofit.config import Sharding, wrap_group_size
+from autofit.export.layout import (
+    accelerate_hsdp,
+    plan_layout,
+    plan_mesh,
+    plan_nodes,
+    plan_sharding,
+)
 from autofit.export.schema import MARKER, env_text
-from autofit.recipe import trained_embedding_modules, trained_token_ids
+from autofit.recipe import FP32, trained_embedding_modules, trained_token_ids
 from autofit.settings import ALL_LINEAR, trained_token_count
 
 
@@ -21,7 +27,7 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
     nodes, per_node = plan_nodes(doc)
     gpus = f"{n} GPUs ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} GPUs"
     sharding = plan_sharding(doc)
-    mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
+    mixed = plan_layout(doc).param_dtype == FP32
     if sharding is Sharding.NONE:
         lines = [
             "# Measured path: the plain module on one GPU (no DDP, no FSDP), "
@@ -112,7 +118,23 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
         )
         lines += embedding_notes(doc)
     lines += loss_and_compile_notes(cfg)
+    lines += adamw_notes(doc)
     return lines
+
+
+def adamw_notes(doc: dict[str, Any]) -> list[str]:
+    """The AdamW implementation a plan measured, where it chose one (`optimizer_impl` not
+    `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and foreach only."""
+    impl = plan_layout(doc).adamw
+    if doc["config"].get("optimizer_impl", "auto") == "auto" or impl is None:
+        return []
+    what = {
+        "fused": "fused (torch.optim.AdamW(fused=True); HF Trainer optim adamw_torch_fused)",
+        "foreach": "foreach (torch.optim.AdamW(foreach=True); HF Trainer optim adamw_torch)",
+        "for-loop": "for-loop (torch.optim.AdamW(foreach=False); HF Trainer has no such optim: "
+        "its adamw_torch is foreach on a GPU)",
+    }[impl]
+    return [f"# AdamW step: {what}; autofit.apply builds it (run.optimizer)."]
 
 
 def embedding_notes(doc: dict[str, Any]) -> list[str]:
@@ -209,7 +231,7 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
         )
     if cfg["optimizer"] != "adamw":
         notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
-    if not fp32_trainable(cfg["precision"], cfg["optimizer"]):
+    if plan_layout(doc).param_dtype != FP32:
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
     if cfg.get("compile"):
         notes.append(

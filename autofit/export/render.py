@@ -8,10 +8,17 @@ from typing import Any
 
 import yaml
 
-from autofit.config import Sharding, fp32_trainable
+from autofit.config import Sharding
 from autofit.export.launch import RDZV_PORT, launch_comments
-from autofit.export.layout import accelerate_hsdp, path_title, plan_nodes, plan_sharding
+from autofit.export.layout import (
+    accelerate_hsdp,
+    path_title,
+    plan_layout,
+    plan_nodes,
+    plan_sharding,
+)
 from autofit.export.prose import accelerate_notes, header
+from autofit.recipe import FP32
 
 TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit"}
 
@@ -34,7 +41,7 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     nodes, _ = plan_nodes(doc)
     wrap = cfg["wrap"]
     sharding = plan_sharding(doc)
-    mixed = fp32_trainable(cfg["precision"], cfg.get("optimizer", "adamw"))
+    mixed = plan_layout(doc).param_dtype == FP32
     base: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -101,9 +108,12 @@ def render_accelerate(doc: dict[str, Any], side: Path, target: Path | None = Non
 
 def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     cfg = doc["config"]
+    impl = plan_layout(doc).adamw
     optim = TORCHAO_OPTIM.get(cfg["optimizer"], "adamw_torch_fused")
-    if cfg["offload"] != "none" and optim == "adamw_torch_fused":
-        optim = "adamw_torch"  # fused AdamW needs params on the GPU
+    if impl != "fused" or cfg["offload"] != "none":
+        # foreach: Trainer's adamw_torch is torch AdamW's default, foreach on a GPU (it has no
+        # for-loop choice: `adamw_notes`); fused AdamW needs params on the GPU
+        optim = TORCHAO_OPTIM.get(cfg["optimizer"], "adamw_torch")
     args: dict[str, Any] = {
         "output_dir": "autofit-output",
         "per_device_train_batch_size": int(cfg["micro_batch"]),

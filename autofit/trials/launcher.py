@@ -36,8 +36,9 @@ from typing import Any
 import psutil
 
 from autofit.checks import TRIAL_TIMEOUT_S
-from autofit.config import Config, sharding_for
+from autofit.config import Config
 from autofit.errors import AutofitError
+from autofit.layout import layout_of
 from autofit.models import ModelSpec, resolve_model
 from autofit.trials import guard
 from autofit.trials.devlock import device_lock
@@ -199,7 +200,7 @@ def _run(
             device=device,
             nprocs=nprocs,
             capacity_bytes=gpu_memory,
-            sharding=str(sharding_for(config.wrap, nprocs)),
+            sharding=str(layout_of(config, nprocs).sharding),
         )
         for config in configs
     ]

@@ -74,3 +74,26 @@ def test_optimizer_state_bytes_match_a_hand_count(name, eager_torchao_step):
     # tensor: exact for AdamW, within the code maps (0.1%) for the low-bit ones.
     per_param = optimizer_bytes_per_param(name, "bf16-mixed")
     assert per_param * BIG == pytest.approx(measured["big"], rel=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("impl", "device", "offload", "fused", "foreach"),
+    [
+        ("auto", "cuda", "none", True, None),  # a GPU run: fused, as every export pins
+        ("auto", "cuda", "params", None, False),  # FSDP2's CPU-offloaded params: torch's loop
+        ("auto", "cpu", "none", None, False),  # a CPU trial: torch's own choice on CPU
+        ("fused", "cpu", "none", True, None),  # torch's CPU kernel (torch >= 2.4)
+        ("foreach", "cuda", "none", None, True),
+        ("for-loop", "cuda", "none", None, False),
+    ],
+)
+def test_the_builder_gives_torch_adamw_the_implementation_chosen(
+    impl, device, offload, fused, foreach
+):
+    # torch.optim.AdamW keeps its `fused` and `foreach` arguments in `defaults`; on CPU
+    # parameters each of them builds (the device type only picks what `auto` resolves to)
+    param = nn.Parameter(torch.randn(8, 8))
+    config = Config(optimizer_impl=impl, offload=offload, wrap="layer")
+    optimizer = build_optimizer(nn.ParameterList([param]), config, device)
+    assert type(optimizer) is torch.optim.AdamW
+    assert (optimizer.defaults["fused"], optimizer.defaults["foreach"]) == (fused, foreach)

@@ -110,16 +110,18 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     from autofit.builder.lora import apply_lora
     from autofit.builder.model import build_meta_model, materialize, model_parts
     from autofit.builder.optim import build_optimizer
-    from autofit.config import Config, Sharding, sharding_for
+    from autofit.config import Config
+    from autofit.layout import layout_of
 
     spec = resolve_model(model)
     cfg = Config(**{"seq_len": 2048, **knobs})
-    if sharding_for(cfg.wrap, world) is not Sharding.FSDP2:
+    layout = layout_of(cfg, world, n_layers=spec.layers, device="cpu")  # one node
+    if not layout.fsdp:
         raise ValueError(f"wrap={cfg.wrap} on {world} GPU(s) is not FSDP2: nothing to track")
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    mesh = make_mesh("cpu", cfg.shard, world, world)  # one node; made outside the fake mode
+    mesh = make_mesh("cpu", layout)  # made outside the fake mode
     # The builder's steps before sharding run on the meta device outside the fake mode (peft's
     # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
     # builder's order (autofit/builder/apply.py `prepare`, unquantized: shard, then materialise).
@@ -130,7 +132,7 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     apply_checkpointing(net, cfg.checkpointing)
     parts = model_parts(net)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        apply_fsdp(net, parts, cfg, mesh)
+        apply_fsdp(net, parts, cfg, mesh, layout)
         materialize(net, torch.device("cpu"))
         opt = build_optimizer(net, cfg, "cpu")
         root = fsdp_root(net)

@@ -349,16 +349,43 @@ def test_foreach_adamw_holds_a_parameter_sized_temporary_at_the_step():
     knobs = dict(precision="bf16", checkpointing="full", wrap="none")
     fused = est("llama-7b", "1xh200", **knobs)
     spec, hw = resolve_model("llama-7b"), resolve_gpus("1xh200")
-    foreach = estimate(spec, hw, Config(**knobs), optimizer_impl="foreach")
+    foreach = estimate(spec, hw, Config(**knobs, optimizer_impl="foreach"))
     assert fused.peak_phase == foreach.peak_phase == "optimizer"
     assert foreach.peak_allocated_bytes - fused.peak_allocated_bytes == pytest.approx(
         N_7B * 2, abs=4
     )
     # torch 2.0's step kept `exp_avg_sq_sqrt` and `denom` alive together (pytorch#97712): 4 B
-    torch20 = estimate(spec, hw, Config(**knobs), optimizer_impl="foreach-2.0")
+    torch20 = estimate(spec, hw, Config(**knobs, optimizer_impl="foreach"), foreach_intermediates=2)
     assert torch20.peak_allocated_bytes - fused.peak_allocated_bytes == pytest.approx(
         N_7B * 4, abs=4
     )
+    # the for-loop holds two intermediates the size of the largest tensor (the 32,000 x 4,096
+    # embedding or head), in turn: 2 x 131,072,000 x 2 B
+    loop = estimate(spec, hw, Config(**knobs, optimizer_impl="for-loop"))
+    assert loop.peak_allocated_bytes - fused.peak_allocated_bytes == pytest.approx(
+        2 * 32000 * 4096 * 2, abs=4
+    )
+
+
+def test_the_adamw_implementation_moves_a_cpu_trials_step_by_the_hand_count():
+    """The estimate of the CPU trials `test_against_trials` measures (wide-vocab, full fine-tune,
+    fp32 masters, plain module) at torch 2.13's step, read by hand from torch/optim/adam.py:
+    fused none; foreach one fp32 tensor the size of all 9,176,320 parameters (2 layers of
+    393,728, the embedding and head 16,384 x 256 each, the final norm 256): 36,705,280 B; the
+    for-loop, torch's choice on CPU (`auto`), two the size of the 16,384 x 256 embedding:
+    33,554,432 B."""
+    from autofit.hardware import cpu_hardware
+    from tests.estimate.measured import WIDE_VOCAB
+
+    def peak(impl: str) -> int:
+        cfg = Config(wrap="none", seq_len=64, micro_batch=1, optimizer_impl=impl)
+        e = estimate(WIDE_VOCAB, cpu_hardware(1), cfg, device="cpu")
+        assert e.peak_phase == "optimizer"
+        return e.peak_allocated_bytes
+
+    fused = peak("fused")
+    assert peak("foreach") - fused == 36_705_280
+    assert peak("for-loop") - fused == peak("auto") - fused == 33_554_432
 
 
 def test_a_batch_replays_the_configs_nearest_the_capacity_line():
@@ -410,5 +437,7 @@ def test_train_embeddings_cost_their_trained_weights():
 def test_an_unknown_optimizer_implementation_is_one_clear_error():
     from autofit.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="optimizer_impl cannot be 'apex'.*fused, foreach"):
-        estimate(LLAMA_7B, resolve_gpus("1xh200"), Config(), optimizer_impl="apex")
+    with pytest.raises(ConfigError, match="optimizer_impl' cannot be 'apex'.*fused, foreach"):
+        Config(optimizer_impl="apex")
+    with pytest.raises(ConfigError, match="foreach_intermediates must be a whole number"):
+        estimate(LLAMA_7B, resolve_gpus("1xh200"), Config(), foreach_intermediates=-1)

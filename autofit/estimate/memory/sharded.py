@@ -4,8 +4,9 @@ of a step, autocast's bf16 copies, the optimizer step's temporaries.
 
 from __future__ import annotations
 
+from autofit import recipe
 from autofit.config import Sharding, wrap_group_size
-from autofit.estimate.memory.embeddings import trained_module_params
+from autofit.estimate.memory.embeddings import trained_largest_tensor, trained_module_params
 from autofit.estimate.memory.widths import (
     BF16,
     FP32,
@@ -181,19 +182,29 @@ def autocast_copy_bytes(s: Structure, lora_rank: int, autocast: bool,
     return (matrices + s.vocab * s.hidden) * BF16
 
 
-def optimizer_temp_bytes(s: Structure, lora_rank: int, precision: str, optimizer: str,
-                         device: str, shard: int, targets: Targets = None) -> float:  # fmt: skip
-    """Transient tensors of the optimizer step. On CUDA torch AdamW is fused (none); CPU trials run
-    the single-tensor AdamW, which allocates two temporaries the size of each (local) parameter in
-    turn, so the largest trainable tensor's shard sets them (measured: 2 x the fp32 embedding of
-    llama-mini on the plain module)."""
-    if device != "cpu":
+def optimizer_temp_bytes(
+    s: Structure, lora_rank: int, precision: str, optimizer: str, device: str, shard: int,
+    targets: Targets = None, *, impl: str | None = None, offload: str = "none",
+    trainable: float = 0.0, embeddings: str = "none", foreach_intermediates: int | None = None,
+) -> float:  # fmt: skip
+    """Intermediates of the optimizer step on the device, by the implementation of torch's AdamW
+    the run uses (`impl`, `autofit.recipe.adamw_impl`; None: torchao's low-bit AdamW), each in
+    the trainable dtype (`recipe.ADAMW_INTERMEDIATES`): `fused` none; `foreach` one the size of
+    the (local) `trainable` parameters (`foreach_intermediates`: another torch's count, e.g. 2
+    for torch 2.0's); `for-loop` two the size of the largest trainable tensor's shard (measured:
+    2 x the fp32 embedding of llama-mini on the plain module), as torchao's low-bit step on CPU.
+    On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one."""
+    if impl == "fused" or (device != "cpu" and (impl is None or offload != "none")):
         return 0.0
-    if lora_rank:
-        largest = s.largest_lora_matrix(targets) * lora_rank
-    else:
-        largest = s.largest_param
-    return 2 * largest * master_bytes(precision, optimizer) / shard
+    pb = master_bytes(precision, optimizer)
+    if impl == "foreach":
+        if foreach_intermediates is None:
+            foreach_intermediates = recipe.ADAMW_INTERMEDIATES["foreach"]
+        return foreach_intermediates * trainable * pb / shard
+    per_param = recipe.ADAMW_INTERMEDIATES["for-loop"]
+    largest = s.largest_lora_matrix(targets) * lora_rank if lora_rank else s.largest_param
+    trained = trained_largest_tensor(s, embeddings)
+    return max(per_param * largest * pb / shard, per_param * trained * pb / shard)
 
 
 def head_grad_bytes(
@@ -216,25 +227,3 @@ def head_grad_bytes(
     else:
         return 0.0
     return params * grad_bytes(precision, optimizer)
-
-
-OPTIMIZER_INTERMEDIATES = {"fused": 0, "foreach": 1, "foreach-2.0": 2}
-"""How torch's AdamW runs its step on CUDA, and how many parameter-sized intermediates the step
-holds at once: `fused` (one kernel per group, none: what autofit's build and every export pin,
-`fused=True`, Trainer `optim: adamw_torch_fused`); `foreach` (torch's default when `fused` is not
-set, HF Trainer's `adamw_torch`, since torch 2.1: one, `foreach_temp_bytes`); `foreach-2.0`
-(torch 2.0's foreach step, two: `_multi_tensor_adamw` kept `exp_avg_sq_sqrt =
-torch._foreach_sqrt(...)` alive beside `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)` until
-`_foreach_addcdiv_`; pytorch/pytorch#97712, cut to one by #104898 for 2.1). An estimate of a
-launch autofit did not set up can name the others (`bench/published.py` does)."""
-
-OPTIMIZER_IMPLS = tuple(OPTIMIZER_INTERMEDIATES)
-
-
-def foreach_temp_bytes(trainable: float, master: int, shard: int, impl: str = "foreach") -> float:
-    """The foreach AdamW step's intermediates: `torch/optim/adamw.py` `_multi_tensor_adam` takes
-    `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)` over every parameter of a
-    (device, dtype) group at once, a new list as large as the (local) trainable parameters in
-    their own dtype, and frees it after `_foreach_addcdiv_`; the other updates are in place.
-    `impl` counts them (`OPTIMIZER_INTERMEDIATES`)."""
-    return OPTIMIZER_INTERMEDIATES[impl] * trainable * master / shard

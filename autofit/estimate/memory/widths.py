@@ -5,7 +5,6 @@ state) and the parameter groups they apply to.
 from __future__ import annotations
 
 import autofit.recipe as recipe
-from autofit.config import Sharding, mesh_shape
 from autofit.structure import Structure
 
 Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
@@ -80,17 +79,6 @@ def frozen_other_bytes(s: Structure) -> int:
     """Everything but the projections in a LoRA run (embedding, head, norms, biases, MoE router
     and experts): frozen, bf16, never quantized."""
     return (s.root_params + s.layers * s.layer_frozen_other_params) * BF16
-
-
-def shard_degree(
-    sharding: Sharding, n_gpus: int, shard: str = "all", gpus_per_node: int | None = None
-) -> int:
-    """The GPUs each FSDP2 state is split over: the shard dimension of the mesh
-    (`autofit.config.mesh_shape`: every GPU under `shard: all`, the GPUs of one node under HSDP's
-    `shard: node`); the plain module and DDP replicas hold everything."""
-    if sharding is not Sharding.FSDP2:
-        return 1
-    return mesh_shape(shard, n_gpus, gpus_per_node or n_gpus)[1]
 
 
 def traced_loss(loss: str) -> str:

@@ -1,0 +1,48 @@
+"""`autofit.layout.Layout`: one run's layout, resolved once, held to torchtitan's `ParallelDims`
+and to what the builder builds (the HSDP trial in tests/builder/test_hsdp.py builds its mesh from
+it)."""
+
+from __future__ import annotations
+
+from autofit.config import Config, Sharding
+from autofit.layout import Layout, layout_of
+
+
+def test_hsdp_over_two_nodes_of_eight_is_torchtitans_two_by_eight_mesh():
+    # torchtitan's ParallelDims(dp_replicate=2, dp_shard=8) on 16 GPUs: each state is split over
+    # a node's 8 GPUs and replicated on the other node; Llama-2-70B's 80 layers, one unit each
+    layout = layout_of(Config(shard="node"), 16, 8, n_layers=80)
+    assert layout.sharding is Sharding.FSDP2
+    assert layout.mesh == (2, 8) and layout.shard == 8
+    assert len(layout.units) == 80 and layout.units[79] == (79,)
+    flat = layout_of(Config(shard="all"), 16, 8, n_layers=80)
+    assert flat.mesh == (1, 16)
+    # FSDP2 casts through its MixedPrecisionPolicy: no autocast; fp32 masters reduced in fp32
+    assert not layout.autocast
+    assert (layout.param_dtype, layout.compute_dtype, layout.reduce_dtype) == (
+        "fp32",
+        "bf16",
+        "fp32",
+    )
+
+
+def test_the_plain_module_and_ddp_hold_everything_on_every_gpu():
+    one = layout_of(Config(wrap="none"), 1)
+    ddp = layout_of(Config(wrap="none"), 4, n_layers=32)
+    assert (one.sharding, one.replicas, one.shard) == (Sharding.NONE, 1, 1)
+    assert (ddp.sharding, ddp.replicas, ddp.shard, ddp.units) == (Sharding.DDP, 4, 1, ())
+    assert ddp.mesh == (1, 1)  # no FSDP2 mesh
+    # HF Trainer's bf16=True: autocast around fp32 params
+    assert one.autocast and ddp.autocast
+    assert not layout_of(Config(wrap="none", precision="bf16"), 1).autocast
+
+
+def test_the_adamw_step_resolves_where_its_parameters_live():
+    # torch's `_default_to_fused_or_foreach` has no foreach kernels on CPU: its for-loop there
+    assert layout_of(Config(), 8).adamw == "fused"
+    assert layout_of(Config(), 2, device="cpu").adamw == "for-loop"
+    assert layout_of(Config(offload="params"), 8).adamw == "for-loop"  # CPU-offloaded params
+    assert layout_of(Config(optimizer="adamw8bit"), 8).adamw is None  # torchao's own step
+    assert Layout.of(wrap="layer", shard="all", n_gpus=8, optimizer_impl="foreach").adamw == (
+        "foreach"
+    )
