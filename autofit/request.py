@@ -15,11 +15,13 @@ Torch-free: it holds only plain data types.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from autofit.checks import TRIAL_TIMEOUT_S
+from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
@@ -70,6 +72,9 @@ class PlanRequest:
     calibration: str = "auto"
     budget: SearchBudget = field(default_factory=SearchBudget)
     study: StudyPlace = field(default_factory=StudyPlace)
+    # the data's sequence lengths: the plan then searches `batching`, fits the longest
+    # micro-batch and ranks by useful tokens/s (None: every sequence is `seq_len` tokens)
+    lengths: LengthHistogram | None = None
 
     @classmethod
     def of(
@@ -92,6 +97,7 @@ class PlanRequest:
         storage: str | None = None,
         study: str | None = None,
         run_dir: str | Path | None = None,
+        lengths: LengthHistogram | None = None,
     ) -> PlanRequest:
         """A request from the flat keyword arguments of `autofit.plan` (and the search's
         callers); `seq_len` defaults to the space's."""
@@ -107,6 +113,7 @@ class PlanRequest:
             calibration=calibration,
             budget=SearchBudget(trials, timeout, trial_timeout, steps, gpu_memory),
             study=StudyPlace(storage, study, str(run_dir) if run_dir is not None else None),
+            lengths=lengths,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +130,7 @@ class PlanRequest:
             "calibration": self.calibration,
             "budget": _plain(self.budget),
             "study": _plain(self.study),
+            "lengths": json.loads(self.lengths.to_json()) if self.lengths is not None else None,
         }
 
     @classmethod
@@ -141,6 +149,9 @@ class PlanRequest:
             calibration=data.get("calibration", "auto"),
             budget=_section(SearchBudget, data.get("budget")),
             study=_section(StudyPlace, data.get("study")),
+            lengths=LengthHistogram.from_json(json.dumps(data["lengths"]))
+            if data.get("lengths")
+            else None,
         )
 
 

@@ -97,8 +97,9 @@ def search(
     cands = enumerate_candidates(setting, prior)  # judged by the prior from the start
     calibrator = Calibrator(cands, prior)
     name = setting.study.name or st.default_study_name(
-        model, hardware, setting.space, setting.seq_len, setting.global_batch, device
-    )
+        model, hardware, setting.space, setting.seq_len, setting.global_batch, device,
+        lengths=setting.lengths,
+    )  # fmt: skip
     run_dir = setting.study.run_dir
     folder = Path(run_dir) if run_dir is not None else default_run_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,9 @@ def _lead(
             f"{cluster.nodes} nodes (the other nodes' planners join it)"
         )
 
-    hooks = {"on_progress": display.trial_progress, "on_wait": display.waiting}
+    hooks: dict[str, Any] = {"on_progress": display.trial_progress, "on_wait": display.waiting}
+    if setting.lengths is not None:  # trials draw their micro-batches from the data's lengths
+        hooks["lengths"] = setting.lengths
 
     def measure(cand: Candidate, n_steps: int) -> TrialResult:
         return run_trial(
