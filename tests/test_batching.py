@@ -140,3 +140,40 @@ def test_a_plan_on_data_ranks_by_useful_tokens_and_shows_the_padding(tmp_path) -
     console.print(plan_table(plan))
     text = console.export_text()
     assert "padding" in text and f"{share:.0%}" in text and "useful tokens" in text
+
+
+def test_the_search_measures_every_trial_on_the_data(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every trial the search runs, and the winner's verification, gets the data's lengths; a
+    study on data is another study than the same plan without them."""
+    from autofit.search import search
+    from autofit.search.study import default_study_name
+    from autofit.trials import TrialResult
+
+    seen: list[tuple[Config, int, LengthHistogram | None]] = []
+
+    def measure(model, config, *, nprocs, device, gpu_memory, steps, timeout_s,  # type: ignore[no-untyped-def]
+                lengths=None, **hooks):  # fmt: skip
+        seen.append((config, steps, lengths))
+        hw = resolve_hardware(str(nprocs), device="cpu", gpu_memory=gpu_memory)
+        est = estimate(model, hw, config, device="cpu", lengths=lengths)
+        return TrialResult(status="ok", config=config.to_dict(), model=model.name, device=device,
+                           nprocs=nprocs, capacity_bytes=gpu_memory, peak_bytes=est.peak_bytes,
+                           tokens_per_s=est.tokens_per_s, step_time_s=est.step_time_s,
+                           losses=[2.0] * (steps + 1))  # fmt: skip
+
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "seq_len: 1024\nknobs:\n  micro_batch: [1, 2]\n  wrap: [layer]\n"
+        "  checkpointing: [full]\n  batching: [padded, packed]\n"
+    )
+    spec, hw = resolve_model("llama-debug"), resolve_hardware("2", device="cpu", gpu_memory="1GiB")
+    plan = search(model=spec, hardware=hw, space=load_space(space), seq_len=1024, trials=2,
+                  steps=2, device="cpu", gpu_memory=hw.capacity_bytes, run_dir=tmp_path / "run",
+                  calibration="off", lengths=OUTLIER, run_trial=measure, seed=0)  # fmt: skip
+    assert plan.best is not None and plan.best.verified
+    assert len(seen) == 3 and seen[-1][1] > 2  # two trials, then the verification
+    assert all(lengths is OUTLIER for _, _, lengths in seen)
+    sp = load_space(space)
+    assert default_study_name(spec, hw, sp, 1024, None, "cpu") != default_study_name(
+        spec, hw, sp, 1024, None, "cpu", lengths=OUTLIER
+    )
