@@ -59,12 +59,17 @@ def _padded(lengths: list[int], micro_batch: int) -> list[MicroBatch]:
     return out
 
 
-def _grouped(lengths: list[int], micro_batch: int) -> list[MicroBatch]:
+def _grouped(lengths: list[int], micro_batch: int, rng: random.Random) -> list[MicroBatch]:
+    """HF's mega-batches, each sorted longest first and cut into micro-batches; the
+    micro-batches of each mega-batch in random order (HF runs them longest first: a few drawn
+    for a trial would all be the longest)."""
     mega = micro_batch * GROUP_MEGABATCH
-    ordered: list[int] = []
+    out: list[MicroBatch] = []
     for i in range(0, len(lengths), mega):
-        ordered += sorted(lengths[i : i + mega], reverse=True)
-    return _padded(ordered, micro_batch)
+        batches = _padded(sorted(lengths[i : i + mega], reverse=True), micro_batch)
+        rng.shuffle(batches)
+        out += batches
+    return out
 
 
 def _packed(lengths: list[int], micro_batch: int, seq_len: int) -> list[MicroBatch]:
@@ -103,7 +108,10 @@ def micro_batches(
             mega = micro_batch * GROUP_MEGABATCH
             need = -(-(count - len(out)) * micro_batch // mega) * mega
             lengths = _clipped_lengths(hist, seq_len, need, rng)
-            out += (_grouped if batching == "grouped" else _padded)(lengths, micro_batch)
+            if batching == "grouped":
+                out += _grouped(lengths, micro_batch, rng)
+            else:
+                out += _padded(lengths, micro_batch)
     return out[:count]
 
 
