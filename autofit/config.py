@@ -138,6 +138,15 @@ class Config:
         "torchtitan does); compile time is reported apart from training time",
         choices=(False, True), label=lambda c: "compiled" if c.compile else None,
     )  # fmt: skip
+    batching: str = knob(
+        "padded", "how sequences of different lengths make micro-batches: padded = each "
+        "micro-batch padded to its longest sequence, in dataset order; grouped = length-grouped "
+        "micro-batches (HF Trainer's group_by_length); packed = sequences concatenated into rows "
+        "of seq_len, attention and loss kept inside each document; searched only with the "
+        "data's lengths (without them every sequence is seq_len and the three are one)",
+        choices=("padded", "grouped", "packed"),
+        label=lambda c: c.batching if c.batching != "padded" else None,
+    )  # fmt: skip
     seq_len: int = knob(2048, "tokens per sequence (fixed per plan)", minimum=1)
     lora_alpha: int | None = setting(
         None, "LoRA alpha (the adapter's scale is alpha / rank); default 2 x rank", metavar="INT"

@@ -107,12 +107,17 @@ class Space:
             total *= len(values)
         return total
 
-    def knobs_on(self, nodes: int) -> dict[str, tuple[Any, ...]]:
+    def knobs_on(self, nodes: int, data: bool = False) -> dict[str, tuple[Any, ...]]:
         """The knob values that make different runs on `nodes` nodes: on one node `shard: node`
-        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept."""
-        if nodes <= 1 and "node" in self.knobs["shard"]:
-            return {**self.knobs, "shard": ("all",)}
-        return self.knobs
+        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept;
+        without the data's lengths (`data`) every sequence is `seq_len` long, where every
+        `batching` is the same run, so only its default is kept."""
+        knobs = self.knobs
+        if nodes <= 1 and "node" in knobs["shard"]:
+            knobs = {**knobs, "shard": ("all",)}
+        if not data and knobs["batching"] != (_DEFAULTS.batching,):
+            knobs = {**knobs, "batching": (_DEFAULTS.batching,)}
+        return knobs
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -157,14 +162,15 @@ class Space:
         global_batch: int | None = None,
         device: str = "cuda",
         nodes: int = 1,
+        data: bool = False,
     ) -> tuple[list[Config], Counter[str]]:
         """Every valid config of the space that can run on `device` here, and the count of
         skipped combinations by reason (`loss: fused` needs CUDA and Liger installed:
-        `autofit.config.loss_unavailable`), with the values that differ on `nodes` nodes
-        (`knobs_on`)."""
+        `autofit.config.loss_unavailable`), with the values that differ on `nodes` nodes and
+        with (`data`) or without the data's lengths (`knobs_on`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
-        knobs = self.knobs_on(nodes)
+        knobs = self.knobs_on(nodes, data)
         accum_values = (None,) if global_batch else knobs["grad_accum"]
         out: list[Config] = []
         skipped: Counter[str] = Counter()

@@ -34,6 +34,7 @@ def test_knob_names_are_the_design_contract():
         "precision",
         "loss",
         "compile",
+        "batching",
         "seq_len",
     ]
     assert KNOBS["quant"] == ("none", "int8", "nf4")

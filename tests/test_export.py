@@ -362,6 +362,28 @@ def test_loss_and_compile_reach_what_each_format_can_say(qlora_plan, tmp_path):
     assert load_plan(side).best.config == best and best.loss == "chunked"
 
 
+def test_batching_reaches_the_trainer_and_the_plan(qlora_plan, tmp_path):
+    """`grouped` is TrainingArguments' length-grouped sampler (transformers 5's
+    `train_sampling_strategy`, read back by TrainingArguments); `packed`, which TrainingArguments
+    cannot say, is named in the header with the collators that make its rows; both round-trip
+    through load_plan."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler  # what the strategy runs
+
+    with winner(qlora_plan, batching="grouped") as best:
+        tpath, side = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
+    args = _training_arguments(tpath)
+    assert args.train_sampling_strategy == "group_by_length"
+    assert LengthGroupedSampler.__name__ in side.read_text()
+    assert load_plan(side).best.config == best
+
+    with winner(qlora_plan, batching="packed") as best:
+        tpath, side = export_plan(qlora_plan, "trainer", tmp_path / "args.json")
+    assert _training_arguments(tpath).train_sampling_strategy == "random"
+    text = side.read_text()
+    assert "DataCollatorWithFlattening" in text and "position ids reset per document" in text
+    assert load_plan(side).best.config == best and best.batching == "packed"
+
+
 # ----- several nodes ----------------------------------------------------------------------------
 @contextlib.contextmanager
 def on_hardware(plan: Any, gpus: str, **changes: Any) -> Iterator[Any]:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from autofit.builder.batching import Inputs, collate
 from autofit.builder.checkpoint import apply_checkpointing
 from autofit.builder.compile import apply_compile
 from autofit.builder.ddp import apply_ddp
@@ -122,6 +123,15 @@ class Applied:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def collate(self, examples: Sequence[Sequence[int]], pad_id: int = 0) -> Inputs:
+        """One micro-batch of `examples` (token id lists) as this config's `batching` makes it,
+        on the run's device: what `loss`, `backward` and `train_step` take
+        (`autofit.builder.batching.collate`: padded to the longest, or packed into rows of
+        `seq_len` with position ids reset per document; `grouped` wants its examples in
+        length-grouped order, e.g. from transformers' `LengthGroupedSampler`)."""
+        made = collate(examples, self.config.batching, self.config.seq_len, pad_id)
+        return {k: v.to(self.device) for k, v in made.items()}
 
     @functools.cached_property
     def _fsdp_root(self) -> FSDPModule | None:

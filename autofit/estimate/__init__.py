@@ -13,8 +13,10 @@ from typing import Any
 
 from autofit.arch import structure_of
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
+from autofit.estimate.data import shapes_of
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
 from autofit.estimate.speed import TIME_KEYS
 from autofit.estimate.step import step_time, step_time_terms
@@ -71,6 +73,10 @@ class Estimate:
     # the napkin's `communication` by link (`LINK_KEYS`); all `intra` on one node
     communication_by_link: dict[str, float] = field(default_factory=dict)
     host_ranks: int = 1  # the GPUs whose offloaded state `host_bytes` holds: one node's
+    # tokens an optimizer step trains, as `tokens_per_s` counts them: useful tokens (padding
+    # excluded) when the data's lengths are known, else micro_batch x grad_accum x GPUs x seq_len
+    step_tokens: float = 0.0
+    padding_share: float = 0.0  # of the positions a step computes, the share that is padding
 
     @property
     def fits(self) -> bool:
@@ -127,12 +133,14 @@ class Estimate:
             "sharding": self.sharding,
             "communication_by_link": dict(self.communication_by_link),
             "host_ranks": self.host_ranks,
+            "padding_share": self.padding_share,
         }
 
 
 def estimate(
     model: ModelSpec, hardware: Hardware, config: Config, *, device: str = "cuda",
     foreach_intermediates: int | None = None, expandable_segments: bool = True,
+    lengths: LengthHistogram | None = None,
 ) -> Estimate:  # fmt: skip
     """Predict peak memory per GPU and step time of `config` for `model` on `hardware`.
 
@@ -140,11 +148,11 @@ def estimate(
     caching-allocator slack) so CPU trials can check the same formulas. `foreach_intermediates`
     and `expandable_segments` describe a launch autofit did not set up (autofit's own trials and
     exports set `expandable_segments:True`): another torch's foreach AdamW, the allocator's
-    default segments (`estimate_many`).
+    default segments (`estimate_many`). `lengths`: the data's sequence lengths (`estimate_many`).
     """
     return estimate_many(
         model, hardware, (config,), device=device, foreach_intermediates=foreach_intermediates,
-        expandable_segments=expandable_segments,
+        expandable_segments=expandable_segments, lengths=lengths,
     )[0]  # fmt: skip
 
 
@@ -156,6 +164,7 @@ _TIMED_KNOBS = attrgetter(*(f.name for f in fields(Config) if f.name != "loss"))
 def estimate_many(
     model: ModelSpec, hardware: Hardware, configs: Iterable[Config], *, device: str = "cuda",
     foreach_intermediates: int | None = None, expandable_segments: bool = True,
+    lengths: LengthHistogram | None = None,
 ) -> list[Estimate]:  # fmt: skip
     """`estimate` of each of `configs`, in order. The configs of a space share most knob values,
     so each group of terms is computed once per distinct value of the knobs it reads (memory:
@@ -165,7 +174,12 @@ def estimate_many(
     parameter-sized intermediates its torch's foreach AdamW step holds (configs with
     `optimizer_impl: foreach`; None: torch 2.13's one, `autofit.recipe.ADAMW_INTERMEDIATES`;
     torch 2.0's step held 2) and `expandable_segments` (the caching allocator's mode the slack is
-    replayed with)."""
+    replayed with).
+
+    With the data's sequence `lengths` the peak is that of the longest micro-batch the data can
+    produce under the config's `batching`, and the step time that of its mean micro-batch, whose
+    useful tokens (padding excluded) `tokens_per_s` counts (`autofit.estimate.data`); without
+    them every sequence is `seq_len` tokens."""
     if foreach_intermediates is not None and (
         isinstance(foreach_intermediates, bool)
         or not isinstance(foreach_intermediates, int)
@@ -194,35 +208,46 @@ def estimate_many(
     capacity_int = int(capacity)
     out: list[Estimate] = []
     held: list[Any] = []  # each estimate's peak, for its slack
+    at_peaks: list[Config] = []  # the config each peak is of (the longest micro-batch's shape)
+    shapes = shapes_of(lengths) if lengths is not None else None
     # a space has a few hundred thousand configs: names bound once, fields given in order
     append, hold, peak_of, timed_of = out.append, held.append, peaks.of, step_times.get
     for config in configs:
-        peak = peak_of(config)
-        key = _TIMED_KNOBS(config)
+        at_peak = at_step = config
+        tokens: float = config.micro_batch * config.grad_accum * n * config.seq_len
+        padding = 0.0
+        if shapes is None:  # every sequence is seq_len: each batching is the same run
+            at_peak = at_step = _unbatched(config)
+        else:
+            at_peak, at_step, useful, padding = shapes(config)
+            tokens = config.micro_batch * config.grad_accum * n * useful
+        at_peaks.append(at_peak)
+        peak = peak_of(at_peak)
+        key = _TIMED_KNOBS(at_step)
         timed = timed_of(key)
         if timed is None:
             if len(step_times) >= MEMO_SIZE:
                 step_times.clear()
-            times, links = step_time(s, hardware, config, peak.trainable, peak.shard, parts)
+            times, links = step_time(s, hardware, at_step, peak.trainable, peak.shard, parts)
             timed = step_times[key] = times, sum(times.values()), links
         times, step, links = timed
-        tokens = config.micro_batch * config.grad_accum * n * config.seq_len
         # the slack, the fit and the usable bytes are set below, once every peak is known
         append(Estimate(
             config, peak.allocated, peak.allocated, capacity_int, 0, False, peak.breakdown,
             peak.phase, peak.overhead, int(peak.host), int(host_cap), step,
             tokens / step if step > 0 else 0.0, times, n, peak.sharding, links, per_node,
+            tokens, padding,
         ))  # fmt: skip
         hold(peak)
-    slack_of = _allocator_slacks(peaks, out, held, capacity, device)
+    slack_of = _allocator_slacks(peaks, at_peaks, held, capacity, device)
     # per peak (configs that differ in `compile` or the step-time knobs share one): the slack,
     # the overhead dict (shared, as the rest of a peak is), the usable bytes and the fit
     per_peak: dict[int, tuple[int, dict[str, int], int, bool]] = {}
     get_peak = per_peak.get
-    for est, peak in zip(out, held, strict=True):
+    for est, peak, at_peak in zip(out, held, at_peaks, strict=True):
         shared = get_peak(id(peak))
         if shared is None:
-            slack = slack_of(est.config, peak)
+            slack = slack_of(at_peak, peak)
             usable = capacity - peak.outside
             host = peak.host
             fits = peak.allocated + slack <= usable and (host <= host_usable if host else True)
@@ -231,6 +256,15 @@ def estimate_many(
         est.peak_bytes = est.peak_allocated_bytes + shared[0]
         est.overhead, est.usable_bytes, est.within_capacity = shared[1], shared[2], shared[3]
     return out
+
+
+def _unbatched(config: Config) -> Config:
+    """`config` as it runs without the data's lengths: rows of `seq_len` tokens, one sequence
+    each, whatever its `batching` (a packed row of one sequence is a padded row without padding:
+    no mask is built)."""
+    if config.batching == "padded":
+        return config
+    return Config.of_checked_values({**config.__dict__, "batching": "padded"})
 
 
 REPLAY_BUDGET_EVENTS = 17_000
@@ -250,7 +284,7 @@ fit: replayed first, nearest 0.95 first."""
 
 
 def _allocator_slacks(
-    peaks: Peaks, estimates: list[Estimate], held: list[Any], capacity: float, device: str
+    peaks: Peaks, configs: list[Config], held: list[Any], capacity: float, device: str
 ) -> Callable[[Config, Any], int]:
     """The caching allocator's slack of a config's peak, as a function of (config, peak): a
     replay of its step through the allocator model (`Peaks.replayed_slack`) for the configs
@@ -272,7 +306,7 @@ def _allocator_slacks(
     spent = last = 0  # events of this batch's distinct replays, and of the last one
     made: set[Any] = set()  # their keys
     for i in near:
-        config, peak = estimates[i].config, held[i]
+        config, peak = configs[i], held[i]
         key = peaks.replay_key(config)
         fresh = key not in made
         # a replay expected (as large as the last) to end past the budget is not begun (the

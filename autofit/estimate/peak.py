@@ -314,7 +314,7 @@ class _Activations(NamedTuple):
 
 
 @reads("micro_batch", "seq_len", "lora_rank", "checkpointing", "lora_targets", "lora_dropout",
-       "loss", "quant", "train_embeddings")  # fmt: skip
+       "loss", "quant", "train_embeddings", "batching")  # fmt: skip
 def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Activations:
     """Activations of one micro-batch, from the traced layer (and a trained head's, which the
     trace of the frozen one does not keep: `mem.trained_head_loss_bytes`), under `autocast`
@@ -329,6 +329,8 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
     ) + mem.dequant_transient_bytes(s, k.quant)  # fmt: skip
     if k.quant == "int8":
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
+    if k.batching == "packed":  # on the data's lengths only (`autofit.estimate.data`)
+        acts += mem.packed_mask_bytes(model, s, k.micro_batch, k.seq_len, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
         k.lora_dropout, k.loss

@@ -119,6 +119,7 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
         lines += embedding_notes(doc)
     lines += loss_and_compile_notes(cfg)
     lines += adamw_notes(doc)
+    lines += batching_notes(cfg)
     return lines
 
 
@@ -135,6 +136,28 @@ def adamw_notes(doc: dict[str, Any]) -> list[str]:
         "its adamw_torch is foreach on a GPU)",
     }[impl]
     return [f"# AdamW step: {what}; autofit.apply builds it (run.optimizer)."]
+
+
+def batching_notes(cfg: dict[str, Any]) -> list[str]:
+    """How the measured micro-batches were made, when not padded (`batching`), and who makes
+    them in a run of yours."""
+    batching = cfg.get("batching", "padded")
+    if batching == "grouped":
+        return [
+            "# Batching: length-grouped micro-batches, each padded to its longest (HF Trainer "
+            "train_sampling_strategy='group_by_length', LengthGroupedSampler); "
+            "run.collate(examples) pads them as measured."
+        ]
+    if batching == "packed":
+        return [
+            f"# Batching: packed rows of seq_len={cfg['seq_len']} tokens, position ids reset per "
+            "document, no loss across documents: run.collate(examples) from autofit.apply makes "
+            "them as measured; with the HF Trainer, transformers.DataCollatorWithFlattening "
+            "(the same position-id packing, one row per micro-batch) over examples packed to "
+            "seq_len, or TRL SFTConfig(packing=True, packing_strategy='wrapped', "
+            f"max_length={cfg['seq_len']})."
+        ]
+    return []
 
 
 def embedding_notes(doc: dict[str, Any]) -> list[str]:

@@ -123,6 +123,8 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     }
     if cfg.get("compile"):
         args["torch_compile"] = True
+    if cfg.get("batching") == "grouped":  # transformers 5's name of `group_by_length`
+        args["train_sampling_strategy"] = "group_by_length"
     if cfg.get("loss") == "fused":
         # Liger's fused linear cross-entropy alone, as measured (not its other kernels)
         args["use_liger_kernel"] = True

@@ -29,9 +29,10 @@ def estimate_all(request: PlanRequest) -> tuple[list[Candidate], Counter[str], i
     with _acyclic():
         configs, skipped = r.space.candidates(
             r.hardware.n_gpus, seq_len=r.seq_len, global_batch=r.global_batch, device=r.device,
-            nodes=r.hardware.nodes,
+            nodes=r.hardware.nodes, data=r.lengths is not None,
         )  # fmt: skip
-        estimates = estimate_many(r.model, r.hardware, configs, device=r.device)
+        estimates = estimate_many(r.model, r.hardware, configs, device=r.device,
+                                  lengths=r.lengths)  # fmt: skip
         cands = [Candidate(cfg, e) for cfg, e in zip(configs, estimates, strict=True)]
     return cands, Counter(skipped), len(configs) + sum(skipped.values())
 
@@ -110,7 +111,8 @@ def _replay_ranked_top(
             return
         for cand in top:
             done.add(id(cand.config))
-            est = estimate(request.model, request.hardware, cand.config, device=request.device)
+            est = estimate(request.model, request.hardware, cand.config, device=request.device,
+                           lengths=request.lengths)  # fmt: skip
             cand.estimate = cal.apply(est) if cal is not None else est
             reason = prune_reason(cand.estimate, request.margin, request.hardware)
             if reason:

@@ -147,7 +147,8 @@ def loss_note(best: Candidate, request: PlanRequest) -> str:
     cfg, r = best.config, request
     if cfg.loss == "standard":
         return ""
-    own = estimate(r.model, r.hardware, cfg.replace(loss="standard"), device=r.device)
+    own = estimate(r.model, r.hardware, cfg.replace(loss="standard"), device=r.device,
+                   lengths=r.lengths)  # fmt: skip
     if prune_reason(own, r.margin, r.hardware) is None:
         return ""
     lean = best.estimate.breakdown["logits_loss"]
@@ -166,7 +167,7 @@ def loss_note(best: Candidate, request: PlanRequest) -> str:
             if ga is None:
                 continue
             smaller = smaller.replace(grad_accum=ga)
-        est = estimate(r.model, r.hardware, smaller, device=r.device)
+        est = estimate(r.model, r.hardware, smaller, device=r.device, lengths=r.lengths)
         if prune_reason(est, r.margin, r.hardware) is None:
             fits.append(mb)
     if fits:

@@ -76,6 +76,8 @@ class Candidate:
                 "tokens_per_s": self.estimate.tokens_per_s,
                 "step_time_s": self.estimate.step_time_s,
                 "breakdown": self.estimate.breakdown,
+                # of the positions a step computes, the share that is padding (0 without data)
+                "padding_share": self.estimate.padding_share,
             },
             "calibrated": dict(self.calibrated) if self.calibrated is not None else None,
             "trial": self.trial.to_dict() if self.trial is not None else None,

@@ -189,7 +189,7 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
 # Knobs that make a recipe different to a reader; configs that differ only in the others
 # (reshard, offload, optimizer, precision) are folded into one row with a count of variants.
 RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "shard",
-                "checkpointing", "loss", "compile")  # fmt: skip
+                "checkpointing", "loss", "compile", "batching")  # fmt: skip
 
 
 def plan_table(plan: Plan, limit: int = 15) -> Table:
@@ -210,11 +210,15 @@ def plan_table(plan: Plan, limit: int = 15) -> Table:
     table.caption = "variants: other configs of the same recipe that differ only in reshard, "
     table.caption += "offload, optimizer or precision and rank lower"
     nodes = plan.hardware.nodes > 1  # the shard knob only differs there
+    data = plan.request.lengths is not None  # batching only differs there
+    if data:
+        table.caption += "; tokens/s counts useful tokens (padding excluded), peak is at the "
+        table.caption += "longest micro-batch the data can produce"
     cols = ["#", "tokens/s", f"peak / {fmt_size(cap)}", "quant", "lora", "mb x acc", "wrap",
             *(["shard"] if nodes else []), "reshard", "ckpt", "offload", "optim", "precision",
-            "loss", "compile", "variants"]  # fmt: skip
+            "loss", "compile", *(["batching", "padding"] if data else []), "variants"]  # fmt: skip
     for col in cols:
-        right = col in ("#", "tokens/s", "lora", "variants")
+        right = col in ("#", "tokens/s", "lora", "variants", "padding")
         table.add_column(col, justify="right" if right else "left")
     for rank, c, variants in rows.values():
         cfg = c.config
@@ -235,6 +239,7 @@ def plan_table(plan: Plan, limit: int = 15) -> Table:
             cfg.precision,
             cfg.loss,
             "yes" if cfg.compile else "no",
+            *([cfg.batching, f"{c.estimate.padding_share:.0%}"] if data else []),
             f"+{variants}" if variants else "",
         )
     return table

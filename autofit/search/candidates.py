@@ -258,7 +258,8 @@ def rebuild_trials(study: optuna.Study, cands: Candidates) -> list[Candidate]:
         if cand is None:
             from autofit.estimate import estimate
 
-            cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device))
+            cand = Candidate(cfg, estimate(s.model, s.hardware, cfg, device=s.device,
+                                           lengths=s.lengths))  # fmt: skip
         result = TrialResult.from_dict(t.user_attrs["result"])
         out.append(
             Candidate(cfg, cand.estimate, result, number=t.number,

@@ -158,7 +158,9 @@ def _lead(
             f"{cluster.nodes} nodes (the other nodes' planners join it)"
         )
 
-    hooks = {"on_progress": display.trial_progress, "on_wait": display.waiting}
+    hooks: dict[str, Any] = {"on_progress": display.trial_progress, "on_wait": display.waiting}
+    if setting.lengths is not None:  # trials draw their micro-batches from the data's lengths
+        hooks["lengths"] = setting.lengths
 
     def measure(cand: Candidate, n_steps: int) -> TrialResult:
         return run_trial(

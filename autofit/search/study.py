@@ -59,7 +59,7 @@ def config_key(cfg: Config | dict[str, Any] | None) -> str:
     return json.dumps(cfg.to_dict() if isinstance(cfg, Config) else cfg, sort_keys=True)
 
 
-_ADDED_KNOBS = ("loss", "compile", "shard")
+_ADDED_KNOBS = ("loss", "compile", "shard", "batching")
 """Knobs added after the first release: a space that leaves them at their default alone keeps the
 study name it had before they existed."""
 
@@ -94,7 +94,7 @@ def default_study_name(
         "device": device,
         "space": {  # the values that make different runs here: on one node, `shard: all` alone
             k: list(v)
-            for k, v in space.knobs_on(hardware.nodes).items()
+            for k, v in space.knobs_on(hardware.nodes, lengths is not None).items()
             if not (k in _ADDED_KNOBS and v == (getattr(Config(), k),))
         },
         "seq_len": seq_len,
@@ -212,7 +212,16 @@ def check_metadata(study: optuna.Study, request: PlanRequest) -> None:
                 f"{_short(was)} there, {_short(now)} now). Drop --study to get "
                 "a study named for these settings, or pass a new --study name."
             )
-    if old.space.knobs != request.space.knobs:
+    if old.lengths != request.lengths:
+        raise AutofitError(
+            f"Study {study.study_name!r} was made for other data ({_data_text(old.lengths)} "
+            f"there, {_data_text(request.lengths)} now). Drop --study to get a study named for "
+            "these settings, or pass a new --study name."
+        )
+    # the values that make different runs here (a space stored before `batching` existed lists
+    # none, which is the one value it has without the data's lengths)
+    nodes, data = request.hardware.nodes, request.lengths is not None
+    if old.space.knobs_on(nodes, data) != request.space.knobs_on(nodes, data):
         raise AutofitError(
             f"Study {study.study_name!r} was made for a different search space. Drop --study, "
             "or pass a new --study name."
@@ -226,6 +235,13 @@ def check_metadata(study: optuna.Study, request: PlanRequest) -> None:
     if old.margin != request.margin:
         stored = study.user_attrs[META_KEY]
         study.set_user_attr(META_KEY, {**stored, "margin": request.margin})
+
+
+def _data_text(lengths: LengthHistogram | None) -> str:
+    if lengths is None:
+        return "no data lengths"
+    source = f" of {lengths.source}" if lengths.source else ""
+    return f"the lengths{source}: {lengths.examples:,} examples, longest {lengths.longest:,}"
 
 
 def _settings_text(space: Space) -> str:

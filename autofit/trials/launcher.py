@@ -37,6 +37,7 @@ import psutil
 
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
 from autofit.layout import layout_of
 from autofit.models import ModelSpec, resolve_model
@@ -134,6 +135,7 @@ def run_trial(
     rendezvous: Rendezvous | None = None,
     abort: Callable[[], str | None] | None = None,
     lock: bool = True,
+    lengths: LengthHistogram | None = None,
 ) -> TrialResult:
     """Run `config` for real on `nprocs` devices; never raises for oom, timeout or error.
 
@@ -142,10 +144,13 @@ def run_trial(
     `on_progress` gets local rank 0's `{"phase": "build"|"warmup"|"step", "step": k, "steps": n}`
     as it changes. With `rendezvous` the trial spans its nodes: `nprocs` is the devices of all of
     them, this call starts this node's share. `abort()`, asked while the trial runs, stops it as
-    an `error` with the reason it returns (None: go on).
+    an `error` with the reason it returns (None: go on). `lengths`: the data's sequence lengths,
+    which the trial's micro-batches are drawn from as the config's `batching` lays them out (the
+    first the longest the data can produce); its tokens/s then counts useful tokens (padding
+    excluded). Without them every micro-batch is `micro_batch x seq_len` random tokens.
     """
     return _run(model, [config], nprocs, device, gpu_memory, steps, warmup, timeout_s,
-                on_progress, on_wait, rendezvous, abort, lock)[0]  # fmt: skip
+                on_progress, on_wait, rendezvous, abort, lock, lengths=lengths)[0]  # fmt: skip
 
 
 def run_trials(
@@ -163,16 +168,17 @@ def run_trials(
     abort: Callable[[], str | None] | None = None,
     lock: bool = True,
     on_result: Callable[[int, TrialResult], None] | None = None,
+    lengths: LengthHistogram | None = None,
 ) -> list[TrialResult]:
     """Run each of `configs` as `run_trial` would, in as few launches as their failures allow
     (one when none fails; see the module's rule), and return one result per config, in order.
 
     `timeout_s` is each config's limit; `on_progress`'s dicts also name the config they are about
     (`"config": i`, its index in `configs`); `on_result(i, result)` is called as soon as config i
-    is settled. One host only: a trial across nodes is `run_trial`.
+    is settled. One host only: a trial across nodes is `run_trial`. `lengths`: as `run_trial`.
     """
     return _run(model, list(configs), nprocs, device, gpu_memory, steps, warmup, timeout_s,
-                on_progress, on_wait, None, abort, lock, on_result)  # fmt: skip
+                on_progress, on_wait, None, abort, lock, on_result, lengths)  # fmt: skip
 
 
 def _run(
@@ -190,6 +196,7 @@ def _run(
     abort: Callable[[], str | None] | None,
     lock: bool,
     on_result: Callable[[int, TrialResult], None] | None = None,
+    lengths: LengthHistogram | None = None,
 ) -> list[TrialResult]:
     start = time.monotonic()
     results = [
@@ -227,6 +234,8 @@ def _run(
         "steps": steps,
         "warmup": warmup,
     }
+    if lengths is not None:
+        payload["lengths"] = json.loads(lengths.to_json())
     guard.sweep_orphans(WORKER_MODULE)
     guard.sweep_stale_workdirs()
     held = device_lock(device, per_node, on_wait) if lock else contextlib.nullcontext()

@@ -39,10 +39,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from autofit.builder.apply import Applied, build_for_trial
+from autofit.builder.apply import Applied, Batch, build_for_trial
+from autofit.builder.batching import drawn_micro_batches
 from autofit.builder.compile import CompileStats, recompile_reasons
 from autofit.builder.optim import is_compiled_step
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.errors import oom_kind
 from autofit.files import atomic_write
 from autofit.models import ModelSpec
@@ -95,8 +97,40 @@ def synthetic_batch(spec: ModelSpec, config: Config, rank: int, device: torch.de
     return tokens.to(device)
 
 
+def step_batches(
+    spec: ModelSpec, config: Config, rank: int, device: torch.device,
+    lengths: dict[str, Any] | None, steps: int, longest_step: int = 0,
+) -> list[tuple[list[Batch], int]]:  # fmt: skip
+    """Each step's `grad_accum` micro-batches and their useful tokens. Without the data's
+    lengths: the one fixed `synthetic_batch` of `seq_len` tokens, every micro-step. With them:
+    micro-batches of random tokens at lengths drawn from the data as the config's `batching`
+    lays them out (`autofit.builder.batching.drawn_micro_batches`), the first of step
+    `longest_step` the longest micro-batch the data can produce (the peak the run will
+    reach)."""
+    if not lengths:
+        batch = synthetic_batch(spec, config, rank, device)
+        tokens = config.micro_batch * config.grad_accum * config.seq_len
+        return [([batch] * config.grad_accum, tokens)] * steps
+    hist = LengthHistogram.from_json(json.dumps(lengths))
+    drawn = drawn_micro_batches(
+        hist, config.batching, config.micro_batch, config.seq_len, spec.vocab,
+        steps * config.grad_accum, seed=1234 + rank, longest_at=longest_step * config.grad_accum,
+    )  # fmt: skip
+    out: list[tuple[list[Batch], int]] = []
+    for i in range(0, len(drawn), config.grad_accum):
+        part = drawn[i : i + config.grad_accum]
+        out.append(([b for b, _ in part], sum(n for _, n in part)))
+    return out
+
+
+def _on(batch: Batch, device: torch.device) -> Batch:
+    """A micro-batch drawn on the host, on the trial's device."""
+    assert not torch.is_tensor(batch)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
 def train_step(
-    run: Applied, batch: torch.Tensor, tracker: TensorTracker | None
+    run: Applied, batches: list[Batch], tracker: TensorTracker | None
 ) -> tuple[torch.Tensor, CompileStats]:
     """One optimizer step of `grad_accum` micro-steps, as a user's run does it (`Applied.backward`,
     then the optimizer step). The optimizer step is `Applied.train_step`'s, except that on CPU the
@@ -105,7 +139,7 @@ def train_step(
     low-bit optimizer's own compiled step is not the `compile` knob's)."""
     config = run.config
     before = CompileStats.now()
-    loss = run.backward([batch] * config.grad_accum)
+    loss = run.backward(batches)
     compiled = CompileStats.now() - before
     optimizer = run.optimizer
     cpu_offload = tracker is not None and config.offload != "none"
@@ -169,10 +203,17 @@ def run(
     torch.manual_seed(0)
     tracker = TensorTracker(capacity) if device_type == "cpu" else None
     device_peak = 0
+    lengths = spec.get("lengths")
+    warmup = warmup_steps(config, spec["warmup"], data=bool(lengths))
+    steps = warmup + spec["steps"]
+    plan = None
+    if lengths:  # drawn on the host, untracked: token ids are no term of the peak
+        plan = step_batches(model_spec, config, rank, device, lengths, steps, warmup - 1)
     with tracker if tracker is not None else contextlib.nullcontext():
         applied = build_for_trial(model_spec, config, device)
         applied.model.train()
-        batch = synthetic_batch(model_spec, config, rank, device)
+        if plan is None:
+            plan = step_batches(model_spec, config, rank, device, None, steps)
         # On CPU the "device" is the host: offloaded optimizer state (and, for offload=params, the
         # sharded fp32 params) are kept out of the device count, as they would be on a GPU.
         gc.collect()
@@ -186,13 +227,13 @@ def run(
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         losses, times = [], []
-        warmup = warmup_steps(config, spec["warmup"])
         compiled, recompiled = CompileStats(), CompileStats()
         for step in range(warmup + spec["steps"]):
             warm = step < warmup
             progress("warmup" if warm else "step", step + 1 - (0 if warm else warmup))
             start = time.perf_counter()
-            loss, made = train_step(applied, batch, tracker)
+            batches = [b if torch.is_tensor(b) else _on(b, device) for b in plan[step][0]]
+            loss, made = train_step(applied, batches, tracker)
             losses.append(loss)
             if device_type == "cuda":
                 torch.cuda.synchronize(device)
@@ -222,7 +263,12 @@ def run(
         loss_t /= world
     measured = times[warmup:] or times
     step_time = statistics.median(measured)
-    tokens = config.micro_batch * config.grad_accum * config.seq_len * world
+    tokens_per_s = config.micro_batch * config.grad_accum * config.seq_len * world / step_time
+    if spec.get("lengths"):  # useful tokens (padding excluded) of the measured steps, all ranks
+        useful = [n for _, n in plan[warmup:]] if times[warmup:] else [n for _, n in plan]
+        useful_t = torch.tensor([float(sum(useful))], dtype=torch.float64, device=device)
+        dist.all_reduce(useful_t, op=dist.ReduceOp.SUM)
+        tokens_per_s = float(useful_t.item()) / sum(measured)
     compile_report = compile_result(config, compiled, recompiled, device)
     if local_rank != 0:
         return None
@@ -236,16 +282,19 @@ def run(
         "device_peak_bytes": int(peak_t[3].item()) or None,
         "host_peak_bytes": int(host_t[0].item()),
         "step_time_s": step_time,
-        "tokens_per_s": tokens / step_time,
+        "tokens_per_s": tokens_per_s,
         "losses": [float(x) for x in loss_t.tolist()],
         "capacity_bytes": capacity,
     }
 
 
-def warmup_steps(config: Config, asked: int) -> int:
+def warmup_steps(config: Config, asked: int, data: bool = False) -> int:
     """Warm-up steps to run: those asked for, and at least one for a compiled model, whose first
-    forward and backward compile its layers (that step is never a measured one)."""
-    return max(asked, 1) if config.compile else asked
+    forward and backward compile its layers (that step is never a measured one). On the data's
+    lengths (`data`) one more, after at least one: the step of the longest micro-batch, run once
+    the optimizer's state exists (its first step makes it) and never timed."""
+    warm = max(asked, 1) if config.compile else asked
+    return max(warm, 1) + 1 if data else warm
 
 
 def compile_result(

@@ -22,6 +22,7 @@ from autofit.estimate.memory.activations import (
     layer_backward_bytes,
     layers_keeping_activations,
     loss_forward_bytes,
+    packed_mask_bytes,
 )
 from autofit.estimate.memory.embeddings import (
     trained_embedding_params,
@@ -83,6 +84,7 @@ from autofit.estimate.memory.widths import (
 )
 
 __all__ = [
+    "packed_mask_bytes",
     "BF16",
     "BLAS_HANDLES",
     "CUBLASLT_WORKSPACE_BYTES",
