@@ -42,6 +42,19 @@ def special_kind(path: str | Path) -> str | None:
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
+MAX_INPUT_BYTES = 16 << 20
+"""The largest file autofit reads as a user's input (a model config, a space file): those are a
+few KB; a larger one is not what was meant, and reading it whole could fill the memory."""
+
+
+def too_large(path: str | Path) -> str | None:
+    """Why the input file `path` is too large to read (its size), or None."""
+    size = os.stat(path).st_size
+    if size <= MAX_INPUT_BYTES:
+        return None
+    return f"it is {size:,} bytes, and an input file autofit reads is at most {MAX_INPUT_BYTES:,}"
+
+
 def read_head(path: str | Path, limit: int) -> bytes:
     """At most `limit` bytes from the start of the regular file `path`. Anything else raises
     `NotARegularFile` without waiting: opened non-blocking, so a FIFO cannot hang the read."""

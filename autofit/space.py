@@ -249,7 +249,7 @@ def _settings(given: dict[str, Any], where: str = "") -> dict[str, Any]:
 
 def load_space(name_or_path: str | Path = "default") -> Space:
     """A shipped space by name (`default`, `qlora`, `lora`, `full`) or a YAML file by path."""
-    from autofit.files import special_kind
+    from autofit.files import special_kind, too_large
 
     text = str(name_or_path)
     path = Path(text).expanduser()
@@ -272,6 +272,8 @@ def load_space(name_or_path: str | Path = "default") -> Space:
             f"Search-space file {text!r} does not exist. Pass an existing .yaml path or one of "
             f"the shipped names: {', '.join(available_spaces())}."
         )
+    if why := too_large(path):
+        raise SpaceError(f"{path} cannot be a search-space file: {why}.")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

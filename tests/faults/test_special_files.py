@@ -81,11 +81,33 @@ def test_a_fifo_as_the_space_file_is_refused_not_waited_on(tmp_path, fifo):
     assert f"--space '{fifo}' is a FIFO (named pipe), not a space file" in result.stderr
 
 
+def sparse(path: Path, size: int = 1 << 40) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)  # a sparse 1 TiB file: reading all of it would fill any memory
+    return path
+
+
+def test_a_huge_model_config_or_space_file_is_refused_unread(tmp_path):
+    config, space = sparse(tmp_path / "config.json"), sparse(tmp_path / "space.yaml")
+    model = run_cli(tmp_path, "estimate", "-m", str(config), "-g", "2xrtx3090")
+    plan = run_cli(tmp_path, "plan", "-m", "llama-debug", "-g", "2xrtx3090", "--no-trials",
+                   "--space", str(space))  # fmt: skip
+    for result, what in ((model, "a HF model config"), (plan, "a search-space file")):
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"cannot be {what}: it is 1,099,511,627,776 bytes" in result.stderr
+
+
+def test_a_device_as_the_study_storage_is_refused(tmp_path):
+    result = run_cli(tmp_path, "export", "--storage", "sqlite:////dev/full", "--study", "s",
+                     "--output", str(tmp_path / "p.yaml"))  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "The study storage /dev/full (--storage sqlite:////dev/full) is a character device" in (
+        result.stderr
+    )
+
+
 def test_read_head_reads_only_what_it_is_asked_for(tmp_path, fifo):
-    big = tmp_path / "big"
-    with open(big, "wb") as f:
-        f.truncate(1 << 40)  # a sparse 1 TiB file: reading all of it would never end
-    assert read_head(big, 16) == b"\0" * 16
+    assert read_head(sparse(tmp_path / "big"), 16) == b"\0" * 16
     for special in (fifo, Path("/dev/zero"), tmp_path):
         with pytest.raises(NotARegularFile):
             read_head(special, 16)
