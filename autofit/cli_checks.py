@@ -31,12 +31,14 @@ def plan_flags(
     """(trials, calibration, export format) of `autofit plan`'s flags, each left out as None.
     `trial_only`: the flags that only a search with trials reads (--storage, --study, ...) by
     flag name, None or False where not given. The export target is checked here too."""
-    if no_trials and trials:
+    if no_trials and trials is not None and trials > 0:
         raise ConfigError(
             f"--no-trials plans from estimates alone, but --trials {trials} asks for {trials} real "
             "trial(s). Give one of them (--trials 0 is the same as --no-trials)."
         )
-    n_trials = 0 if no_trials else DEFAULT_TRIALS if trials is None else trials
+    # a negative count is not hidden by --no-trials: `autofit.plan` refuses it
+    n_trials = DEFAULT_TRIALS if trials is None else trials
+    n_trials = 0 if no_trials and n_trials >= 0 else n_trials
     if no_calibration and calibration not in (None, "off"):
         raise ConfigError(
             f"--no-calibration is --calibration off, but --calibration {calibration} was given "

@@ -38,6 +38,8 @@ CASES = {  # args, the fragments of its one paragraph
     "no-trials with trials": ([*PLAN, "--trials", "5"],
                               ["--no-trials plans from estimates alone", "--trials 5",
                                "--trials 0 is the same as --no-trials"]),
+    "no-trials with negative trials": ([*PLAN, "--trials", "-1"],
+                                       ["--trials must be 0 or more; got -1"]),
     "format without export": ([*PLAN, "--format", "trainer"],
                               ["--format trainer", "no --export PATH", "drop --format"]),
     "negative search timeout": ([*CPU_PLAN, "--search-timeout", "-1"],
