@@ -80,7 +80,11 @@ def check_earlier_plan(folder: str | Path, storage: str) -> None:
     raise AutofitError(
         f"{path} holds an earlier plan (study {earlier.get('study')!r}), but its study "
         f"database {database} {state}, so that plan cannot be made again from its trials; "
-        + ("this search would start a new study there " if same else "this search ")
-        + "and replace the plan. It is kept as it is. Pass --run-dir a new folder, or move "
+        + (
+            "this search would start a new study there and replace the plan"
+            if same
+            else "this search would replace the plan"
+        )
+        + ". It is kept as it is. Pass --run-dir a new folder, or move "
         f"{path.name} and plan.yaml out of {path.parent} to start over there."
     )

@@ -112,6 +112,11 @@ def test_an_empty_study_file_does_not_overwrite_the_plan_it_made(tmp_path):
     gone = plan(run_dir, "--json")
     assert gone.exit_code == 2 and "no longer exists" in json.loads(gone.stdout)["error"]
     assert contents(run_dir) == before and not (run_dir / "study.db").exists()
+    elsewhere = plan(run_dir, "--storage", f"sqlite:///{tmp_path / 'other.db'}")
+    assert elsewhere.exit_code == 2 and "this search would replace the plan. It is kept" in (
+        " ".join(elsewhere.stderr.split())
+    )
+    assert contents(run_dir) == before and not (tmp_path / "other.db").exists()
 
 
 def corrupt_sqlite(path: Path) -> None:
