@@ -19,7 +19,7 @@ from autofit.data.source import data_lengths
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
-from autofit.request import DEFAULT_MARGIN, check_calibration
+from autofit.request import DEFAULT_MARGIN, DEFAULT_TRIALS, check_calibration, check_plan_numbers
 
 if TYPE_CHECKING:
     import torch
@@ -49,17 +49,21 @@ __all__ = [
 ]
 
 
-def _config(knobs: dict[str, Any], spec: Any = None) -> Config:
+def _config(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
     """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`), its
-    `train_embeddings` checked against `spec`'s vocabulary."""
+    `train_embeddings` checked against `spec`'s vocabulary, its `shard` against `hw`'s nodes, and
+    no LoRA setting without LoRA."""
+    from autofit.config import coerce_knob, lora_settings_unused, shard_unavailable
+
     unknown = set(knobs) - set(KNOBS) - set(LORA_SETTINGS)
     if unknown:
-        from autofit.config import coerce_knob
-
         coerce_knob(sorted(unknown)[0], None)  # raises a clear ConfigError
     config = Config(**knobs)
-    if spec is not None:
-        _check_train_embeddings(config.train_embeddings, spec)
+    _check_train_embeddings(config.train_embeddings, spec)
+    problem = lora_settings_unused(config.settings(), [config.lora_rank])
+    problem = problem or shard_unavailable(config.shard, hw.nodes)
+    if problem:
+        raise ConfigError(problem)
     return config
 
 
@@ -106,7 +110,7 @@ def estimate(
     return _estimate(
         spec,
         hw,
-        _config(knobs, spec),
+        _config(knobs, spec, hw),
         device=device,
         foreach_intermediates=foreach_intermediates,
         expandable_segments=expandable_segments,
@@ -120,7 +124,7 @@ def plan(
     seq_len: int | None = None,
     global_batch: int | None = None,
     space: str | Path = "default",
-    trials: int = 20,
+    trials: int = DEFAULT_TRIALS,
     timeout: float | None = None,
     trial_timeout: float = TRIAL_TIMEOUT_S,
     steps: int = 3,
@@ -176,26 +180,20 @@ def plan(
     folder), counted with `tokenizer` (a local tokenizer.json or model folder; not needed for
     `input_ids`) in `text_field` (default: `input_ids`, `messages` or `text`), or `lengths` (a
     length file, or a `LengthHistogram`), gives the plan the data's sequence lengths
-    (`autofit.data`, `Plan.request.lengths`); given, they replace the space file's `dataset:`."""
+    (`autofit.data`, `Plan.request.lengths`); given, they replace the space file's `dataset:`.
+
+    A run folder that cannot be written (a full disk) raises `autofit.errors.WriteError`, whose
+    `.plan` is the plan all the same."""
+    from autofit.checks import check_search_flags
     from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
     from autofit.request import PlanRequest
     from autofit.space import load_space
 
-    if not 0 <= margin < 1:
-        raise AutofitError(
-            f"--margin must be a fraction between 0 and 1 (0.05 = 5%); got {margin}."
-        )
-    if trials < 0:
-        raise AutofitError(f"--trials must be 0 or more; got {trials}.")
-    if seq_len is not None and seq_len < 1:
-        raise AutofitError(f"--seq-len must be a positive number of tokens; got {seq_len}.")
-    if global_batch is not None and global_batch < 1:
-        raise AutofitError(
-            f"--global-batch must be a positive number of sequences; got {global_batch}."
-        )
+    check_plan_numbers(margin, trials, seq_len, global_batch)
     check_steps(steps)
+    check_search_flags(timeout, node_rank)
     check_calibration(calibration)
     settings = _lora_settings(
         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
@@ -223,8 +221,9 @@ def plan(
                            device=device, calibration=calibration, lengths=hist)
         )  # fmt: skip
     from autofit.report.live import SearchDisplay
-    from autofit.report.run_folder import write_run_folder
+    from autofit.report.run_folder import check_earlier_plan, write_run_folder
     from autofit.search import search
+    from autofit.search.study import default_storage
 
     # everything a search needs is checked before its first trial: the hardware trials run on,
     # and the run folder it writes at the end
@@ -232,6 +231,7 @@ def plan(
     rank = _node_rank(hw, node_rank, storage)
     hist = read_data()
     folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir, hist)
+    check_earlier_plan(folder, storage or default_storage(folder))
     request = PlanRequest.of(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device,
         prune=prune, calibration=calibration, trials=trials, timeout=timeout,
@@ -248,6 +248,13 @@ def plan(
 def _check_space_embeddings(sp: Any, spec: Any) -> None:
     """A space's `train_embeddings` within the model's vocabulary, and with LoRA candidates to
     carry it (its full fine-tunes are skipped: they train the embeddings already)."""
+    from autofit.config import lora_settings_unused
+
+    problem = lora_settings_unused(sp.settings, sp.knobs["lora_rank"])
+    if problem:
+        ranks = list(sp.knobs["lora_rank"])
+        raise ConfigError(f"Space {sp.name!r} has only full fine-tunes (lora_rank: {ranks}): "
+                          f"{problem}")  # fmt: skip
     value = sp.settings.get("train_embeddings", "none")
     if value == "none":
         return
@@ -404,7 +411,7 @@ def trial(
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     check_trial_hardware(hw, device, gpus)
-    cfg = _config(knobs, spec)
+    cfg = _config(knobs, spec, hw)
     if cfg.lora_targets is not None:
         from autofit.arch import structure_of
 
@@ -429,8 +436,7 @@ def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any
     `.gradient_sync(last_micro_step)` for the training loop. Keyword arguments: `lr`, `device`."""
     from autofit.builder import apply as _apply
 
-    cfg = config if isinstance(config, Config) else Config.from_dict(dict(config))
-    return _apply(model, cfg, **kwargs)
+    return _apply(model, Config.of(config, "autofit.apply(model, config)"), **kwargs)
 
 
 def load_plan(path: str | Path) -> Any:

@@ -68,9 +68,18 @@ def check_dir_writable(folder: str | Path, what: str, hint: str) -> Path:
 def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
     """Fail with one paragraph unless a file can be written at `path` (its folder may be
     missing: it is made on writing). An existing folder at `path` is refused too."""
+    from autofit.files import special_kind
+
     path = Path(path).expanduser()
     if path.is_dir():
         raise user_error(f"Cannot write {what}: it is a folder; pass a file path.", hint)
+    kind = special_kind(path)
+    if kind is not None:  # /dev/full, a FIFO: replacing it, or reading it first, is never meant
+        raise user_error(
+            f"Cannot write {what}: {path} is {kind}, not a regular file; autofit writes only "
+            "regular files (a new one, or one it wrote before).",
+            hint,
+        )
     check_dir_writable(path.parent, what, hint)
     return path
 
@@ -94,6 +103,22 @@ def check_trial_timeout(seconds: float) -> None:
         raise AutofitError(
             f"The trial timeout (--trial-timeout) must be a positive number of seconds; got "
             f"{seconds}."
+        )
+
+
+def check_search_flags(timeout: float | None, node_rank: int | None) -> None:
+    """The whole search's limit (--search-timeout): None (no limit) or a positive number; and
+    --node-rank, a node's index from 0 (checked against the nodes with the hardware:
+    `autofit._node_rank`). Checked with or without trials: a bad value is never just ignored."""
+    if timeout is not None and not timeout > 0:
+        raise AutofitError(
+            f"--search-timeout must be a positive number of seconds (no new trial starts after "
+            f"it), or left out for no limit; got {timeout}."
+        )
+    if node_rank is not None and node_rank < 0:
+        raise AutofitError(
+            f"--node-rank must be 0 or more (0 is the node that chooses the trials, 1, 2, ... the "
+            f"others); got {node_rank}."
         )
 
 
@@ -132,21 +157,27 @@ def folder_name(name: str) -> str:
 
 
 # ----- storages that must exist -------------------------------------------------------------------
-def check_sqlite_exists(url: str) -> None:
-    """A study to read (`autofit export`) must be in an existing SQLite file: opening a missing
-    one, as SQLite does, would create an empty database and then report no study."""
+def sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite storage URL; None for other storages, in-memory databases and a
+    malformed URL (opening the storage says what is wrong with it)."""
     if not url.startswith("sqlite"):
-        return
+        return None
     try:
         from sqlalchemy.engine import make_url
 
         database = make_url(url).database
-    except Exception:  # a malformed URL: opening the storage says what is wrong with it
-        return
+    except Exception:
+        return None
     if not database or database == ":memory:" or database.startswith("file:"):
-        return
-    path = Path(database).expanduser()
-    if path.is_file():
+        return None
+    return Path(database).expanduser()
+
+
+def check_sqlite_exists(url: str) -> None:
+    """A study to read (`autofit export`) must be in an existing SQLite file: opening a missing
+    one, as SQLite does, would create an empty database and then report no study."""
+    path = sqlite_path(url)
+    if path is None or path.exists():  # not a file: opening the storage says what it is
         return
     found = sorted(str(p) for p in RUNS_DIR.glob("*/study.db"))[:5]
     here = f" SQLite files of autofit studies here: {', '.join(found)}." if found else ""

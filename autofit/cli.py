@@ -21,7 +21,7 @@ from autofit import interrupt, report
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.cli_data import data_flags, data_lengths, lengths_dict
 from autofit.config import DECLARED, Knob, coerce_knob
-from autofit.errors import AutofitError
+from autofit.errors import AutofitError, WriteError
 from autofit.interrupt import stop_signals_interrupt
 from autofit.settings import coerce_setting
 from autofit.units import fmt_bytes
@@ -168,7 +168,7 @@ def _flag(d: Knob, note: str) -> Any:
     if d.choices:
         allowed = "Allowed: " + ", ".join(_knob_text(v) for v in d.choices) + "."
     else:
-        allowed = f"Allowed: a whole number >= {d.minimum}."
+        allowed = f"Allowed: {d.range_text}."
     text = f"{d.help}. {allowed} Default: {_knob_text(d.default)}."
     return typer.Option(None, d.flag, help=text + (f" {d.advice}" if d.advice else ""))
 
@@ -449,7 +449,7 @@ def plan(
     space: str = typer.Option(
         "default", "--space", help="Search space: default, qlora, lora, full, or a .yaml path."
     ),
-    trials: int = typer.Option(20, "--trials", help="Real trials to spend (0 = estimates only)."),
+    trials: int | None = typer.Option(None, "--trials", help="Real trials (default 20; 0: none)."),
     no_trials: bool = typer.Option(False, "--no-trials", help="Estimates only: no GPU needed."),
     search_timeout: float | None = typer.Option(
         None,
@@ -483,11 +483,11 @@ def plan(
     no_prune: bool = typer.Option(
         False, "--no-prune", help="Let trials run candidates the estimate rules out."
     ),
-    calibration: str = typer.Option(
-        "auto",
+    calibration: str | None = typer.Option(
+        None,
         "--calibration",
         help="auto: start from this machine's stored calibration, correct the estimate with "
-        "every trial, store it; study: this study's trials alone; off: the napkin alone.",
+        "every trial, store it (default); study: this study's trials alone; off: the napkin alone.",
     ),
     no_calibration: bool = typer.Option(
         False, "--no-calibration", help="Ignore stored calibration and do not calibrate (= off)."
@@ -501,22 +501,23 @@ def plan(
     export_path: Path | None = typer.Option(
         None, "--export", help="Write the winner to this file."
     ),
-    fmt: str = typer.Option(
-        "autofit", "--format", help="Export format: autofit, accelerate, trainer."
-    ),
+    fmt: str | None = typer.Option(None, "--format", help="autofit (default), accelerate, trainer"),
     json_out: bool = JSON,
 ) -> None:
     """Plan: estimate every candidate, prune what cannot fit, trial the best, pick the winner."""
     timeout = _renamed("--timeout", timeout, "--search-timeout", search_timeout, None)
+    unwritten = None
     try:
-        if export_path is not None:
-            from autofit.export import check_export_target
+        from autofit.cli_checks import plan_flags
 
-            # a typo in the format or an unwritable path fails before any trial runs, not after
-            check_export_target(fmt, export_path)
-        n_trials = 0 if no_trials else trials
         console = err if json_out else out
         with _warnings_to_stderr():
+            n_trials, calibration, fmt = plan_flags(
+                trials=trials, no_trials=no_trials, calibration=calibration,
+                no_calibration=no_calibration, fmt=fmt, export_path=export_path,
+                trial_only={"--search-timeout": timeout, "--storage": storage, "--study": study,
+                            "--run-dir": run_dir, "--node-rank": node_rank, "--no-prune": no_prune},
+            )  # fmt: skip
             result = autofit.plan(
                 model, gpus, seq_len=seq_len, global_batch=global_batch, space=space,
                 trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
@@ -525,14 +526,16 @@ def plan(
                 study=study, run_dir=run_dir, prune=not no_prune,
                 **{name: value for name, value in declared.items() if value is not None},
                 console=None if json_out else console,
-                calibration="off" if no_calibration else calibration, node_rank=node_rank,
+                calibration=calibration, node_rank=node_rank,
                 **data,
             )  # fmt: skip
         written: list[Path] = []
         if export_path is not None and result.best is not None:
             written = result.export(fmt, export_path)
-    except AutofitError as exc:
-        _fail(exc, json_out, "plan")
+    except AutofitError as exc:  # a file not written: the search's result first, then why
+        if not isinstance(exc, WriteError) or exc.plan is None:
+            _fail(exc, json_out, "plan")
+        result, written, unwritten = exc.plan, [], exc
     except KeyboardInterrupt as exc:
         _interrupted(
             exc,
@@ -541,11 +544,13 @@ def plan(
             "finished trial is repeated; the interrupted one runs first).",
         )
     if json_out:
-        _emit_json(result.to_dict())
+        _emit_json({**result.to_dict(), **({"error": str(unwritten)} if unwritten else {})})
     else:
         report.plan_report(out, result, written)
         if written:
             _print_launch(result, fmt, written[0])
+    if unwritten:
+        _fail(unwritten)  # under --json: the error is in the plan's object above
     if result.best is None:
         raise typer.Exit(1)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -33,16 +33,22 @@ class Knob:
     name: str
     default: Any
     help: str  # one phrase, lower case, no final stop: the flag's and the schema's description
-    choices: tuple[Any, ...] | None = None  # None: a whole number >= `minimum` (or a setting)
+    choices: tuple[Any, ...] | None = None  # None: a whole number, `minimum` to `maximum`
     minimum: int | None = None
     searched: bool = True  # False: a setting, the same for every candidate of a plan
     metavar: str | None = None  # how a setting's flag names its value
     advice: str = ""  # what a flag's help adds: the next thing to try
     label: Callable[[Any], str | None] | None = None  # its part of `Config.short()`, if any
+    maximum: int | None = None  # a whole number's largest value: past it no estimate means much
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def range_text(self) -> str:
+        """What a whole-number knob allows, e.g. 'a whole number from 1 to 65,536'."""
+        return f"a whole number from {self.minimum} to {self.maximum:,}"
 
 
 _DECLARATION = "autofit.knob"  # the key of a field's metadata that holds its `Knob`
@@ -50,10 +56,13 @@ _DECLARATION = "autofit.knob"  # the key of a field's metadata that holds its `K
 
 def knob(
     default: Any, help: str, *, choices: tuple[Any, ...] | None = None,
-    minimum: int | None = None, advice: str = "", label: Callable[[Any], str | None] | None = None,
+    minimum: int | None = None, maximum: int | None = None, advice: str = "",
+    label: Callable[[Any], str | None] | None = None,
 ) -> Any:  # fmt: skip
-    """A searched knob's field of `Config`."""
-    declared = Knob("", default, help, choices, minimum, True, None, advice, label)
+    """A searched knob's field of `Config`; a whole number's bounds are `minimum` and `maximum`
+    (both given, or `choices`)."""
+    assert (choices is None) == (minimum is not None and maximum is not None), help
+    declared = Knob("", default, help, choices, minimum, True, None, advice, label, maximum)
     return field(default=default, metadata={_DECLARATION: declared})
 
 
@@ -63,6 +72,17 @@ def setting(
     """A setting's field of `Config`: checked by `autofit.settings.coerce_setting`."""
     declared = Knob("", default, help, None, None, False, metavar, "", label)
     return field(default=default, metadata={_DECLARATION: declared})
+
+
+MAX_COUNT = 65_536
+"""The largest micro-batch and gradient accumulation a knob takes: 64 Ki, far past any run that
+fits a GPU (a larger number is a typo, and its estimate would mean nothing)."""
+MAX_LORA_RANK = 4096
+"""The largest LoRA rank: wider than any published adapter. The estimate's layer trace grows with
+the rank (measured on llama-70b, cold cache: rank 1,024 0.55 GB and 30 s, 4,096 1.0 GB and 87 s,
+65,536 over 9.8 GB and still running after 135 s)."""
+MAX_SEQ_LEN = 16_777_216
+"""The longest sequence a knob takes: 16 Mi tokens, past the longest context of any model."""
 
 
 @dataclass(frozen=True)
@@ -78,17 +98,18 @@ class Config:
     )  # fmt: skip
     lora_rank: int = knob(
         0, "0 = full fine-tune; r = LoRA on lora_targets (default: all linear projections)",
-        minimum=0, label=lambda c: f"r{c.lora_rank}" if c.is_lora else None,
+        minimum=0, maximum=MAX_LORA_RANK, label=lambda c: f"r{c.lora_rank}" if c.is_lora else None,
     )  # fmt: skip
     micro_batch: int = knob(
-        1, "sequences per GPU per forward/backward", minimum=1,
+        1, "sequences per GPU per forward/backward", minimum=1, maximum=MAX_COUNT,
         advice="If it runs out of memory: halve it and double --grad-accum, or add "
         "--checkpointing full.",
         label=lambda c: f"mb{c.micro_batch}x{c.grad_accum}",
     )  # fmt: skip
     grad_accum: int = knob(
-        1, "micro-steps per optimizer step (derived from global_batch when given)", minimum=1
-    )
+        1, "micro-steps per optimizer step (derived from global_batch when given)", minimum=1,
+        maximum=MAX_COUNT,
+    )  # fmt: skip
     wrap: str = knob(
         "layer", "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one "
         "GPU: the plain module; several: DDP replicas)",
@@ -147,7 +168,9 @@ class Config:
         choices=("padded", "grouped", "packed"),
         label=lambda c: c.batching if c.batching != "padded" else None,
     )  # fmt: skip
-    seq_len: int = knob(2048, "tokens per sequence (fixed per plan)", minimum=1)
+    seq_len: int = knob(
+        2048, "tokens per sequence (fixed per plan)", minimum=1, maximum=MAX_SEQ_LEN
+    )
     lora_alpha: int | None = setting(
         None, "LoRA alpha (the adapter's scale is alpha / rank); default 2 x rank", metavar="INT"
     )
@@ -231,6 +254,21 @@ class Config:
         return {**{name: getattr(self, name) for name in KNOBS}, **self.settings()}
 
     @classmethod
+    def of(cls, value: Any, what: str) -> Config:
+        """`value` as a Config: a Config, or a mapping of knobs and settings (`Config.to_dict()`,
+        a plan's `config:`); anything else is a `TypeError` naming it (`what`: the call)."""
+        if isinstance(value, Config):
+            return value
+        if isinstance(value, Mapping):
+            return cls.from_dict(dict(value))
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise TypeError(
+            f"{what}: config must be an autofit.Config or a dict of knobs and settings (e.g. "
+            f"plan.best.config, autofit.load_plan(path).best.config, or {{'lora_rank': 16, "
+            f"'micro_batch': 4}}); got {type(value).__name__} {shown}."
+        )
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "") -> Config:
         unknown = set(data) - set(KNOBS) - set(LORA_SETTINGS)
         if unknown:
@@ -260,8 +298,8 @@ KNOB_HELP: dict[str, str] = {name: DECLARED[name].help for name in KNOBS}
 LORA_SETTINGS: tuple[str, ...] = tuple(name for name, d in DECLARED.items() if not d.searched)
 """The settings: the user's choice, the same for every candidate of a plan."""
 SETTING_HELP: dict[str, str] = {name: DECLARED[name].help for name in LORA_SETTINGS}
-_INT_KNOBS: dict[str, int] = {
-    name: d.minimum for name in KNOBS if (d := DECLARED[name]).minimum is not None
+_INT_KNOBS: dict[str, Knob] = {
+    name: d for name in KNOBS if (d := DECLARED[name]).minimum is not None
 }
 _LABELLED = tuple(d for d in DECLARED.values() if d.label is not None)
 
@@ -323,6 +361,36 @@ def mesh_shape(shard: str, n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return 1, n_gpus
 
 
+def shard_unavailable(shard: str, nodes: int) -> str | None:
+    """Why one config (an estimate, a trial) cannot take `shard` on `nodes` nodes, or None:
+    `shard: node` replicates across nodes, so on one it would be `shard: all` labelled HSDP. (A
+    space keeps only `all` there instead: `Space.knobs_on`.)"""
+    if shard != "node" or nodes > 1:
+        return None
+    return (
+        "shard=node (HSDP: shard within each node, replicate across nodes) needs several nodes; "
+        "on one node it is the same mesh as shard=all. Use shard=all (the default), or name "
+        "several nodes with --gpus NxKxNAME (e.g. 2x8xh100-80gb) or --device cpu --gpus NxK."
+    )
+
+
+def lora_settings_unused(settings: dict[str, Any], lora_ranks: Any) -> str | None:
+    """Why LoRA settings (`Config.settings()`: alpha, targets, dropout) cannot be given where
+    every rank in `lora_ranks` is 0, or None: a full fine-tune has no adapter to carry them.
+    (`train_embeddings` has a rule of its own, `broken_rule`.)"""
+    given = {k: v for k, v in settings.items() if k != "train_embeddings"}
+    if not given or any(rank > 0 for rank in lora_ranks):
+        return None
+    shown = ", ".join(
+        f"{k}={','.join(v) if isinstance(v, list | tuple) else v}" for k, v in given.items()
+    )
+    return (
+        f"{shown} configure{'s' if len(given) == 1 else ''} LoRA adapters, but lora_rank=0 is a "
+        "full fine-tune, which has none. Set lora_rank > 0 (e.g. 16 or 64) for LoRA, or leave "
+        "the LoRA settings out for a full fine-tune."
+    )
+
+
 def fp32_trainable(precision: str, optimizer: str) -> bool:
     """Trainable (master) params in fp32: under bf16-mixed, and always with torchao's low-bit AdamW
     (its compiled step fails on bf16 params under FSDP2: `lerp`/`view(dtype)` on the quantized
@@ -378,8 +446,9 @@ def knob_type(name: str) -> Any:
     (`autofit.space.SpaceFile`) both validate with it."""
     allowed = KNOBS[name]
     if name in _INT_KNOBS:
-        # the bound before the validator: the JSON schema then reads it as `minimum`
-        return Annotated[int, Field(ge=_INT_KNOBS[name]), BeforeValidator(_not_bool)]
+        # the bounds before the validator: the JSON schema then reads them as `minimum`, `maximum`
+        d = _INT_KNOBS[name]
+        return Annotated[int, Field(ge=d.minimum, le=d.maximum), BeforeValidator(_not_bool)]
     assert allowed is not None
     if all(isinstance(v, bool) for v in allowed):
         return Annotated[bool, BeforeValidator(_text)]
@@ -393,7 +462,7 @@ def knob_error(name: str, value: Any, where: str = "") -> str:
     """The sentence for a value `name` cannot take: the knob, the value and what is allowed."""
     place = f" in {where}" if where else ""
     if name in _INT_KNOBS:
-        return f"Knob {name!r}{place} must be a whole number >= {_INT_KNOBS[name]}; got {value!r}."
+        return f"Knob {name!r}{place} must be {_INT_KNOBS[name].range_text}; got {value!r}."
     allowed = KNOBS[name]
     assert allowed is not None
     if all(isinstance(v, bool) for v in allowed):

@@ -37,6 +37,18 @@ class DataError(AutofitError):
     the line (`autofit.data`)."""
 
 
+class WriteError(AutofitError):
+    """A file autofit writes for the user could not be written (a full disk, a read-only
+    folder); the message says what was kept. `plan` is the plan whose files these were, when
+    there is one: a search's result outlives a failed write."""
+
+    def __init__(
+        self, message: str, plan: object = None, path: object = None, reason: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.plan, self.path, self.reason = plan, path, reason  # the file and why, when known
+
+
 def closest(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """The `n` names in `choices` nearest to `word` (for 'did you mean' hints)."""
     choices = list(choices)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.checks import TRIAL_TIMEOUT_S
+from autofit.config import MAX_COUNT, MAX_SEQ_LEN
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
@@ -29,6 +30,7 @@ from autofit.space import Space
 
 # The headroom a winner keeps below usable memory unless `margin` says otherwise.
 DEFAULT_MARGIN = 0.05
+DEFAULT_TRIALS = 20  # real trials a search spends unless told otherwise
 # How a plan uses measurements to correct the napkin (`PlanRequest.calibration`).
 CALIBRATION_MODES = ("auto", "study", "off")
 
@@ -37,7 +39,7 @@ CALIBRATION_MODES = ("auto", "study", "off")
 class SearchBudget:
     """What the search may spend on real trials."""
 
-    trials: int = 20  # real trials, all workers together
+    trials: int = DEFAULT_TRIALS  # real trials, all workers together
     timeout: float | None = None  # seconds for the whole search (--search-timeout)
     trial_timeout: float = TRIAL_TIMEOUT_S  # seconds one trial may run (--trial-timeout)
     steps: int = 3  # measured steps per trial (--steps)
@@ -89,7 +91,7 @@ class PlanRequest:
         device: str = "cuda",
         prune: bool = True,
         calibration: str = "auto",
-        trials: int = 20,
+        trials: int = DEFAULT_TRIALS,
         timeout: float | None = None,
         trial_timeout: float = TRIAL_TIMEOUT_S,
         steps: int = 3,
@@ -152,6 +154,27 @@ class PlanRequest:
             lengths=LengthHistogram.from_json(json.dumps(data["lengths"]))
             if data.get("lengths")
             else None,
+        )
+
+
+def check_plan_numbers(
+    margin: float, trials: int, seq_len: int | None, global_batch: int | None
+) -> None:
+    """A plan's numbers, each within what it can mean (NaN is in no range)."""
+    if not 0 <= margin < 1:
+        raise AutofitError(
+            f"--margin must be a fraction between 0 and 1 (0.05 = 5%); got {margin}."
+        )
+    if trials < 0:
+        raise AutofitError(f"--trials must be 0 or more; got {trials}.")
+    if seq_len is not None and not 1 <= seq_len <= MAX_SEQ_LEN:
+        raise AutofitError(
+            f"--seq-len must be a whole number of tokens from 1 to {MAX_SEQ_LEN:,}; got {seq_len}."
+        )
+    if global_batch is not None and not 1 <= global_batch <= MAX_COUNT**2:
+        raise AutofitError(  # past micro_batch x grad_accum at their largest, per GPU
+            f"--global-batch must be a whole number of sequences from 1 to {MAX_COUNT**2:,}; "
+            f"got {global_batch}."
         )
 
 

@@ -266,8 +266,16 @@ def _settings(given: dict[str, Any], where: str = "") -> dict[str, Any]:
 
 def load_space(name_or_path: str | Path = "default") -> Space:
     """A shipped space by name (`default`, `qlora`, `lora`, `full`) or a YAML file by path."""
+    from autofit.files import special_kind, too_large
+
     text = str(name_or_path)
     path = Path(text).expanduser()
+    kind = special_kind(path) if text not in available_spaces() else None
+    if kind is not None:  # a folder, a FIFO, /dev/zero: never opened, so never waited on
+        raise SpaceError(
+            f"--space {text!r} is {kind}, not a space file. Pass the path of a .yaml file, or "
+            f"one of the shipped names: {', '.join(available_spaces())}."
+        )
     if not (path.suffix in (".yaml", ".yml") or path.is_file()):
         shipped = spaces_dir() / f"{text}.yaml"
         if not shipped.is_file():
@@ -281,6 +289,8 @@ def load_space(name_or_path: str | Path = "default") -> Space:
             f"Search-space file {text!r} does not exist. Pass an existing .yaml path or one of "
             f"the shipped names: {', '.join(available_spaces())}."
         )
+    if why := too_large(path):
+        raise SpaceError(f"{path} cannot be a search-space file: {why}.")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

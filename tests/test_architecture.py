@@ -38,7 +38,7 @@ LAYERS: list[set[str]] = [
     {"plan"},  # candidates, pruning, ranking, the plan and its sentences
     {"search"},  # the Optuna study: estimate -> trials -> plan, reported as events
     {"report"},  # what people read (tables, the search's events shown live, picture, run folder)
-    {"", "cli", "cli_data", "__main__"},  # the public API and the CLI
+    {"", "cli", "cli_data", "cli_checks", "__main__"},  # the public API and the CLI (flags, checks)
 ]
 # the worker's entry too: it must guard itself before torch takes seconds to import
 TORCH_FREE = (

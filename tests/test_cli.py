@@ -242,7 +242,7 @@ BAD_INPUTS = [
     (["-m", "llama-7b", "-g", "3xfoo"], ["Unknown GPU preset 'foo'", "rtx3090"]),
     (["-m", "llama-7b", "-g", "2xrtx309"], ["Did you mean 'rtx3090'"]),
     (["-m", "llama-7b", "-g", "1xrtx3090", "--gpu-memory", "24XB"], ["'24XB'", "24GiB"]),
-    (["-m", "llama-7b", "-g", "1xrtx3090", "--lora-rank", "-1"], ["'lora_rank'", ">= 0"]),
+    (["-m", "llama-7b", "-g", "1xrtx3090", "--lora-rank", "-1"], ["'lora_rank'", "0 to 4,096"]),
     (
         ["-m", "llama-7b", "-g", "1xrtx3090", "--quant", "nf4", "--lora-rank", "0"],
         ["needs LoRA", "lora_rank > 0"],

@@ -311,7 +311,19 @@ def apply(
     materialised there with random weights, as trials do). Returns `Applied`:
     `.model` to call, `.optimizer`, `.autocast()` and `.gradient_sync(last_micro_step)`.
     """
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "autofit.apply(model, config): model must be a torch.nn.Module, e.g. "
+            f"AutoModelForCausalLM.from_pretrained(...) or .from_config(...); got "
+            f"{type(model).__name__} {model!r:.60}."
+        )
+    first = next(model.parameters(), None)
+    if first is None:
+        raise ValueError(
+            f"autofit.apply(model, config): the {type(model).__name__} has no parameters, so "
+            "there is nothing to train; pass the model to fine-tune."
+        )
+    dev = torch.device(device) if device is not None else first.device
     if dev.type == "meta":
         raise ValueError(
             "The model is on the meta device: pass device='cuda' (or 'cpu') to autofit.apply so "

@@ -21,7 +21,7 @@ from autofit.calibration import Calibration, Observation, fit_calibration
 from autofit.calibration import store as cal_store
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
-from autofit.errors import ConfigError
+from autofit.errors import ConfigError, WriteError
 from autofit.estimate import estimate
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec, resolve_model
@@ -182,6 +182,15 @@ def calibrate(
     if not observations:
         run.calibration = fit_calibration([])
         return run
-    path, stored = cal_store.save(hardware, device, observations)
+    try:
+        path, stored = cal_store.save(hardware, device, observations)
+    except OSError as exc:  # a full disk: the trials were shown as they finished
+        raise WriteError(
+            f"The calibration sweep finished ({len(observations)} measured trial(s), shown "
+            f"above), but this machine's calibration could not be stored "
+            f"({exc.strerror or exc}); the one stored before, if any, is whole and still used. "
+            "Free some space, then run `autofit calibrate` again.",
+            run, getattr(exc, "filename", None), exc.strerror or str(exc),
+        ) from None  # fmt: skip
     run.calibration, run.path = stored, str(path)
     return run

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from autofit.errors import AutofitError
+from autofit.errors import AutofitError, WriteError
 from autofit.export.render import render_accelerate, render_autofit, trainer_arguments
 from autofit.export.schema import FORMATS, MARKER, plan_document, side_path
-from autofit.files import atomic_write
+from autofit.files import NotARegularFile, atomic_write, read_head
 
 
 def check_format(format: str) -> str:
@@ -40,6 +40,7 @@ def check_export_target(format: str, path: str | Path, flag: str = "--export") -
 
     fmt = check_format(format)
     target = Path(path).expanduser()
+    _check_suffix(fmt, target, flag)
     for out_path in [target] if fmt == "autofit" else [target, side_path(target)]:
         what = f"{flag} {target}" if out_path == target else f"{out_path} (the side file)"
         check_file_writable(out_path, what, WRITE_HINT)
@@ -52,6 +53,7 @@ def export_plan(plan: Any, format: str, path: str | Path) -> list[Path]:
     fmt = check_format(format)
     doc = plan_document(plan)
     target = Path(path).expanduser()
+    _check_suffix(fmt, target, "the export path")
     outputs: list[tuple[Path, str]] = []
     if fmt == "autofit":
         outputs.append((target, render_autofit(doc, target)))
@@ -65,23 +67,50 @@ def export_plan(plan: Any, format: str, path: str | Path) -> list[Path]:
     from autofit.checks import check_file_writable
 
     for out_path, text in outputs:
-        _parse_back(out_path, text)
+        _parse_back(out_path, text, as_json=fmt == "trainer" and out_path == target)
         check_file_writable(out_path, str(out_path), WRITE_HINT)
         _check_replaceable(out_path)
+    done: list[Path] = []
     for out_path, text in outputs:
         try:
             atomic_write(out_path, text)
         except OSError as exc:
-            raise AutofitError(
-                f"Cannot write {out_path} ({exc.strerror or exc}). {WRITE_HINT}"
-            ) from None
-    return [p for p, _ in outputs]
+            why = exc.strerror or str(exc)
+            kept = f" {', '.join(map(str, done))} was written." if done else ""
+            raise WriteError(
+                f"Cannot write {out_path} ({why}); an earlier file there, if any, is left as "
+                f"it was.{kept} {WRITE_HINT}",
+                plan, out_path, why,
+            ) from None  # fmt: skip
+        done.append(out_path)
+    return done
 
 
-def _parse_back(path: Path, text: str) -> None:
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _check_suffix(fmt: str, path: Path, flag: str) -> None:
+    """A file's name says what it holds: YAML formats are not written to a `.json` name (which
+    accelerate would read as JSON), nor TrainingArguments JSON to a `.yaml` one."""
+    suffix = path.suffix.lower()
+    if fmt == "trainer" and suffix in _YAML_SUFFIXES:
+        named, written, instead = "YAML", "TrainingArguments JSON", path.with_suffix(".json")
+        other = "a format that writes YAML (autofit or accelerate)"
+    elif fmt != "trainer" and suffix == ".json":
+        named, written, instead = "JSON", "YAML", path.with_suffix(".yaml")
+        other = "--format trainer, which writes JSON (TrainingArguments)"
+    else:
+        return
+    raise AutofitError(
+        f"{flag} {path} names a {named} file, but --format {fmt} writes {written}. Name the file "
+        f"{instead.name}, or use {other}."
+    )
+
+
+def _parse_back(path: Path, text: str, as_json: bool) -> None:
     """Never write what cannot be read back."""
     try:
-        json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        json.loads(text) if as_json else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:  # pragma: no cover - a renderer bug
         raise AutofitError(
             f"internal error: the export for {path} does not parse ({exc})."
@@ -93,18 +122,24 @@ def _check_replaceable(path: Path) -> None:
         raise AutofitError(f"{path} is a folder; pass a file path to export to.")
     if not path.exists():
         return
-    try:
-        head = path.read_text(errors="replace")[:4000]
+    side = side_path(path)
+    try:  # the marker is in the first lines: 4,000 bytes of a file, never all of it
+        mine = MARKER in _head(path) or (
+            path.suffix == ".json" and side.exists() and MARKER in _head(side)
+        )
+    except NotARegularFile as exc:
+        raise AutofitError(
+            f"{exc.filename} is {exc.kind}, not a regular file; autofit exports only to regular "
+            f"files. {WRITE_HINT}"
+        ) from None
     except OSError as exc:
         raise AutofitError(f"Cannot read {path} to check it before replacing it: {exc}.") from None
-    side = side_path(path)
-    mine = MARKER in head or (
-        path.suffix == ".json"
-        and side.exists()
-        and MARKER in side.read_text(errors="replace")[:4000]
-    )
     if not mine:
         raise AutofitError(
             f"{path} exists and was not written by autofit; it is left as it is. Choose another "
             "path, or move that file away first."
         )
+
+
+def _head(path: Path) -> str:
+    return read_head(path, 4000).decode("utf-8", errors="replace")

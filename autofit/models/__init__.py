@@ -46,6 +46,10 @@ def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
                 f"({', '.join(PRESETS)})."
             )
     if path.is_file():
+        from autofit.files import too_large
+
+        if why := too_large(path):
+            raise ModelError(f"{path} cannot be a HF model config: {why}.")
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:

@@ -234,7 +234,11 @@ def _lead(
         )  # fmt: skip
     plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
                     limits=(trials, timeout, budget.trial_timeout))  # fmt: skip
-    stored = calibrator.store(opt_study)
+    try:
+        stored = calibrator.store(opt_study)
+    except OSError as exc:  # a full disk: the plan stands without this machine's store updated
+        stored = None
+        display.note(f"this machine's calibration could not be stored ({exc.strerror or exc})")
     if stored is not None and plan.calibration is not None:
         path, kept = stored
         plan.calibration["stored"] = {"path": str(path), "n_trials": kept.n_trials}

@@ -28,6 +28,7 @@ from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.request import PlanRequest
+from autofit.search.storage_file import check_sqlite_file, storage_error
 from autofit.space import Space
 from autofit.trials.channel import STORAGE_ERRORS
 from autofit.trials.guard import alive, hostname, identity
@@ -152,6 +153,7 @@ def storage_url(url: str) -> str:
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage with heartbeats (so a killed worker's trial is failed, not stuck)."""
     url = storage_url(url)
+    check_sqlite_file(url)  # a folder, a device, a file that is not SQLite: refused untouched
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # the heartbeat thread writes while the main thread reads: wait for the lock, don't fail
@@ -177,11 +179,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                 continue
             error = exc
             break
-    raise AutofitError(
-        f"Cannot open the Optuna storage {url!r} ({type(error).__name__}: {error}). Pass an "
-        "Optuna RDB URL such as sqlite:///autofit.db or "
-        "postgresql://user:password@host/db (its driver: pip install 'autofit[postgres]')."
-    ) from None
+    raise storage_error(url, error) from None
 
 
 def metadata(request: PlanRequest) -> dict[str, Any]:

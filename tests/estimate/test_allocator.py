@@ -341,3 +341,15 @@ def test_events_from_a_recorded_snapshot():
     with pytest.raises(ValueError, match="device"):
         events_from_snapshot({"device_traces": [trace, trace]})
     assert events_from_snapshot({"device_traces": [trace, trace]}, device=1) == events
+
+
+def test_an_unlimited_expandable_pool_holds_a_request_past_its_default_range():
+    # no capacity: one expandable segment's range is 1 PiB (ADDRESS_SPACE); a larger request
+    # (an absurd micro-batch's logits) gets a range that holds it, as a mapping would, rather than
+    # failing an assertion. With a capacity it is the OOM path, as before.
+    a = _alloc(expandable=True)
+    size = 3 * 2**50  # 3 PiB, a multiple of the 2 MiB page
+    a.malloc(size)
+    assert a.allocated == size and size <= a.reserved <= size + 20 * MiB  # mapped in pages
+    with pytest.raises(AllocatorOutOfMemory):
+        _alloc(expandable=True, capacity=80 * 1024 * MiB).malloc(size)

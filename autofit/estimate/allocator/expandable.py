@@ -54,7 +54,8 @@ class ExpandableSegments:
                 return candidate
         # a new ExpandableSegment: address space for 9/8 of the GPU's memory, in pages
         page = pool.page
-        total = ADDRESS_SPACE if self.capacity is None else self.capacity + self.capacity // 8
+        total = self.capacity + self.capacity // 8 if self.capacity is not None else ADDRESS_SPACE
+        total = max(total, size)  # unlimited: a range smaller than the request could not hold it
         va = -(-total // page) * page
         seg = Segment(self._take_addresses(va), va, page, True, pool.small)
         block = Block(seg.base, va, seg, mapped=False)
