@@ -1,16 +1,19 @@
 """Make the structures and layer traces shipped inside the package (`autofit/arch/shipped/`).
 
 For every preset (or those named), its structure and the layer traces of every `ActivationKey` a
-plan of a shipped search space asks for (`shipped_keys`: each space's sequence length, LoRA ranks
-and checkpointing, both dtypes paths, each loss the trace tells apart), read from the model now,
+plan of a shipped search space or of the README's example space asks for (`shipped_keys`: each
+space's sequence length, LoRA ranks and checkpointing, both dtype paths, each loss the trace
+tells apart), read from the model now,
 one gzipped JSON file per architecture named by its hash and stamped with the versions it was
 made with (`autofit.arch.shipped`). Re-run it after a change of `TRACE_VERSION` or of the pinned
 torch, transformers or peft (a plan reads no entry made with other versions; it traces instead).
-Files of architectures no preset has any more are removed when every preset is made.
+Files of architectures no preset has any more are removed when every preset is made. A file made
+with these very versions keeps its structure and traces, and only the keys it lacks are traced
+(after a space gained a rank, say); `--fresh` traces everything again.
 
-Run: `python bench/ship_traces.py` (every preset: about half an hour on two cores), or
-`--models llama-7b,llama-debug`; `--check NAME` compares a fresh trace of NAME with its shipped
-file and exits 1 where they differ.
+Run: `python bench/ship_traces.py` (every preset from scratch: about half an hour on two cores),
+or `--models llama-7b,llama-debug`, `--fresh`; `--check NAME` compares a fresh trace of NAME with
+its shipped file and exits 1 where they differ.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import io
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,8 @@ from autofit.models import PRESETS, ModelSpec
 from autofit.space import available_spaces, load_space
 from autofit.structure import ActivationKey
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
 
 def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
     """The activation keys and the step-event keys (loss standard) a plan of a shipped space
@@ -42,8 +48,8 @@ def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
     bf16 compute) x each loss as traced (`fused` is traced as `chunked`)."""
     acts: dict[str, ActivationKey] = {}
     events: dict[str, ActivationKey] = {}
-    for name in available_spaces():
-        space = load_space(name)
+    for path in [*available_spaces(), *sorted(EXAMPLES.glob("*.yaml"))]:
+        space = load_space(path)
         knobs = space.knobs
         policies = {"none"} | {
             "selective" if c == "selective" else "full" for c in knobs["checkpointing"]
@@ -62,15 +68,42 @@ def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
     return list(acts.values()), list(events.values())
 
 
-def entry(spec: ModelSpec) -> dict[str, Any]:
-    """The shipped file's content for `spec`: what it is, the versions, and the traces."""
+def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The shipped file's content for `spec`: what it is, the versions, and the traces; those
+    `kept` (an earlier file made with these versions) are reused and only the rest traced."""
     acts, events = shipped_keys()
+    kept = kept or {}
+    old_acts, old_events = kept.get("activations", {}), kept.get("events", {})
+    fresh = traced_entry(
+        spec,
+        [k for k in acts if k.text() not in old_acts],
+        [k for k in events if replace(k, loss="standard").text() not in old_events],
+        structure=kept.get("structure"),
+    )
+    wanted_events = {replace(k, loss="standard").text() for k in events}
     return {
         "model": spec.name,
         "arch_id": arch_id(spec),
         "made_with": made_with(TRACE_VERSION),
-        **traced_entry(spec, acts, events),
+        "structure": fresh["structure"],
+        "activations": {
+            k.text(): old_acts.get(k.text()) or fresh["activations"][k.text()] for k in acts
+        },
+        "events": {
+            k: old_events[k] if k in old_events else fresh["events"][k]
+            for k in sorted(wanted_events)
+            if k in old_events or k in fresh["events"]
+        },
     }
+
+
+def _kept(spec: ModelSpec) -> dict[str, Any] | None:
+    """The shipped file of `spec` if it was made with these versions, else None."""
+    try:
+        data = read(shipped_path(spec))
+    except (OSError, ValueError):
+        return None
+    return data if data.get("made_with") == made_with(TRACE_VERSION) else None
 
 
 def gzipped(data: dict[str, Any]) -> bytes:
@@ -90,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated presets (default: every preset)")
     parser.add_argument("--check", metavar="NAME", help="compare a fresh trace with the shipped")
+    parser.add_argument("--fresh", action="store_true", help="trace every key again")
     args = parser.parse_args(argv)
     if args.check:
         spec = PRESETS[args.check]
@@ -102,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         spec = PRESETS[name]
         started = time.perf_counter()
-        data = entry(spec)
+        data = entry(spec, None if args.fresh else _kept(spec))
         atomic_write(shipped_path(spec), gzipped(data))
         made.add(shipped_path(spec).name)
         took = time.perf_counter() - started

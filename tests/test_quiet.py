@@ -82,11 +82,11 @@ def test_the_readme_main_job_cold_writes_nothing_on_stderr(tmp_path):
 
 @pytest.mark.slow
 def test_a_traced_model_says_so_in_its_own_words_and_verbose_shows_the_rest(tmp_path):
-    """A model no shipped trace covers (llama-debug at 64 tokens) is traced: one progress line
+    """A model no shipped trace covers (llama-debug at 32 tokens) is traced: one progress line
     of autofit's; with --verbose also the libraries' own lines (with torch 2.13 and torchao 0.18:
     torch's `_pytree` deprecation of torchao's enums, and torchao's kernels a build lacks)."""
     args = ["estimate", "--model", "llama-debug", "--gpus", "1", "--device", "cpu",
-            "--seq-len", "64"]  # fmt: skip
+            "--seq-len", "32"]  # fmt: skip
     (tmp_path / "quiet").mkdir()
     quiet = _cold(tmp_path / "quiet", *args)
     assert quiet.returncode == 0, quiet.stderr

@@ -97,10 +97,14 @@ def _activations_list(a: LayerActivations) -> list[float]:
 
 
 def traced_entry(
-    spec: ModelSpec, activation_keys: Iterable[ActivationKey], event_keys: Iterable[ActivationKey]
+    spec: ModelSpec,
+    activation_keys: Iterable[ActivationKey],
+    event_keys: Iterable[ActivationKey],
+    structure: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`spec`'s structure and its traces for the keys given, read from the model now (no cache
-    read or written), as the disk cache holds them: what `bench/ship_traces.py` ships. A step
+    """`spec`'s structure (unless given) and its traces for the keys given, read from the model
+    now (no cache read or written), as the disk cache holds them: what `bench/ship_traces.py`
+    ships. A step
     log the model cannot be traced for (fp32 weights under autocast, which HF's grouped-mm MoE
     experts refuse) is left out: a plan that asks for it traces it and fails as it would."""
     from autofit.builder.structure import read_structure
@@ -108,7 +112,7 @@ def traced_entry(
 
     with quiet_libraries():
         entry: dict[str, Any] = {
-            "structure": read_structure(spec).to_dict(),
+            "structure": structure or read_structure(spec).to_dict(),
             "activations": {
                 k.text(): _activations_list(trace_activations(spec, k)) for k in activation_keys
             },
