@@ -58,9 +58,19 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        help="Also show other libraries' raw notices (torch, torchao, transformers, peft), here "
+        "and in trial processes; without it only autofit's own lines reach the terminal.",
+    ),
 ) -> None:
     """Find the fastest LLM fine-tuning config that will not run out of GPU memory."""
     stop_signals_interrupt()  # SIGTERM/SIGHUP (SLURM, docker stop, timeout) act like Ctrl-C
+    if verbose:
+        from autofit.quiet import set_verbose
+
+        set_verbose(True)
 
 
 def _interrupted(exc: KeyboardInterrupt, json_out: bool, what: str) -> NoReturn:
@@ -96,10 +106,15 @@ def _help_hint(command: str | None = None) -> str:
 def _warnings_to_stderr() -> Iterator[None]:
     """autofit's warnings (allowed, but probably not meant) as one `warning:` paragraph each on
     stderr, also under --json (stdout stays one JSON object); other warnings as Python shows them.
+    A model traced for the first time (seconds) is announced there too (`arch.trace_notices`).
     """
+    from autofit.arch import trace_notices
     from autofit.checks import AutofitWarning
 
-    with warnings.catch_warnings():
+    def tracing(text: str) -> None:
+        err.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    with warnings.catch_warnings(), trace_notices(tracing):
         warnings.simplefilter("always", AutofitWarning)
         shown = warnings.showwarning
 

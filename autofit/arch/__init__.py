@@ -15,8 +15,12 @@ formulas:
 
 Both are plain data (`autofit.structure`), cached in memory and on disk (`cache_dir()`, keyed
 by the architecture and the torch/transformers/peft versions), so the napkin stays arithmetic: a
-plan traces each layer variant once, later plans read the cache without importing torch. This
-module imports no torch; the builder's readers it calls do (the builder never calls back here).
+plan traces each layer variant once, later plans read the cache without importing torch. Every
+preset's structure and the traces its plans need ship inside the package (`arch.shipped`, made by
+`bench/ship_traces.py`), read where the disk cache has no entry yet: a preset's first plan
+imports no torch. A trace runs inside `quiet_libraries()` (other libraries' notices kept off the
+terminal) and is announced to the `trace_notices` listeners. This module imports no torch; the
+builder's readers it calls do (the builder never calls back here).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -33,11 +37,16 @@ from typing import Any
 
 import platformdirs
 
+from autofit.arch.shipped import read_shipped
 from autofit.files import atomic_write
 from autofit.models import ModelSpec
+from autofit.quiet import quiet_libraries
 from autofit.structure import ActivationKey, LayerActivations, StepEvents, Structure
 
-__all__ = ["activations_of", "cache_dir", "step_events_of", "structure_of"]
+__all__ = [
+    "activations_of", "cache_dir", "step_events_of", "structure_of", "trace_notices",
+    "traced_entry",
+]  # fmt: skip
 
 TRACE_VERSION = 8
 """Bump when what a trace or a structure read counts changes: older cache entries are ignored."""
@@ -59,9 +68,11 @@ def structure_of(spec: ModelSpec) -> Structure:
     if "structure" in entry:
         found = Structure.from_dict(entry["structure"])
     else:
-        from autofit.builder.structure import read_structure
+        _announce(spec)
+        with quiet_libraries():
+            from autofit.builder.structure import read_structure
 
-        found = read_structure(spec)
+            found = read_structure(spec)
         _disk_update(spec, structure=found.to_dict())
     _STRUCTURES[spec] = found
     return found
@@ -77,8 +88,40 @@ def activations_of(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
 
     return _traced(
         spec, key, "activations", _ACTIVATIONS, lambda stored: LayerActivations(*stored), trace,
-        lambda a: [a.layer, a.root, a.root_forward, a.backward],
+        _activations_list,
     )  # fmt: skip
+
+
+def _activations_list(a: LayerActivations) -> list[float]:
+    return [a.layer, a.root, a.root_forward, a.backward]
+
+
+def traced_entry(
+    spec: ModelSpec,
+    activation_keys: Iterable[ActivationKey],
+    event_keys: Iterable[ActivationKey],
+    structure: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`spec`'s structure (unless given) and its traces for the keys given, read from the model
+    now (no cache read or written), as the disk cache holds them: what `bench/ship_traces.py`
+    ships. A step
+    log the model cannot be traced for (fp32 weights under autocast, which HF's grouped-mm MoE
+    experts refuse) is left out: a plan that asks for it traces it and fails as it would."""
+    from autofit.builder.structure import read_structure
+    from autofit.builder.trace import step_events, trace_activations
+
+    with quiet_libraries():
+        entry: dict[str, Any] = {
+            "structure": structure or read_structure(spec).to_dict(),
+            "activations": {
+                k.text(): _activations_list(trace_activations(spec, k)) for k in activation_keys
+            },
+            "events": {},
+        }
+        for key in (replace(k, loss="standard") for k in event_keys):
+            with contextlib.suppress(RuntimeError):
+                entry["events"][key.text()] = step_events(spec, key).to_list()
+    return entry
 
 
 def step_events_of(spec: ModelSpec, key: ActivationKey) -> StepEvents:
@@ -109,10 +152,40 @@ def _traced(
         found = load(stored)
     else:
         structure_of(spec).targets(key.lora_targets)  # unknown names: one clear paragraph
-        found = trace()
+        _announce(spec)
+        with quiet_libraries():
+            found = trace()
         _disk_update(spec, **{section: {text: dump(found)}})
     memo[(spec, key)] = found
     return found
+
+
+_LISTENERS: list[Callable[[str], None]] = []
+_ANNOUNCED: set[ModelSpec] = set()
+
+
+@contextlib.contextmanager
+def trace_notices(show: Callable[[str], None]) -> Iterator[None]:
+    """While the scope lasts, `show` is handed a line for people when a model's structure or a
+    layer trace is not cached and is read from the model (seconds, once per architecture): the
+    first time for each model in this process."""
+    _LISTENERS.append(show)
+    try:
+        yield
+    finally:
+        _LISTENERS.remove(show)
+
+
+def _announce(spec: ModelSpec) -> None:
+    if spec in _ANNOUNCED or not _LISTENERS:
+        return
+    _ANNOUNCED.add(spec)
+    text = (
+        f"Tracing {spec.name}'s decoder layer at real width for each setting the estimate needs "
+        f"(once for this architecture; kept in {cache_dir()}) ..."
+    )
+    for show in _LISTENERS:
+        show(text)
 
 
 def cache_dir() -> Path:
@@ -144,11 +217,12 @@ _DISK: dict[ModelSpec, dict[str, Any]] = {}
 
 
 def _disk(spec: ModelSpec) -> dict[str, Any]:
+    """The disk cache's entry of `spec`, else what the package ships for its architecture."""
     if spec not in _DISK:
         try:
             _DISK[spec] = json.loads(_cache_file(spec).read_text())
         except (OSError, ValueError):
-            _DISK[spec] = {}
+            _DISK[spec] = read_shipped(spec, TRACE_VERSION)
     return _DISK[spec]
 
 

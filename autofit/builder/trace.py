@@ -145,7 +145,7 @@ def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
     types = _layer_types(spec)
     kinds = list(dict.fromkeys(types)) if types else [None]
     per_kind = _per_layer_kind(spec, dataclasses.replace(key, loss="standard"), tuple(kinds))
-    _, forward_peak, peak = _live_bytes(spec, key, kinds)
+    _, forward_peak, peak = _live_bytes(spec, key, tuple(kinds))
     # outside the layers: the peak over the loss (standard, forward: bf16 logits, their fp32 copy
     # and log-softmax's output; the start of backward: log-softmax's output and two fp32
     # gradients over the vocabulary; chunked: one chunk's logits and their gradient beside the
@@ -175,8 +175,8 @@ def _per_layer_kind(
     does not change it (it runs after the layers), so every loss reads the standard one's."""
     per_kind: dict[Any, float] = {}
     for kind in kinds:
-        one = _live_bytes(spec, key, [kind])[0]
-        two = _live_bytes(spec, key, [kind, kind])[0]
+        one = _live_bytes(spec, key, (kind,))[0]
+        two = _live_bytes(spec, key, (kind, kind))[0]
         per_kind[kind] = two - one
     return per_kind
 
@@ -188,15 +188,17 @@ def _layer_types(spec: ModelSpec) -> list[str] | None:
     return list(types) if types and len(set(types)) > 1 else None
 
 
+@functools.lru_cache(maxsize=64)
 def _live_bytes(
-    spec: ModelSpec, key: ActivationKey, kinds: list[Any]
+    spec: ModelSpec, key: ActivationKey, kinds: tuple[Any, ...]
 ) -> tuple[float, float, float]:
     """Bytes alive when forward has returned the loss, the peak of forward (the loss included),
     and the peak from the forward through the loss's backward (up to the LM head's output
-    gradient)."""
+    gradient). Memoised: a one-layer model's run serves both the per-layer difference and the
+    trace's peaks."""
     overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
     if kinds[0] is not None:
-        overrides["layer_types"] = kinds
+        overrides["layer_types"] = list(kinds)
     model = build_meta_model(spec, spec.to_hf_config(**overrides))
     model = _prepare(model, key)
     with FakeTensorMode(allow_non_fake_inputs=True):

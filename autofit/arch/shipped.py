@@ -1,0 +1,65 @@
+"""The structures and layer traces shipped inside the package: a plan of a preset reads them, so
+its first run traces nothing and imports no torch.
+
+`bench/ship_traces.py` makes them: for every preset, its structure, and the layer traces
+(`activations_of`, `step_events_of`) of every `ActivationKey` a plan of a shipped search space asks
+for (`shipped_keys`). Each is one gzipped JSON file in `autofit/arch/shipped/`, named by the hash of
+the architecture (`arch_id`: a local `config.json` equal to a preset's reads it too) and stamped
+with the versions it was made with (`made_with`). An entry whose versions are not this
+environment's is not read: the plan traces, as without it. This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from autofit.models import ModelSpec
+
+__all__ = ["SHIPPED_DIR", "arch_id", "made_with", "read_shipped", "shipped_path"]
+
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+
+_DISTRIBUTIONS = ("torch", "transformers", "peft")
+
+
+def arch_id(spec: ModelSpec) -> str:
+    """The hash of what a trace depends on in `spec`: every field but its name and description."""
+    arch = {k: v for k, v in spec.to_dict().items() if k not in ("name", "description")}
+    return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def made_with(trace_version: int) -> dict[str, Any]:
+    """The versions a shipped trace is valid for: torch, transformers and peft as released (the
+    local label of a build, `+cpu` or `+cu130`, dropped: traces run on CPU fake tensors, where
+    every build runs the same kernels' shapes) and autofit's trace format (`TRACE_VERSION`)."""
+    found: dict[str, Any] = {}
+    for dist in _DISTRIBUTIONS:
+        try:
+            found[dist] = metadata.version(dist).split("+", 1)[0]
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    found["trace_version"] = trace_version
+    return found
+
+
+def shipped_path(spec: ModelSpec) -> Path:
+    return SHIPPED_DIR / f"{arch_id(spec)}.json.gz"
+
+
+def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
+    """The shipped entry of `spec`'s architecture (`structure`, `activations`, `events`, as the
+    disk cache holds them), or {} where none is shipped or it was made with other versions."""
+    path = shipped_path(spec)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if data.get("made_with") != made_with(trace_version):
+        return {}
+    return {k: data[k] for k in ("structure", "activations", "events") if k in data}

@@ -1,0 +1,154 @@
+"""Make the structures and layer traces shipped inside the package (`autofit/arch/shipped/`).
+
+For every preset (or those named), its structure and the layer traces of every `ActivationKey` a
+plan of a shipped search space or of the README's example space asks for (`shipped_keys`: each
+space's sequence length, LoRA ranks and checkpointing, both dtype paths, each loss the trace
+tells apart), read from the model now,
+one gzipped JSON file per architecture named by its hash and stamped with the versions it was
+made with (`autofit.arch.shipped`). Re-run it after a change of `TRACE_VERSION` or of the pinned
+torch, transformers or peft (a plan reads no entry made with other versions; it traces instead).
+Files of architectures no preset has any more are removed when every preset is made. A file made
+with these very versions keeps its structure and traces, and only the keys it lacks are traced
+(after a space gained a rank, say); `--fresh` traces everything again.
+
+Run: `python bench/ship_traces.py` (every preset from scratch: about half an hour on two cores),
+or `--models llama-7b,llama-debug`, `--fresh`; `--check NAME` compares a fresh trace of NAME with
+its shipped file and exits 1 where they differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from autofit.arch import TRACE_VERSION, traced_entry
+from autofit.arch.shipped import SHIPPED_DIR, arch_id, made_with, shipped_path
+from autofit.config import Config
+from autofit.estimate.memory.widths import traced_loss
+from autofit.files import atomic_write
+from autofit.models import PRESETS, ModelSpec
+from autofit.space import available_spaces, load_space
+from autofit.structure import ActivationKey
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
+    """The activation keys and the step-event keys (loss standard) a plan of a shipped space
+    (`search_spaces/*.yaml`) with its own sequence length and LoRA settings asks for: each
+    LoRA rank x the checkpointing policies it traces (`none` always, `full` for `full`
+    and `every-2`, `selective`) x autocast or not (the plain module or DDP under bf16-mixed, or
+    bf16 compute) x each loss as traced (`fused` is traced as `chunked`)."""
+    acts: dict[str, ActivationKey] = {}
+    events: dict[str, ActivationKey] = {}
+    for path in [*available_spaces(), *sorted(EXAMPLES.glob("*.yaml"))]:
+        space = load_space(path)
+        knobs = space.knobs
+        policies = {"none"} | {
+            "selective" if c == "selective" else "full" for c in knobs["checkpointing"]
+        }
+        losses = sorted({traced_loss(v) for v in knobs["loss"]})
+        lora = Config(**space.settings)  # the space's LoRA settings, else their defaults
+        for rank in knobs["lora_rank"]:
+            targets, dropout = lora.lora_targets, lora.lora_dropout
+            for policy in sorted(policies):
+                for autocast in (False, True):
+                    base = ActivationKey(space.seq_len, rank, targets, dropout, policy, autocast)
+                    events[base.text()] = base
+                    for loss in losses:
+                        key = ActivationKey(**{**base.__dict__, "loss": loss})
+                        acts[key.text()] = key
+    return list(acts.values()), list(events.values())
+
+
+def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The shipped file's content for `spec`: what it is, the versions, and the traces; those
+    `kept` (an earlier file made with these versions) are reused and only the rest traced."""
+    acts, events = shipped_keys()
+    kept = kept or {}
+    old_acts, old_events = kept.get("activations", {}), kept.get("events", {})
+    fresh = traced_entry(
+        spec,
+        [k for k in acts if k.text() not in old_acts],
+        [k for k in events if replace(k, loss="standard").text() not in old_events],
+        structure=kept.get("structure"),
+    )
+    wanted_events = {replace(k, loss="standard").text() for k in events}
+    return {
+        "model": spec.name,
+        "arch_id": arch_id(spec),
+        "made_with": made_with(TRACE_VERSION),
+        "structure": fresh["structure"],
+        "activations": {
+            k.text(): old_acts.get(k.text()) or fresh["activations"][k.text()] for k in acts
+        },
+        "events": {
+            k: old_events[k] if k in old_events else fresh["events"][k]
+            for k in sorted(wanted_events)
+            if k in old_events or k in fresh["events"]
+        },
+    }
+
+
+def _kept(spec: ModelSpec) -> dict[str, Any] | None:
+    """The shipped file of `spec` if it was made with these versions, else None."""
+    try:
+        data = read(shipped_path(spec))
+    except (OSError, ValueError):
+        return None
+    return data if data.get("made_with") == made_with(TRACE_VERSION) else None
+
+
+def gzipped(data: dict[str, Any]) -> bytes:
+    """The entry as gzipped JSON, the same bytes for the same entry (no time stamp, no name)."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, filename="") as f:
+        f.write(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
+    return buffer.getvalue()
+
+
+def read(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated presets (default: every preset)")
+    parser.add_argument("--check", metavar="NAME", help="compare a fresh trace with the shipped")
+    parser.add_argument("--fresh", action="store_true", help="trace every key again")
+    args = parser.parse_args(argv)
+    if args.check:
+        spec = PRESETS[args.check]
+        fresh, shipped = entry(spec), read(shipped_path(spec))
+        same = fresh == shipped
+        print(f"{spec.name}: {'same as shipped' if same else 'DIFFERS from shipped'}")
+        return 0 if same else 1
+    names = args.models.split(",") if args.models else list(PRESETS)
+    made = set()
+    for name in names:
+        spec = PRESETS[name]
+        started = time.perf_counter()
+        data = entry(spec, None if args.fresh else _kept(spec))
+        atomic_write(shipped_path(spec), gzipped(data))
+        made.add(shipped_path(spec).name)
+        took = time.perf_counter() - started
+        print(f"{name}: {len(data['activations'])} traces, {len(data['events'])} step logs, "
+              f"{took:.0f} s -> {shipped_path(spec).name}", flush=True)  # fmt: skip
+    if not args.models:
+        for stale in SHIPPED_DIR.glob("*.json.gz"):
+            if stale.name not in made:
+                stale.unlink()
+                print(f"removed {stale.name} (no preset has its architecture)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

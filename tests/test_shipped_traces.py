@@ -1,0 +1,92 @@
+"""The traces shipped in the package (`autofit/arch/shipped/`, made by `bench/ship_traces.py`):
+one preset's traced again now must give the very numbers shipped, every preset has its file made
+with this environment's versions, and a file made with other versions is not read."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autofit.arch import TRACE_VERSION, traced_entry
+from autofit.arch.shipped import made_with, read_shipped, shipped_path
+from autofit.models import PRESETS
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "ship_traces.py"
+
+
+def _ship_traces():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("ship_traces", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SHIP = _ship_traces()
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_ships_every_key_a_shipped_space_asks_for(name):
+    data = SHIP.read(shipped_path(PRESETS[name]))
+    acts, events = SHIP.shipped_keys()
+    assert data["made_with"] == made_with(TRACE_VERSION), (
+        f"{name}'s shipped traces were made with other versions: run bench/ship_traces.py"
+    )
+    assert set(data["activations"]) == {k.text() for k in acts}
+    if PRESETS[name].experts:  # HF's grouped-mm experts refuse fp32 (full fine-tune) weights
+        events = [k for k in events if k.lora_rank or not k.autocast]
+    assert set(data["events"]) == {replace(k, loss="standard").text() for k in events}
+
+
+def test_a_fresh_trace_of_a_small_preset_gives_the_shipped_numbers():
+    """llama-debug's structure and a key of each kind (rank 0 and LoRA, each checkpointing,
+    autocast, the chunked loss), traced now, against the file shipped; the whole entry is
+    `python bench/ship_traces.py --check llama-debug`."""
+    spec = PRESETS["llama-debug"]
+    acts, events = SHIP.shipped_keys()
+    picked = [k for k in acts if k.lora_rank in (0, 16)]
+    chosen = [k for k in picked if (k.policy, k.autocast, k.loss) in {
+        ("none", False, "standard"), ("full", True, "chunked"), ("selective", False, "chunked"),
+    }]  # fmt: skip
+    fresh = traced_entry(spec, chosen, chosen[:2])
+    shipped = SHIP.read(shipped_path(spec))
+    assert fresh["structure"] == shipped["structure"]
+    for section in ("activations", "events"):
+        assert fresh[section], section
+        for key, value in fresh[section].items():
+            assert shipped[section][key] == value, (section, key)
+
+
+@pytest.mark.parametrize(
+    "name", ["llama-7b", "qwen2.5-7b", "qwen3-8b", "gemma-2-2b", "phi-3-mini", "mixtral-8x7b"]
+)
+def test_the_shipped_structure_of_each_family_is_the_meta_models(name):
+    """What `autofit models` and every preset's estimate read (Qwen2's biases, Qwen3's q/k norms,
+    Gemma's norms and tied head, Phi-3's fused projections, Mixtral's router and experts),
+    against the meta model read now."""
+    from autofit.builder.structure import read_structure
+
+    spec = PRESETS[name]
+    assert SHIP.read(shipped_path(spec))["structure"] == read_structure(spec).to_dict()
+
+
+def test_entries_made_with_other_versions_are_not_read():
+    spec = PRESETS["llama-7b"]
+    assert read_shipped(spec, TRACE_VERSION)["structure"]["layers"] == 32
+    assert read_shipped(spec, TRACE_VERSION + 1) == {}
+
+
+def test_a_presets_count_is_read_without_torch(tmp_path):
+    """`autofit models` and a preset's plan read the shipped structure: torch is not imported.
+    Llama-2-7B's count is the README's (and its model card's)."""
+    code = (
+        "import sys; from autofit.arch import structure_of; from autofit.models import PRESETS;"
+        "print(structure_of(PRESETS['llama-7b']).n_params, 'torch' in sys.modules)"
+    )
+    env = {"AUTOFIT_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.split() == ["6738415616", "False"], done.stderr
