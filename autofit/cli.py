@@ -6,6 +6,7 @@ import contextlib
 import functools
 import inspect
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 import autofit
@@ -35,11 +36,25 @@ app = typer.Typer(
 )
 
 
+PIPE_WIDTH = 160
+"""Columns of output that goes to neither a terminal nor a width named by `COLUMNS` (a pipe, CI)."""
+
+
+class _Console(Console):
+    """rich's Console as wide as the terminal, or as `COLUMNS` says (read when printing, so a
+    width set after import counts); elsewhere (pipes, CI, tests) `PIPE_WIDTH`, so long lines
+    are not wrapped at rich's 80."""
+
+    @property  # type: ignore[override]
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+            return size
+        return ConsoleDimensions(PIPE_WIDTH, size.height)
+
+
 def _console(stderr: bool = False) -> Console:
-    """Rich console; when output is not a terminal (pipes, CI, tests) use a wide fixed width so
-    tables are not squeezed to 80 columns."""
-    probe = Console(stderr=stderr)
-    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 160)
+    return _Console(stderr=stderr, highlight=False)
 
 
 out = _console()
@@ -546,6 +561,7 @@ def export(
     study: str = typer.Option(..., "--study", help="Study name."),
     fmt: str = typer.Option("autofit", "--format", help="autofit, accelerate or trainer."),
     output: Path = typer.Option(..., "--output", "-o", help="File to write."),
+    json_out: bool = JSON,
 ) -> None:
     """Export the winner of an existing study without running anything."""
     try:
@@ -558,10 +574,32 @@ def export(
         result = load_study_plan(storage, study)
         written = result.export(fmt, output)
     except AutofitError as exc:
-        _fail(exc)
+        _fail(exc, json_out, "export")
+    if json_out:
+        _emit_json(_export_dict(result, fmt, written))
+        return
     for path in written:
         out.print(f"wrote {path}")
     _print_launch(result, fmt, written[0])
+
+
+def _export_dict(result: Any, fmt: str, written: list[Path]) -> dict[str, Any]:
+    """`autofit export --json`: the files written, the launch commands and the winner."""
+    from autofit.export import launch_lines, launch_note
+
+    fmt = fmt.strip().lower()
+    best = result.best
+    return {
+        "format": fmt,
+        "written": [str(p) for p in written],
+        "launch": [
+            {"command": line.command, "where": line.where}
+            for line in launch_lines(result, fmt, written[0])
+        ],
+        "launch_note": launch_note(result, fmt, written[0]),
+        "best": best.to_dict() if best is not None else None,
+        "reason": result.reason,
+    }
 
 
 def _print_launch(result: Any, fmt: str, path: Path) -> None:

@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from autofit.config import (
+    AUTO_WRAP,
     KNOB_HELP,
     KNOBS,
     LORA_SETTINGS,
@@ -48,6 +49,7 @@ from autofit.config import (
     knob_type,
     loss_unavailable,
     quant_without_lora,
+    resolve_wrap,
 )
 from autofit.errors import SpaceError, did_you_mean
 from autofit.settings import coerce_setting, setting_error
@@ -99,12 +101,24 @@ class Space:
             total *= len(values)
         return total
 
-    def knobs_on(self, nodes: int) -> dict[str, tuple[Any, ...]]:
+    def knobs_on(self, nodes: int, n_gpus: int | None = None) -> dict[str, tuple[Any, ...]]:
         """The knob values that make different runs on `nodes` nodes: on one node `shard: node`
-        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept."""
-        if nodes <= 1 and "node" in self.knobs["shard"]:
-            return {**self.knobs, "shard": ("all",)}
-        return self.knobs
+        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept.
+        With `n_gpus`, `wrap: auto` is replaced by the values it stands for there
+        (`autofit.config.resolve_wrap` under each offload and shard of the space), each value
+        once: a space that lists `auto` beside what it resolves to makes no config twice."""
+        knobs = self.knobs
+        if nodes <= 1 and "node" in knobs["shard"]:
+            knobs = {**knobs, "shard": ("all",)}
+        if n_gpus is not None and AUTO_WRAP in knobs["wrap"]:
+            wraps = [
+                resolve_wrap(w, n_gpus, offload, shard)
+                for w in knobs["wrap"]
+                for offload in knobs["offload"]
+                for shard in knobs["shard"]
+            ]
+            knobs = {**knobs, "wrap": tuple(dict.fromkeys(wraps))}
+        return knobs
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -153,7 +167,7 @@ class Space:
         (`knobs_on`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
-        knobs = self.knobs_on(nodes)
+        knobs = self.knobs_on(nodes, n_gpus)
         accum_values = (None,) if global_batch else knobs["grad_accum"]
         out: list[Config] = []
         skipped: Counter[str] = Counter()

@@ -371,7 +371,7 @@ def test_knob_flags_list_their_allowed_values_and_defaults():
     result = runner.invoke(app, ["estimate", "--help"], env={"COLUMNS": "400"})
     text = " ".join(result.output.split())
     assert "Allowed: none, int8, nf4. Default: none." in text
-    assert "Allowed: layer, every-2, every-4, model, none. Default: layer." in text
+    assert "Allowed: auto, layer, every-2, every-4, model, none. Default: auto." in text
     assert "Allowed: true, false. Default: true." in text
     assert "Allowed: a whole number >= 0. Default: 0." in text  # --lora-rank
     assert "Allowed: adamw, adamw8bit, adamw4bit. Default: adamw." in text

@@ -40,8 +40,10 @@ def test_pruned_and_fitting_add_up_to_considered(qlora_plan):
     assert qlora_plan.considered == load_space("qlora").size_on(1)
 
 
-def test_winner_reason_names_the_comparison_and_the_memory(qlora_plan):
-    assert "tokens/s" in qlora_plan.reason and "GiB usable" in qlora_plan.reason
+def test_winner_reason_names_the_speed_of_all_gpus_and_the_runner_up(qlora_plan):
+    n = qlora_plan.hardware.n_gpus
+    assert f"tokens/s for all {n} GPUs together" in qlora_plan.reason
+    assert "the runner-up '" in qlora_plan.reason
 
 
 def test_estimate_space_splits_fitting_and_pruned():

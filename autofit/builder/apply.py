@@ -185,6 +185,7 @@ def prepare(
     node (default `world`: one node)."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
+    config = config.resolved(world)
     sharding = sharding_for(config.wrap, world)
     model = adapt(model, config, autocast=autocast_dtype(config, sharding) is not None)
     apply_compile(model, config)
@@ -302,6 +303,7 @@ def apply(
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     world = _world()
+    config = config.resolved(world)  # `wrap: auto`: the plain module on one rank, FSDP2 on several
     built, sharding = prepare(model, config, dev, world, _local_world(config, world))
     optimizer = build_optimizer(
         built, config, dev.type, keep_gradients=sharding is Sharding.DDP, lr=lr

@@ -12,7 +12,7 @@ from operator import attrgetter
 from typing import Any
 
 from autofit.arch import structure_of
-from autofit.config import Config
+from autofit.config import AUTO_WRAP, Config
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
@@ -193,6 +193,8 @@ def estimate_many(
     # a space has a few hundred thousand configs: names bound once, fields given in order
     append, hold, peak_of, timed_of = out.append, held.append, peaks.of, step_times.get
     for config in configs:
+        if config.wrap == AUTO_WRAP:  # the default: what it stands for on these GPUs
+            config = config.resolved(n)
         peak = peak_of(config)
         key = _TIMED_KNOBS(config)
         timed = timed_of(key)

@@ -47,6 +47,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
             "nodes": plan.hardware.nodes,
             "gpus_per_node": plan.hardware.gpus_per_node,
             "capacity_bytes": plan.hardware.capacity_bytes,
+            "usable_bytes": int(plan.usable_bytes),
             "device": plan.device,
         },
         "seq_len": plan.seq_len,

@@ -15,9 +15,9 @@ from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan.outcome import Outcome, trial_status
 from autofit.plan.prune import PruneReason, headroom_line, host_ram_bound, prune_reason
-from autofit.plan.rank import TIE_TOLERANCE, faster, slower
+from autofit.plan.rank import RECIPE_KNOBS, TIE_TOLERANCE, faster, recipe_key, slower
 from autofit.space import Space
-from autofit.units import fmt_bytes, fmt_size
+from autofit.units import fmt_bytes, fmt_size, fmt_tokens_per_s
 
 if TYPE_CHECKING:
     from autofit.plan.types import Candidate, Plan
@@ -63,38 +63,62 @@ def tally(plan: Plan) -> list[tuple[str, int, list[tuple[str, int]]]]:
 
 
 def winner_reason(
-    best: Candidate, others: list[Candidate], hardware: Hardware, *, measured: bool
+    best: Candidate,
+    others: list[Candidate],
+    hardware: Hardware,
+    *,
+    measured: bool,
+    device: str = "cuda",
 ) -> str:
-    """One line on why `best` won, e.g. '1.8x the tokens/s of the next config; 21.3 of 24 GiB'."""
+    """Why `best` won, against `others` (ranked best first): its speed beside the runner-up's,
+    the first of `others` that differs in a knob of the recipe (`RECIPE_KNOBS`: the next row of
+    the plan's table), and, when estimates tie (within `TIE_TOLERANCE`), that they do and how
+    the tie was broken (`TIE_BREAK`). Every tokens/s is the whole run's, all GPUs together."""
     what = "measured" if measured else "estimated"
-    cap = best.estimate.usable_bytes
-    mem = f"peak {fmt_size(best.peak_bytes)} of {fmt_size(cap)} usable"
+    speed = fmt_tokens_per_s(best.tokens_per_s, hardware.n_gpus, device)
     if not others:
-        return f"the only config that fits ({what} {best.tokens_per_s:,.0f} tokens/s; {mem})."
+        return f"the only config that fits ({what} {speed})."
     quicker = [c for c in others if faster(c.tokens_per_s, best.tokens_per_s)]
-    slow = [c for c in others if slower(c.tokens_per_s, best.tokens_per_s)]
     # by identity: comparing candidates field by field made this quadratic in slow equality
     # checks (minutes for a space where ten thousand configs fit)
-    sorted_out = {id(c) for c in (*quicker, *slow)}
-    ties = [c for c in others if id(c) not in sorted_out]
-    text = ""
-    if slow:
-        nxt = max(slow, key=lambda c: c.tokens_per_s)
-        ratio = best.tokens_per_s / nxt.tokens_per_s if nxt.tokens_per_s else float("inf")
-        label = nxt.config.short()
-        text = f"{ratio:.2f}x the {what} tokens/s of the next config that fits ('{label}')"
+    passed = {id(c) for c in quicker}
+    ties = [c for c in others if id(c) not in passed and not slower(c.tokens_per_s,
+                                                                    best.tokens_per_s)]  # fmt: skip
+    key = recipe_key(best.config)
+    runner = next((c for c in others if id(c) not in passed and recipe_key(c.config) != key), None)
+    parts = [f"{what} {speed}"]
     if ties:
-        tie = (
-            f"ties within {TIE_TOLERANCE:.1%} with {len(ties)} other config(s) and is the "
-            "plainest of them"
+        parts.append(
+            f"a tie: {len(ties):,} other config(s) are {what} within {TIE_TOLERANCE:.1%} of "
+            "its tokens/s, closer than a few trial steps tell apart; the tie-break puts the "
+            "plainest config first, then the lower peak"
         )
-        text = f"{text}; {tie}" if text else tie
+    if runner is None:
+        parts.append(
+            "every other config that fits is a variant of its recipe (another reshard, offload, "
+            "optimizer or precision)"
+        )
+    else:
+        label, r = runner.config.short(), runner.tokens_per_s
+        differs = ", ".join(
+            f"{k} {getattr(runner.config, k)}"
+            for k in RECIPE_KNOBS
+            if getattr(runner.config, k) != getattr(best.config, k)
+        )
+        ratio = best.tokens_per_s / r if r else float("inf")
+        if slower(r, best.tokens_per_s):
+            parts.append(
+                f"{ratio:.2f}x the {what} tokens/s of the runner-up '{label}' ({r:,.0f}; "
+                f"differs in {differs})"
+            )
+        else:
+            parts.append(f"the runner-up '{label}' ({r:,.0f}; differs in {differs}) ties with it")
     if quicker and measured:
-        text += (
-            f"; {len(quicker)} faster config(s) fit in their first trial but failed verification "
+        parts.append(
+            f"{len(quicker)} faster config(s) fit in their first trial but failed verification "
             "(over the headroom line or not ok when re-run with more steps)"
         )
-    return f"{text.lstrip('; ')}; {mem}."
+    return "; ".join(parts) + "."
 
 
 def mesh_comparison(ranked: list[Candidate], hardware: Hardware) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
 from autofit.plan import Outcome, Plan, trial_status
 from autofit.plan.explain import mesh_line
+from autofit.report.ranked import plan_table
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_bytes, fmt_count, fmt_size
@@ -108,8 +109,8 @@ BREAKDOWN_LABELS = {
 
 def memory_levels_line(est: Estimate) -> str:
     """The estimate's memory per GPU level by level, on two lines of under 80 columns: what
-    tensors hold, what the caching allocator reserves beyond them, what lies outside it, and
-    what fills the card."""
+    tensors hold, what the caching allocator reserves beyond them (the peak the plan compares
+    with the usable memory), what lies outside it, and what the card then holds."""
     outside = " + ".join(
         f"{label} {fmt_size(est.overhead[name])}"
         for name, label in (("cuda_context", "CUDA context"), ("nccl", "NCCL"))
@@ -119,7 +120,19 @@ def memory_levels_line(est: Estimate) -> str:
         f"  per GPU: allocated {fmt_size(est.peak_allocated_bytes)} + allocator slack "
         f"{fmt_size(est.allocator_slack_bytes)} = reserved {fmt_size(est.peak_bytes)}\n"
         f"  + {outside or 'nothing outside the allocator'} = device "
-        f"{fmt_size(est.device_bytes)} of {fmt_size(est.capacity_bytes)}"
+        f"{fmt_size(est.device_bytes)}"
+    )
+
+
+def capacity_line(plan: Plan) -> str:
+    """The one memory figure a plan's peaks are held to, named once: the usable memory per GPU
+    (the capacity less what lies outside the allocator) and the headroom line below it."""
+    usable, cap = plan.usable_bytes, plan.capacity_bytes
+    where = "per CPU process" if plan.device == "cpu" else "per GPU"
+    less = "" if usable >= cap else f" ({fmt_size(cap)} less the CUDA context and NCCL buffers)"
+    return (
+        f"Memory: {fmt_size(usable)} usable {where}{less}; a winner keeps {plan.margin:.0%} of it "
+        f"free, peaking at {fmt_size(plan.allowed_bytes)} at most."
     )
 
 
@@ -185,60 +198,6 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         )
 
 
-# Knobs that make a recipe different to a reader; configs that differ only in the others
-# (reshard, offload, optimizer, precision) are folded into one row with a count of variants.
-RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "shard",
-                "checkpointing", "loss", "compile")  # fmt: skip
-
-
-def plan_table(plan: Plan, limit: int = 15) -> Table:
-    """The best `limit` distinct recipes, each the best-ranked (and plainest) of its variants."""
-    cap = plan.hardware.capacity_bytes
-    rows: dict[tuple[Any, ...], list[Any]] = {}
-    for rank, c in enumerate(plan.ranked, 1):
-        key = tuple(getattr(c.config, k) for k in RECIPE_KNOBS)
-        if key in rows:
-            rows[key][2] += 1
-        elif len(rows) < limit:
-            rows[key] = [rank, c, 0]
-    measured = any(c.measured for _, c, _ in rows.values())
-    title = "Ranked configs that fit" + (
-        " (measured where a trial ran)" if measured else " (estimates)"
-    )
-    table = Table(title=title, title_justify="left", caption_justify="left")
-    table.caption = "variants: other configs of the same recipe that differ only in reshard, "
-    table.caption += "offload, optimizer or precision and rank lower"
-    nodes = plan.hardware.nodes > 1  # the shard knob only differs there
-    cols = ["#", "tokens/s", f"peak / {fmt_size(cap)}", "quant", "lora", "mb x acc", "wrap",
-            *(["shard"] if nodes else []), "reshard", "ckpt", "offload", "optim", "precision",
-            "loss", "compile", "variants"]  # fmt: skip
-    for col in cols:
-        right = col in ("#", "tokens/s", "lora", "variants")
-        table.add_column(col, justify="right" if right else "left")
-    for rank, c, variants in rows.values():
-        cfg = c.config
-        tag = "" if not c.measured else " [green]m[/]"
-        table.add_row(
-            str(rank),
-            f"{c.tokens_per_s:,.0f}{tag}",
-            f"{fmt_size(c.peak_bytes)}{tag}",
-            cfg.quant,
-            str(cfg.lora_rank),
-            f"{cfg.micro_batch} x {cfg.grad_accum}",
-            cfg.wrap,
-            *([cfg.shard] if nodes else []),
-            "yes" if cfg.reshard else "no",
-            cfg.checkpointing,
-            cfg.offload,
-            cfg.optimizer,
-            cfg.precision,
-            cfg.loss,
-            "yes" if cfg.compile else "no",
-            f"+{variants}" if variants else "",
-        )
-    return table
-
-
 def pruned_lines(plan: Plan) -> list[str]:
     """Where the considered combinations went, one row each way (`Plan.tally`), the reasons under
     each; the rows add up to the total on the first line."""
@@ -293,9 +252,11 @@ def trials_table(plan: Plan) -> Table:
     the study in the last row. `#` is the Optuna trial number, as in the progress lines; a run
     over the headroom line reads `over line`."""
 
-    cap = plan.hardware.capacity_bytes
     line = plan.allowed_bytes
-    title = f"Trials (capacity {fmt_size(cap)} per GPU, headroom line {fmt_size(line)})"
+    n = plan.hardware.n_gpus
+    each = "CPU processes" if plan.device == "cpu" else "GPUs"
+    together = f"; tokens/s of all {n} {each} together" if n > 1 else ""
+    title = f"Trials (peaks per GPU, headroom line {fmt_size(line)}{together})"
     table = Table(title=title, title_justify="left")
     calibrated = any(c.calibrated for c in plan.trials)
     cols = ["#", "status", "config", "peak", "napkin", "calibrated", "tokens/s", "napkin",
@@ -372,6 +333,7 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         + (f", global batch {plan.global_batch}" if plan.global_batch else "")
         + f", space '{plan.space.name}'"
     )
+    console.print(capacity_line(plan), markup=False, highlight=False)
     if plan.trials:
         console.print(trials_table(plan))
     elif plan.ranked:
@@ -387,10 +349,12 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
     how = "measured" if best.measured else "estimated"
     if best.verified:
         how += ", verified"
-    console.print(
-        f"[bold green]Winner[/] ({how}): {best.config.short()}  -> "
-        f"{best.tokens_per_s:,.0f} tokens/s, peak {fmt_size(best.peak_bytes)}"
-    )
+    console.print(f"[bold green]Winner[/] ({how}): {best.config.short()}", highlight=False)
+    if best.measured:
+        console.print(
+            f"  measured peak {fmt_size(best.peak_bytes)} reserved per GPU; the estimate:",
+            highlight=False,
+        )
     console.print(memory_levels_line(best.estimate), markup=False, highlight=False)
     console.print(f"Why: {escape(plan.reason)}")
     mesh = plan.mesh_comparison()

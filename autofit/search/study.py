@@ -91,7 +91,7 @@ def default_study_name(
         "device": device,
         "space": {  # the values that make different runs here: on one node, `shard: all` alone
             k: list(v)
-            for k, v in space.knobs_on(hardware.nodes).items()
+            for k, v in space.knobs_on(hardware.nodes, hardware.n_gpus).items()
             if not (k in _ADDED_KNOBS and v == (getattr(Config(), k),))
         },
         "seq_len": seq_len,

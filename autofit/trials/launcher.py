@@ -235,6 +235,7 @@ def _run(
     on_result: Callable[[int, TrialResult], None] | None = None,
 ) -> list[TrialResult]:
     start = time.monotonic()
+    configs = [c.resolved(nprocs) for c in configs]  # `wrap: auto` as it runs on these devices
     results = [
         TrialResult(
             status="error",
