@@ -341,7 +341,9 @@ def estimate(
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
-    report.estimate_report(out, resolve_model(model), hw, est)
+    report.estimate_report(
+        out, resolve_model(model), hw, est, device, requested_wrap=knobs.get("wrap", "auto")
+    )
 
 
 @app.command()
@@ -385,7 +387,7 @@ def trial(
     if json_out:
         _emit_json(result.to_dict())
     else:
-        report.trial_report(out, result)
+        report.trial_report(out, result, requested_wrap=knobs.get("wrap", "auto"))
     if result.status not in ("ok", "oom"):
         raise typer.Exit(1)
 

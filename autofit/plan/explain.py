@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autofit.config import derive_grad_accum
-from autofit.estimate import estimate
+from autofit.estimate import Estimate, estimate
 from autofit.estimate.memory import HOST_RAM_USABLE, usable_host_bytes
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
+from autofit.plan.fixes import MORE_GPUS, fitting_changes, more_gpus_that_fit, too_small
 from autofit.plan.outcome import Outcome, trial_status
 from autofit.plan.prune import PruneReason, headroom_line, host_ram_bound, prune_reason
 from autofit.plan.rank import RECIPE_KNOBS, TIE_TOLERANCE, faster, recipe_key, slower
@@ -238,40 +238,52 @@ def infeasible_advice(
         else f"GPU memory: {fmt_bytes(est.peak_bytes)} per GPU, mostly "
         f"{part.replace('_', ' ')} ({fmt_bytes(size)})"
     )
+    small = too_small(est, hardware.describe())
+    if small is not None:
+        return small
     lines = [
         f"Nothing in space '{space.name}' fits {hardware.describe()} "
-        f"({fmt_bytes(est.usable_bytes)} usable per GPU, {margin:.0%} headroom kept). Nearest: "
+        f"({fmt_size(est.usable_bytes)} usable per GPU, {margin:.0%} headroom kept). Nearest: "
         f"'{nearest.config.short()}', bound by {bound}."
     ]
+
+    def fits(e: Estimate, hw: Hardware) -> bool:
+        return prune_reason(e, margin, hw) is None
+
     tips = []
     if host_bound:
         need = est.host_bytes / HOST_RAM_USABLE
         tips.append(f"a host with at least {fmt_bytes(need)} of RAM")
-
-    gpus = hardware.gpus
-    for k in (2, 4, 8, 16, 32, 64):
-        n = len(gpus) * k
-        more = replace(hardware, gpus=tuple(replace(gpus[0], index=i) for i in range(n)))
-        more_est = estimate(model, more, nearest.config, device=device)
-        if prune_reason(more_est, margin, more) is None:
-            tips.append(f"{n} GPUs of this kind")
-            break
+    n = more_gpus_that_fit(model, hardware, nearest.config, device, fits)
+    if n is not None:
+        tips.append(f"{n} GPUs of this kind")
     seq = seq_len
     while seq > 128:
         seq //= 2
         cfg = nearest.config.replace(seq_len=seq)
-        if prune_reason(estimate(model, hardware, cfg, device=device), margin, hardware) is None:
+        if fits(estimate(model, hardware, cfg, device=device), hardware):
             tips.append(f"--seq-len {seq}")
             break
     knobs = space.knobs
-    if "nf4" not in knobs["quant"]:
-        tips.append("a space with quant nf4 (--space qlora)")
-    if "params" not in knobs["offload"]:
-        tips.append("a space with offload params (--space full or default)")
-    if "full" not in knobs["checkpointing"]:
-        tips.append("checkpointing full")
+    # the changes the space lacks (what it holds was estimated already), each checked
+    fitting, together = fitting_changes(model, hardware, nearest.config, device, fits)
+    tips += [
+        f"a space with {c.space}"
+        for c in fitting
+        if any(v not in knobs.get(k, ()) for k, v in c.knobs.items())
+    ]
+    if together is not None:
+        tips.append(
+            "a space with all of " + ", ".join(f"{k} {v}" for k, v in together.knobs.items())
+        )
     if tips:
-        lines.append("What would make it fit: " + "; or ".join(tips) + ".")
+        lines.append("What would make it fit, by the estimate: " + "; or ".join(tips) + ".")
+    else:
+        lines.append(
+            "By the estimate, nothing autofit could change makes it fit: not up to "
+            f"{MORE_GPUS[-1]}x the GPUs, a shorter --seq-len, nor the chunked loss, full "
+            "recomputation, micro-batch 1, NF4 or offload, alone or together."
+        )
     return " ".join(lines)
 
 

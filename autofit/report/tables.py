@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autofit.arch import structure_of
+from autofit.config import AUTO_WRAP
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
@@ -18,7 +19,7 @@ from autofit.plan.explain import mesh_line
 from autofit.report.ranked import plan_table
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
-from autofit.units import fmt_bytes, fmt_count, fmt_size
+from autofit.units import fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
 
 
 def hardware_table(hw: Hardware) -> Table:
@@ -136,14 +137,36 @@ def capacity_line(plan: Plan) -> str:
     )
 
 
-def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estimate) -> None:
+def held_as(sharding: str, wrap: str, requested: str | None, n: int, device: str = "cuda") -> str:
+    """How the model is held, and, when the wrap was left to `auto`, what it became here."""
+    text = SHARDING_TEXT.get(sharding, sharding)
+    if requested != AUTO_WRAP:
+        return text
+    each = "CPU process" if device == "cpu" else "GPU"
+    on = f"one {each}" if n <= 1 else f"{n} {each}s"
+    return f"{text}; wrap: auto, which is {wrap} on {on}"
+
+
+def estimate_report(
+    console: Console,
+    model: ModelSpec,
+    hw: Hardware,
+    est: Estimate,
+    device: str = "cuda",
+    requested_wrap: str | None = None,
+) -> None:
+    """`autofit estimate`'s report; `requested_wrap`: the wrap asked for (`auto` when none was
+    named), shown beside the one it became."""
     cfg = est.config
     console.print(
         f"[bold]{model.name}[/] ({fmt_count(structure_of(model).n_params)} params) on "
         f"{hw.describe()}  "
         f"[dim]{cfg.short()}, seq_len {cfg.seq_len}[/]"
     )
-    console.print(f"held as {SHARDING_TEXT.get(est.sharding, est.sharding)}")
+    console.print(
+        "held as " + held_as(est.sharding, cfg.wrap, requested_wrap, est.n_gpus, device),
+        highlight=False,
+    )
     table = Table(title=f"Peak memory per GPU (at the {est.peak_phase} peak)", title_justify="left")
     table.add_column("part")
     table.add_column("size", justify="right")
@@ -172,7 +195,7 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         f"{verdict}: {fmt_size(est.device_bytes)} of "
         f"{fmt_size(est.capacity_bytes)}; step {est.step_time_s:.3f} s "
         f"({', '.join(f'{k} {v:.3f}' for k, v in est.time_breakdown.items() if v)}), "
-        f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
+        f"~{fmt_tokens_per_s(est.tokens_per_s, est.n_gpus, device)}"
     )
     if hw.nodes > 1:
         links = est.communication_by_link
@@ -184,18 +207,40 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
             highlight=False,
         )
     if not est.within_capacity:
-        tips = [
-            "--loss chunked" if cfg.loss == "standard" else "",
-            "--checkpointing full" if cfg.checkpointing != "full" else "",
-            "a smaller --micro-batch (raise --grad-accum to keep the batch)",
-            "--quant nf4 --lora-rank 16" if cfg.quant != "nf4" else "",
-            "--offload optimizer" if cfg.offload == "none" else "",
-            "more GPUs",
-        ]
-        console.print(
-            f"Next step: try {', '.join(t for t in tips if t)}; `autofit plan` searches all of "
-            "these."
+        console.print(next_step(model, hw, est, device), markup=False, highlight=False)
+
+
+def next_step(model: ModelSpec, hw: Hardware, est: Estimate, device: str) -> str:
+    """What would make an estimate that does not fit fit: only the changes the estimate says
+    fit (`autofit.plan.fixes`), or that nothing does."""
+    from autofit.plan.fixes import fitting_changes, more_gpus_that_fit, too_small
+
+    cfg = est.config
+    small = too_small(est, hw.describe())
+    if small is not None:
+        return small
+
+    def fits(e: Estimate, _: Hardware) -> bool:
+        return e.within_capacity
+
+    fitting, together = fitting_changes(model, hw, cfg, device, fits)
+    tips = [c.flags for c in fitting]
+    if together is not None:
+        tips.append(f"all of {together.flags}")
+    n = more_gpus_that_fit(model, hw, cfg, device, fits)
+    if n is not None:
+        tips.append(f"{n} GPUs of this kind")
+    if not tips:
+        return (
+            "Next step: by the estimate nothing autofit could change fits here (the chunked "
+            "loss, full recomputation, a smaller micro-batch, NF4, offload, alone or together, "
+            "or up to 64x the GPUs): plan for GPUs with more memory."
         )
+    return (
+        "Next step, each of which fits by the estimate: "
+        + "; or ".join(tips)
+        + ". `autofit plan` searches these and more."
+    )
 
 
 def pruned_lines(plan: Plan) -> list[str]:
@@ -217,9 +262,13 @@ SHARDING_TEXT = {
 }
 
 
-def trial_report(console: Console, result: TrialResult) -> None:
+def trial_report(console: Console, result: TrialResult, requested_wrap: str | None = None) -> None:
+    """`autofit trial`'s report; `requested_wrap` as `estimate_report` takes it."""
     status = styled(result.status)
-    held = SHARDING_TEXT.get(result.sharding or "", "")
+    held = ""
+    if result.sharding:
+        wrap = str((result.config or {}).get("wrap", ""))
+        held = held_as(result.sharding, wrap, requested_wrap, result.nprocs, result.device)
     console.print(
         f"trial {status}: {result.model} on {result.nprocs} x {result.device}"
         + (f", {held}" if held else "")
@@ -235,7 +284,8 @@ def trial_report(console: Console, result: TrialResult) -> None:
             f"({fmt_size(result.peak_allocated_bytes)} allocated) per GPU{device}; "
             f"build peak {fmt_size(result.build_peak_bytes)}"
         )
-        console.print(f"  {result.tokens_per_s:,.1f} tokens/s; step {result.step_time_s:.3f} s")
+        speed = fmt_tokens_per_s(result.tokens_per_s or 0.0, result.nprocs, result.device)
+        console.print(f"  {speed}; step {result.step_time_s:.3f} s", highlight=False)
         if result.compile_s is not None:
             console.print(
                 f"  compiled: {result.graphs} graph(s), {result.graph_breaks} graph break(s), "
@@ -395,9 +445,15 @@ def calibration_report(console: Console, run: Any) -> None:
             "[red]No trial measured anything[/]: nothing was stored. See the trials above.",
         )
         return
+    memory = _factors(cal.memory)
+    if cal.memory_constant:
+        memory += f"{', ' if memory else ''}constant {fmt_size(cal.memory_constant)}"
+    speed = _factors(cal.speed)
+    if cal.speed_constant:
+        speed += f"{', ' if speed else ''}{cal.speed_constant * 1e3:.2f} ms per micro-step"
     lines = [
-        f"memory factors: {_factors(cal.memory)}; constant {fmt_size(cal.memory_constant)}",
-        f"speed factors: {_factors(cal.speed)}; {cal.speed_constant * 1e3:.2f} ms per micro-step",
+        f"moved from the napkin: memory {memory or 'nothing'}; speed {speed or 'nothing'} "
+        "(every other term is the napkin's, within 0.02)",
         f"measured error (leave-one-out, 90th percentile): memory {cal.memory_band:.1%}, "
         f"speed {cal.speed_band:.1%}; median memory {_pct(cal.memory_error)}, "
         f"speed {_pct(cal.speed_error)}",
@@ -409,18 +465,17 @@ def calibration_report(console: Console, run: Any) -> None:
 
 
 def _factors(factors: dict[str, float]) -> str:
-    return ", ".join(t for k, v in factors.items() if (t := _term(k, v, everything=True)))
+    """The fitted terms that moved from the napkin's value (`_term`)."""
+    return ", ".join(t for k, v in factors.items() if (t := _term(k, v)))
 
 
-def _term(name: str, value: float, everything: bool = False) -> str:
+def _term(name: str, value: float) -> str:
     """A fitted term as people read it: a factor `x1.23`, or a share `+0.45` (of the dynamic
     memory or step time under a mode, of the bytes offloaded; 0 in the napkin). Unmoved ones
-    (within 0.02 of the napkin's value) are left out unless `everything`."""
+    (within 0.02 of the napkin's value) are left out."""
     from autofit.calibration import SHARE_TERMS
 
     share = name in SHARE_TERMS
-    if not everything and abs(value - (0.0 if share else 1.0)) < 0.02:
+    if abs(value - (0.0 if share else 1.0)) < 0.02:
         return ""
-    if share:
-        return f"{name} {value:+.2f}" if everything or value else ""
-    return f"{name} x{value:.2f}"
+    return f"{name} {value:+.2f}" if share else f"{name} x{value:.2f}"
