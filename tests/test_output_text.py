@@ -202,3 +202,16 @@ def test_calibrate_lists_only_what_the_calibration_moved():
     for name in [*NAPKIN_MEMORY, *NAPKIN_SPEED]:
         if name != moved:
             assert f"{name} x" not in text and f"{name} +" not in text
+
+
+@pytest.mark.slow
+def test_a_trial_on_one_process_runs_the_plain_module_by_default():
+    """`autofit trial` with no --wrap on one rank measures the plain module (what one-GPU
+    recipes run), not FSDP2 on a one-rank mesh, and says it chose it."""
+    result = cli("trial", "-m", "llama-debug", "-g", "1", "--device", "cpu", "--seq-len", "32",
+                 "--steps", "1", "--lora-rank", "8")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.stdout.split())
+    assert "trial ok: llama-debug on 1 x cpu, the plain module (no sharding); wrap: auto" in flat
+    assert "which is none on one CPU process" in flat
+    assert re.search(r"[\d,]+ tokens/s on 1 CPU process; step", flat), flat

@@ -64,7 +64,7 @@ class Estimate:
     host_bytes: int  # host RAM for offloaded parts, all ranks of one node (each has its host)
     host_capacity_bytes: int
     step_time_s: float
-    tokens_per_s: float
+    tokens_per_s: float  # the whole run's: every GPU together (n_gpus x one GPU's tokens)
     time_breakdown: dict[str, float] = field(default_factory=dict)
     n_gpus: int = 1
     sharding: str = "fsdp2"  # how the run holds the model: none (plain module), ddp, fsdp2

@@ -101,7 +101,7 @@ def winner_reason(
     else:
         label, r = runner.config.short(), runner.tokens_per_s
         differs = ", ".join(
-            f"{k} {getattr(runner.config, k)}"
+            f"{k}: {getattr(runner.config, k)}"
             for k in RECIPE_KNOBS
             if getattr(runner.config, k) != getattr(best.config, k)
         )
@@ -155,7 +155,8 @@ def mesh_line(comparison: dict[str, Any]) -> str:
     """`mesh_comparison` as one sentence."""
     h, f, gain = comparison["hsdp"], comparison["fsdp"], comparison["hsdp_speedup"]
     return (
-        f"HSDP (shard: node) best: {h['tokens_per_s']:,.0f} tokens/s ('{h['label']}') vs flat "
+        f"HSDP (shard: node) best: {h['tokens_per_s']:,.0f} tokens/s of all GPUs together "
+        f"('{h['label']}') vs flat "
         f"FSDP best: {f['tokens_per_s']:,.0f} tokens/s ('{f['label']}'): "
         f"{abs(gain):.1%} {'faster' if gain >= 0 else 'slower'}; network busy "
         f"{h['network_busy_s']:.3f} s vs {f['network_busy_s']:.3f} s per step, exposed "

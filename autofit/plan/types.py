@@ -40,6 +40,7 @@ class Candidate:
 
     @property
     def tokens_per_s(self) -> float:
+        """Measured where a trial ran, else estimated; the whole run's, every GPU together."""
         if self.measured and self.trial.tokens_per_s is not None:
             return float(self.trial.tokens_per_s)
         return self.estimate.tokens_per_s

@@ -429,8 +429,8 @@ def sweep_line(t: Any) -> str:
         return f"  {r.status:<7} {t.model} {t.config.short()}  {why}"
     return (
         f"  ok      {t.model} {t.config.short()}  peak {fmt_size(r.peak_bytes)} (napkin "
-        f"{fmt_size(est.peak_bytes)})  {r.tokens_per_s or 0:,.0f} tokens/s (napkin "
-        f"{est.tokens_per_s:,.0f})"
+        f"{fmt_size(est.peak_bytes)})  {r.tokens_per_s or 0:,.0f} tokens/s of all {r.nprocs} "
+        f"(napkin {est.tokens_per_s:,.0f})"
     )
 
 
