@@ -113,7 +113,7 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     from autofit.config import Config, Sharding, sharding_for
 
     spec = resolve_model(model)
-    cfg = Config(**{"seq_len": 2048, **knobs})
+    cfg = Config(**{"seq_len": 2048, **knobs}).resolved(world)
     if sharding_for(cfg.wrap, world) is not Sharding.FSDP2:
         raise ValueError(f"wrap={cfg.wrap} on {world} GPU(s) is not FSDP2: nothing to track")
     if dist.is_initialized():
