@@ -184,8 +184,9 @@ def test_progress_lines_table_and_plot_number_trials_alike_and_say_over_line(tmp
 
     table = Console(record=True, width=250)
     table.print(report.trials_table(plan))
-    rows = [line for line in table.export_text().splitlines() if re.match(r"│\s*\d+\s*│", line)]
-    assert [int(row.split("│")[1]) for row in rows] == numbers
+    row = r"^\s*(\d+)\s+(ok|over line|oom|timeout|error)\s"
+    rows = [line for line in table.export_text().splitlines() if re.match(row, line)]
+    assert [int(row.split()[0]) for row in rows] == numbers
 
     over = [c for c in plan.trials if c.config.wrap == "none"]
     assert over, "the fake must put an unsharded run over the line"
@@ -195,7 +196,7 @@ def test_progress_lines_table_and_plot_number_trials_alike_and_say_over_line(tmp
         if m:
             assert (m.group(2) == "over line") is (int(m.group(1)) in over_numbers), line
     for row in rows:
-        assert ("over line" in row) is (int(row.split("│")[1]) in over_numbers), row
+        assert ("over line" in row) is (int(row.split()[0]) in over_numbers), row
 
     fig = trials_figure(plan, plan.allowed_bytes)
     peaks, speeds = fig.axes

@@ -14,10 +14,11 @@ from autofit.config import AUTO_WRAP
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
-from autofit.plan import Outcome, Plan, trial_status
+from autofit.plan import Outcome, Plan
 from autofit.plan.explain import mesh_line
 from autofit.report.ranked import plan_table
 from autofit.report.style import styled
+from autofit.report.trials import pct, trials_table
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
 
@@ -296,61 +297,6 @@ def trial_report(console: Console, result: TrialResult, requested_wrap: str | No
         console.print(f"  {result.message}")
 
 
-def trials_table(plan: Plan) -> Table:
-    """Every real trial of a search: the napkin and the calibrated estimate (made before the trial
-    ran) beside the measurement, the winner marked, and the median |error| of each estimate over
-    the study in the last row. `#` is the Optuna trial number, as in the progress lines; a run
-    over the headroom line reads `over line`."""
-
-    line = plan.allowed_bytes
-    n = plan.hardware.n_gpus
-    each = "CPU processes" if plan.device == "cpu" else "GPUs"
-    together = f"; tokens/s of all {n} {each} together" if n > 1 else ""
-    title = f"Trials (peaks per GPU, headroom line {fmt_size(line)}{together})"
-    table = Table(title=title, title_justify="left")
-    calibrated = any(c.calibrated for c in plan.trials)
-    cols = ["#", "status", "config", "peak", "napkin", "calibrated", "tokens/s", "napkin",
-            "calibrated"]  # fmt: skip
-    if not calibrated:
-        cols = [c for c in cols if c != "calibrated"]
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("status", "config") else "right")
-    best = plan.best.config if plan.best is not None else None
-    for i, c in enumerate(plan.trials):
-        t = c.trial
-        status = trial_status(t, line)
-        mark = " [bold]<- winner[/]" if c.config == best else ""
-        cal = c.calibrated or {}
-        peak = [fmt_size(c.estimate.peak_bytes)]
-        speed = [f"{c.estimate.tokens_per_s:,.0f}"]
-        if calibrated:
-            peak.append(fmt_size(cal["peak_bytes"]) if cal else "-")
-            speed.append(f"{cal['tokens_per_s']:,.0f}" if cal else "-")
-        table.add_row(
-            str(c.number if c.number is not None else i),
-            styled(status),
-            c.config.short() + mark,
-            fmt_size(t.peak_bytes) if t.peak_bytes else "-",
-            *peak,
-            f"{t.tokens_per_s:,.0f}" if t.status == Outcome.OK and t.tokens_per_s else "-",
-            *speed,
-        )
-    summary = plan.calibration or {}
-    if summary:
-        mem = [_pct(summary.get("napkin_memory_error"))]
-        spd = [_pct(summary.get("napkin_speed_error"))]
-        if calibrated:
-            mem.append(_pct(summary.get("calibrated_memory_error")))
-            spd.append(_pct(summary.get("calibrated_speed_error")))
-        table.add_section()
-        table.add_row("", "", "[dim]median |error|[/]", "", *mem, "", *spd)
-    return table
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
 def calibration_lines(plan: Plan) -> list[str]:
     """How measurements corrected the napkin: the source and the factors that moved."""
     cal = plan.calibration
@@ -455,8 +401,8 @@ def calibration_report(console: Console, run: Any) -> None:
         f"moved from the napkin: memory {memory or 'nothing'}; speed {speed or 'nothing'} "
         "(every other term is the napkin's, within 0.02)",
         f"measured error (leave-one-out, 90th percentile): memory {cal.memory_band:.1%}, "
-        f"speed {cal.speed_band:.1%}; median memory {_pct(cal.memory_error)}, "
-        f"speed {_pct(cal.speed_error)}",
+        f"speed {cal.speed_band:.1%}; median memory {pct(cal.memory_error)}, "
+        f"speed {pct(cal.speed_error)}",
         f"stored ({cal.n_trials} measured trials of this machine): {run.path}",
         "Every later `autofit plan` on this machine starts from it; --no-calibration ignores it.",
     ]

@@ -57,3 +57,22 @@ def test_export_json_prints_one_object_and_the_plan_says_cpu_processes(fake, sea
                               "--json"])  # fmt: skip
     assert bad.exit_code == 2
     assert "Unknown export format" in json.loads(bad.stdout)["error"]
+
+
+def test_a_searched_plans_report_fits_80_columns(fake, search_kwargs):
+    """What `autofit plan` prints after trials (the trials table, the tally, the winner) fits
+    an 80-column terminal, and its tokens/s say they are both CPU processes' together."""
+    from rich.console import Console
+
+    from autofit.report import plan_report
+    from autofit.search import search
+
+    plan = search(run_trial=fake, **search_kwargs)
+    console = Console(record=True, width=80)
+    plan_report(console, plan)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = " ".join(" ".join(lines).split())
+    assert "tokens/s: all 2 CPU processes together" in text
+    assert "measured" in text and "tokens/s for all 2 CPU processes together" in text
+    assert "…" not in text  # nothing cut short
