@@ -215,3 +215,18 @@ def test_a_trial_on_one_process_runs_the_plain_module_by_default():
     assert "trial ok: llama-debug on 1 x cpu, the plain module (no sharding); wrap: auto" in flat
     assert "which is none on one CPU process" in flat
     assert re.search(r"[\d,]+ tokens/s on 1 CPU process; step", flat), flat
+
+
+def test_a_plan_file_that_says_wrap_auto_is_read_as_what_it_stands_for(tmp_path):
+    from autofit.export import load_plan
+
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs: {micro_batch: [1], wrap: [layer]}\n")
+    plan = autofit.plan("llama-debug", "2", device="cpu", seq_len=64, trials=0, space=space)
+    path = tmp_path / "plan.yaml"
+    plan.export("autofit", path)
+    path.write_text(path.read_text().replace("wrap: layer", "wrap: auto"))
+    loaded = load_plan(path)
+    assert loaded.best.config.wrap == "layer"  # FSDP2 on its 2 processes
+    written = loaded.export("accelerate", tmp_path / "accelerate.yaml")
+    assert "distributed_type: FSDP" in written[0].read_text()
