@@ -367,12 +367,20 @@ def calibrate(
     every later plan here (`autofit.calibration`); `quick`: one model, the six most telling
     variants. `on_start(i, n, model, config)` and `on_trial(i, n, trial)` report progress."""
     from autofit.calibration.sweep import calibrate as run_sweep
-    from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
+    from autofit.hardware import check_trial_hardware, is_preset, resolve_hardware, trial_memory_cap
 
     check_steps(steps)
     check_trial_timeout(trial_timeout)
+    if isinstance(gpus, str) and is_preset(gpus):
+        raise HardwareError(
+            f"--gpus {gpus} names what-if hardware (a preset), but a calibration measures this "
+            "machine and is stored as its own: trials of a preset would run on whatever this "
+            "machine has (on --device cpu, CPU processes) and every later plan here would start "
+            "from them. Use --gpus auto (or N, or indices like 0,2) for this machine's GPUs, or "
+            "--device cpu --gpus N to calibrate N processes on its CPU."
+        )
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
-    check_trial_hardware(hw, device, gpus)
+    check_trial_hardware(hw, device, gpus, command="calibrate")
     return run_sweep(
         hw, device, gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
         trial_timeout=trial_timeout, quick=quick, on_start=on_start, on_trial=on_trial,
@@ -410,7 +418,7 @@ def trial(
     spec = resolve_model(model)
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
-    check_trial_hardware(hw, device, gpus)
+    check_trial_hardware(hw, device, gpus, command="trial")
     cfg = _config(knobs, spec, hw)
     if cfg.lora_targets is not None:
         from autofit.arch import structure_of

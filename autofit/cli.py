@@ -6,6 +6,7 @@ import contextlib
 import functools
 import inspect
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 import autofit
@@ -36,11 +37,25 @@ app = typer.Typer(
 )
 
 
+PIPE_WIDTH = 160
+"""Columns of output that goes to neither a terminal nor a width named by `COLUMNS` (a pipe, CI)."""
+
+
+class _Console(Console):
+    """rich's Console as wide as the terminal, or as `COLUMNS` says (read when printing, so a
+    width set after import counts); elsewhere (pipes, CI, tests) `PIPE_WIDTH`, so long lines
+    are not wrapped at rich's 80."""
+
+    @property  # type: ignore[override]
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+            return size
+        return ConsoleDimensions(PIPE_WIDTH, size.height)
+
+
 def _console(stderr: bool = False) -> Console:
-    """Rich console; when output is not a terminal (pipes, CI, tests) use a wide fixed width so
-    tables are not squeezed to 80 columns."""
-    probe = Console(stderr=stderr)
-    return Console(stderr=stderr, highlight=False, width=None if probe.is_terminal else 160)
+    return _Console(stderr=stderr, highlight=False)
 
 
 out = _console()
@@ -346,7 +361,9 @@ def estimate(
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
-    report.estimate_report(out, resolve_model(model), hw, est)
+    report.estimate_report(
+        out, resolve_model(model), hw, est, device, requested_wrap=knobs.get("wrap", "auto")
+    )
     if hist is not None:
         out.print(report.lengths_line(hist, seq_len), markup=False)
 
@@ -392,7 +409,7 @@ def trial(
     if json_out:
         _emit_json(result.to_dict())
     else:
-        report.trial_report(out, result)
+        report.trial_report(out, result, requested_wrap=knobs.get("wrap", "auto"))
     if result.status not in ("ok", "oom"):
         raise typer.Exit(1)
 
@@ -576,6 +593,7 @@ def export(
     study: str = typer.Option(..., "--study", help="Study name."),
     fmt: str = typer.Option("autofit", "--format", help="autofit, accelerate or trainer."),
     output: Path = typer.Option(..., "--output", "-o", help="File to write."),
+    json_out: bool = JSON,
 ) -> None:
     """Export the winner of an existing study without running anything."""
     try:
@@ -588,10 +606,32 @@ def export(
         result = load_study_plan(storage, study)
         written = result.export(fmt, output)
     except AutofitError as exc:
-        _fail(exc)
+        _fail(exc, json_out, "export")
+    if json_out:
+        _emit_json(_export_dict(result, fmt, written))
+        return
     for path in written:
         out.print(f"wrote {path}")
     _print_launch(result, fmt, written[0])
+
+
+def _export_dict(result: Any, fmt: str, written: list[Path]) -> dict[str, Any]:
+    """`autofit export --json`: the files written, the launch commands and the winner."""
+    from autofit.export import launch_lines, launch_note
+
+    fmt = fmt.strip().lower()
+    best = result.best
+    return {
+        "format": fmt,
+        "written": [str(p) for p in written],
+        "launch": [
+            {"command": line.command, "where": line.where}
+            for line in launch_lines(result, fmt, written[0])
+        ],
+        "launch_note": launch_note(result, fmt, written[0]),
+        "best": best.to_dict() if best is not None else None,
+        "reason": result.reason,
+    }
 
 
 def _print_launch(result: Any, fmt: str, path: Path) -> None:

@@ -111,9 +111,10 @@ class Config:
         maximum=MAX_COUNT,
     )  # fmt: skip
     wrap: str = knob(
-        "layer", "FSDP2 units: each decoder layer, groups of 2/4 layers, one unit; or none (one "
-        "GPU: the plain module; several: DDP replicas)",
-        choices=("layer", "every-2", "every-4", "model", "none"),
+        "auto", "how the model is held: auto = none on one GPU, layer on several (resolved "
+        "before anything is estimated or built); FSDP2 units: each decoder layer, groups of 2/4 "
+        "layers, one unit; or none (one GPU: the plain module; several: DDP replicas)",
+        choices=("auto", "layer", "every-2", "every-4", "model", "none"),
         label=lambda c: f"wrap={c.wrap}" + ("" if c.reshard else "/keep"),
     )  # fmt: skip
     shard: str = knob(
@@ -240,6 +241,13 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
+    def resolved(self, n_gpus: int) -> Config:
+        """This config as it runs on `n_gpus` GPUs: `wrap: auto` replaced by the value it stands
+        for there (`resolve_wrap`); a config with a real wrap is returned as it is."""
+        if self.wrap != AUTO_WRAP:
+            return self
+        return self.replace(wrap=resolve_wrap(AUTO_WRAP, n_gpus, self.offload, self.shard))
+
     def settings(self) -> dict[str, Any]:
         """The settings that differ from their defaults, JSON-ready (targets as a list)."""
         out: dict[str, Any] = {}
@@ -342,10 +350,32 @@ class Sharding(str, enum.Enum):
         return self.value
 
 
+AUTO_WRAP = "auto"
+"""`wrap`'s default: how the best recipes hold the model on the GPUs at hand (`resolve_wrap`)."""
+
+
+def resolve_wrap(wrap: str, n_gpus: int, offload: str = "none", shard: str = "all") -> str:
+    """The wrap `wrap: auto` stands for on `n_gpus` GPUs: the plain module (`none`) on one GPU,
+    as torchtune's single-device recipes and HF Trainer run it, and FSDP2 per decoder layer
+    (`layer`, torchtitan's layout) on several; also `layer` where a knob needs FSDP2 (`offload:
+    params`, `shard: node`). Any other value is itself. The estimator, the builder, a trial and a
+    space resolve `auto` with this before anything reads the wrap (`Config.resolved`)."""
+    if wrap != AUTO_WRAP:
+        return wrap
+    needs_fsdp = offload == "params" or shard == "node"
+    return "none" if n_gpus <= 1 and not needs_fsdp else "layer"
+
+
 def sharding_for(wrap: str, n_gpus: int) -> Sharding:
     """`wrap: none` is the plain module on one GPU and DDP replicas on several; any other wrap is
     FSDP2 (on one GPU a one-rank mesh, which only param offload or a measured win justifies).
-    The builder and the estimator both read this rule."""
+    The builder and the estimator both read this rule; `auto` must be resolved first
+    (`resolve_wrap`), and is refused here so that nothing reads it unresolved."""
+    if wrap == AUTO_WRAP:
+        raise ValueError(
+            "internal error: wrap 'auto' reached the builder or the estimator unresolved "
+            "(Config.resolved(n_gpus) resolves it)"
+        )
     if wrap == "none":
         return Sharding.NONE if n_gpus <= 1 else Sharding.DDP
     return Sharding.FSDP2

@@ -42,6 +42,7 @@ from pydantic import (
 )
 
 from autofit.config import (
+    AUTO_WRAP,
     KNOB_HELP,
     KNOBS,
     LORA_SETTINGS,
@@ -54,6 +55,7 @@ from autofit.config import (
     knob_type,
     loss_unavailable,
     quant_without_lora,
+    resolve_wrap,
 )
 from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
@@ -107,14 +109,27 @@ class Space:
             total *= len(values)
         return total
 
-    def knobs_on(self, nodes: int, data: bool = False) -> dict[str, tuple[Any, ...]]:
+    def knobs_on(
+        self, nodes: int, n_gpus: int | None = None, data: bool = False
+    ) -> dict[str, tuple[Any, ...]]:
         """The knob values that make different runs on `nodes` nodes: on one node `shard: node`
-        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept;
-        without the data's lengths (`data`) every sequence is `seq_len` long, where every
+        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept.
+        With `n_gpus`, `wrap: auto` is replaced by the values it stands for there
+        (`autofit.config.resolve_wrap` under each offload and shard of the space), each value
+        once: a space that lists `auto` beside what it resolves to makes no config twice.
+        Without the data's lengths (`data`) every sequence is `seq_len` long, where every
         `batching` is the same run, so only its default is kept."""
         knobs = self.knobs
         if nodes <= 1 and "node" in knobs["shard"]:
             knobs = {**knobs, "shard": ("all",)}
+        if n_gpus is not None and AUTO_WRAP in knobs["wrap"]:
+            wraps = [
+                resolve_wrap(w, n_gpus, offload, shard)
+                for w in knobs["wrap"]
+                for offload in knobs["offload"]
+                for shard in knobs["shard"]
+            ]
+            knobs = {**knobs, "wrap": tuple(dict.fromkeys(wraps))}
         if not data and knobs["batching"] != (_DEFAULTS.batching,):
             knobs = {**knobs, "batching": (_DEFAULTS.batching,)}
         return knobs
@@ -170,7 +185,7 @@ class Space:
         with (`data`) or without the data's lengths (`knobs_on`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
-        knobs = self.knobs_on(nodes, data)
+        knobs = self.knobs_on(nodes, n_gpus, data)
         accum_values = (None,) if global_batch else knobs["grad_accum"]
         out: list[Config] = []
         skipped: Counter[str] = Counter()

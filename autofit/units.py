@@ -77,3 +77,12 @@ def fmt_size(n: float | None) -> str:
     if scale == 1:
         return f"{n:.0f} B"
     return f"{n / scale:.1f} {name}"
+
+
+def fmt_tokens_per_s(total: float, n: int, device: str = "cuda") -> str:
+    """A run's tokens/s as every report words it: for all `n` GPUs (CPU processes on `device`
+    cpu) together, and per GPU. Every tokens/s autofit reports is the whole run's."""
+    each, all_ = ("CPU process", "CPU processes") if device == "cpu" else ("GPU", "GPUs")
+    if n <= 1:
+        return f"{total:,.0f} tokens/s on 1 {each}"
+    return f"{total:,.0f} tokens/s for all {n} {all_} together ({total / n:,.0f} per {each})"

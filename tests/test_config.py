@@ -130,8 +130,30 @@ def test_from_dict_rejects_unknown_keys_naming_the_place():
 
 def test_short_label_names_the_departures_from_defaults():
     cfg = Config(quant="nf4", lora_rank=64, micro_batch=8, grad_accum=4, checkpointing="full")
-    assert cfg.short() == "nf4 r64 mb8x4 wrap=layer ckpt=full"
-    assert Config().short() == "full mb1x1 wrap=layer"
+    assert cfg.short() == "nf4 r64 mb8x4 wrap=auto ckpt=full"
+    assert cfg.resolved(1).short() == "nf4 r64 mb8x4 wrap=none ckpt=full"
+    assert cfg.resolved(2).short() == "nf4 r64 mb8x4 wrap=layer ckpt=full"
+    assert Config().short() == "full mb1x1 wrap=auto"
+
+
+def test_wrap_auto_is_the_plain_module_on_one_gpu_and_fsdp2_on_several():
+    from autofit.config import Sharding, sharding_for
+
+    assert Config().wrap == "auto"
+    # torchtune's single-device recipes and HF Trainer on one GPU hold the plain module;
+    # torchtitan shards per decoder layer on several
+    assert Config().resolved(1).wrap == "none"
+    assert Config().resolved(8).wrap == "layer"
+    # param offload and HSDP need FSDP2, also on one GPU (answer.ai's one-rank FSDP offload)
+    assert Config(offload="params").resolved(1).wrap == "layer"
+    assert Config(shard="node").resolved(1).wrap == "layer"
+    # an explicit wrap is kept as it is, on any count
+    assert Config(wrap="every-2").resolved(1).wrap == "every-2"
+    assert Config(wrap="none").resolved(4).wrap == "none"
+    # nothing that reads the wrap may see `auto` unresolved
+    with pytest.raises(ValueError, match="unresolved"):
+        sharding_for("auto", 1)
+    assert sharding_for(Config().resolved(1).wrap, 1) is Sharding.NONE
 
 
 def test_global_batch_divides_into_grad_accum_or_not_at_all():
@@ -236,8 +258,8 @@ def test_from_dict_checks_settings_naming_the_place():
 
 def test_short_label_shows_settings_only_when_not_the_default():
     cfg = Config(lora_rank=16, lora_targets=["q_proj", "v_proj"], lora_dropout=0.05)
-    assert cfg.short() == "lora r16 mb1x1 wrap=layer targets=q_proj,v_proj drop=0.05"
-    assert Config(lora_rank=16).short() == "lora r16 mb1x1 wrap=layer"
+    assert cfg.short() == "lora r16 mb1x1 wrap=auto targets=q_proj,v_proj drop=0.05"
+    assert Config(lora_rank=16).short() == "lora r16 mb1x1 wrap=auto"
 
 
 # ----- train_embeddings: the embeddings and LM head beside a LoRA base --------------------------
@@ -285,7 +307,7 @@ def test_train_embeddings_round_trips_and_shows_in_the_label():
     assert data["train_embeddings"] == "tokens:3"
     assert Config.from_dict(json.loads(json.dumps(data))) == cfg
     assert "train_embeddings" not in Config(lora_rank=16).to_dict()  # the default stays out
-    assert cfg.short() == "lora r16 mb1x1 wrap=layer emb=tokens:3"
+    assert cfg.short() == "lora r16 mb1x1 wrap=auto emb=tokens:3"
 
 
 def _readme_rows(first_header: str) -> list[list[str]]:

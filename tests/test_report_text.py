@@ -54,7 +54,7 @@ def test_trial_report_prints_the_measured_numbers():
     assert lines == [
         "trial ok: llama-debug on 2 x cpu, FSDP2",
         "  peak 21.0 MiB reserved (20.5 MiB allocated) per GPU; build peak 1.5 MiB",
-        "  12,800.0 tokens/s; step 0.320 s",
+        "  12,800 tokens/s for all 2 CPU processes together (6,400 per CPU process); step 0.320 s",
         "  losses: 6.9315, 6.5000",
     ]
 
@@ -129,7 +129,7 @@ def test_estimate_report_for_llama_7b_qlora_on_two_rtx_3090s():
     # and tokens/s = 1 x 4 x 2 GPUs x 2048 tokens = 16,384 tokens per step over the step time.
     verdict = next(line for line in lines if line.startswith(("fits:", "does not fit:")))
     text = " ".join(" ".join(lines[lines.index(verdict) :]).split())  # rich wraps at 120
-    m = re.search(r"step (\d+\.\d{3}) s .*~([\d,]+) tokens/s over 2 GPU\(s\)", text)
+    m = re.search(r"step (\d+\.\d{3}) s .*~([\d,]+) tokens/s for all 2 GPUs together", text)
     assert m, text
     tokens_per_s = int(m.group(2).replace(",", ""))
     assert tokens_per_s == pytest.approx(16_384 / float(m.group(1)), abs=1)

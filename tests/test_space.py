@@ -82,9 +82,33 @@ def test_space_from_a_path(tmp_path):
     space = load_space(str(path))
     assert space.name == "mine" and space.seq_len == 1024
     assert space.knobs["lora_rank"] == (16, 32)
-    assert space.knobs["wrap"] == ("layer",)  # unlisted knobs take the Config default
+    assert space.knobs["wrap"] == ("auto",)  # unlisted knobs take the Config default
     configs, _ = space.candidates(1)
     assert len(configs) == 4
+    assert {c.wrap for c in configs} == {"none"}  # `auto` on one GPU: the plain module
+    assert {c.wrap for c in space.candidates(2)[0]} == {"layer"}  # FSDP2 on several
+
+
+def test_wrap_auto_beside_what_it_resolves_to_makes_no_config_twice():
+    """`wrap: [auto, none, layer]` is `[none, layer]`: auto is resolved before the space's
+    candidates are enumerated, so each config comes once and the counts add up."""
+    both = parse_space({"knobs": {"wrap": ["auto", "none", "layer"], "offload": ["none", "params"],
+                                  "micro_batch": [1, 2]}}, "x")  # fmt: skip
+    plain = parse_space({"knobs": {"wrap": ["none", "layer"], "offload": ["none", "params"],
+                                   "micro_batch": [1, 2]}}, "x")  # fmt: skip
+    for n_gpus in (1, 2):
+        configs, skipped = both.candidates(n_gpus)
+        assert len(configs) == len(set(configs))
+        assert "auto" not in {c.wrap for c in configs}
+        expected, expected_skipped = plain.candidates(n_gpus)
+        assert set(configs) == set(expected) and len(configs) == len(expected)
+        assert skipped == expected_skipped
+    # on one GPU: the plain module, and FSDP2 only where param offload needs it (2 x 1 each)
+    one = both.candidates(1)[0]
+    assert (
+        sorted((c.wrap, c.offload) for c in one)
+        == [("layer", "params")] * 2 + [("none", "none")] * 2
+    )
 
 
 def test_scalar_knob_values_are_one_element_lists(tmp_path):
@@ -175,7 +199,7 @@ def test_space_file_lora_targets_reach_every_candidate(tmp_path):
     }
     for cfg in configs:  # as a validated Config reads them
         assert Config.from_dict(cfg.to_dict()) == cfg
-    assert configs[-1].short() == "lora r16 mb2x1 wrap=layer targets=q_proj,v_proj drop=0.05"
+    assert configs[-1].short() == "lora r16 mb2x1 wrap=none targets=q_proj,v_proj drop=0.05"
 
 
 def test_space_file_train_embeddings_reach_the_lora_candidates(tmp_path):

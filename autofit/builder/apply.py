@@ -202,6 +202,7 @@ def prepare(
     node (default `world`: one node). Returns the model to call and its layout."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
+    config = config.resolved(world)
     layout = layout_of(config, world, local_world or world, len(decoder_layers(model)), device.type)
     sharding = layout.sharding
     model = adapt(model, config, autocast=layout.autocast)
@@ -332,6 +333,7 @@ def apply(
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     world = _world()
+    config = config.resolved(world)  # `wrap: auto`: the plain module on one rank, FSDP2 on several
     built, layout = prepare(model, config, dev, world, _local_world(config, world))
     optimizer = build_optimizer(
         built, config, dev.type, keep_gradients=layout.sharding is Sharding.DDP, lr=lr

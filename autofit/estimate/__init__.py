@@ -12,7 +12,7 @@ from operator import attrgetter
 from typing import Any
 
 from autofit.arch import structure_of
-from autofit.config import Config
+from autofit.config import AUTO_WRAP, Config
 from autofit.data import LengthHistogram
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
@@ -66,7 +66,7 @@ class Estimate:
     host_bytes: int  # host RAM for offloaded parts, all ranks of one node (each has its host)
     host_capacity_bytes: int
     step_time_s: float
-    tokens_per_s: float
+    tokens_per_s: float  # the whole run's: every GPU together (n_gpus x one GPU's tokens)
     time_breakdown: dict[str, float] = field(default_factory=dict)
     n_gpus: int = 1
     sharding: str = "fsdp2"  # how the run holds the model: none (plain module), ddp, fsdp2
@@ -213,6 +213,8 @@ def estimate_many(
     # a space has a few hundred thousand configs: names bound once, fields given in order
     append, hold, peak_of, timed_of = out.append, held.append, peaks.of, step_times.get
     for config in configs:
+        if config.wrap == AUTO_WRAP:  # the default: what it stands for on these GPUs
+            config = config.resolved(n)
         at_peak = at_step = config
         tokens: float = config.micro_batch * config.grad_accum * n * config.seq_len
         padding = 0.0

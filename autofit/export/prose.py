@@ -18,6 +18,7 @@ from autofit.export.layout import (
 from autofit.export.schema import MARKER, env_text
 from autofit.recipe import FP32, trained_embedding_modules, trained_token_ids
 from autofit.settings import ALL_LINEAR, trained_token_count
+from autofit.units import fmt_size
 
 
 def measured_path(doc: dict[str, Any]) -> list[str]:
@@ -25,12 +26,17 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
     cfg = doc["config"]
     n = int(doc["hardware"]["n_gpus"])
     nodes, per_node = plan_nodes(doc)
-    gpus = f"{n} GPUs ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} GPUs"
+    cpu = doc["hardware"].get("device") == "cpu"
+    unit = "CPU processes" if cpu else "GPUs"
+    gpus = f"{n} {unit} ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} {unit}"
+    if cpu:
+        gpus += " (gloo)"
     sharding = plan_sharding(doc)
     mixed = plan_layout(doc).param_dtype == FP32
     if sharding is Sharding.NONE:
         lines = [
-            "# Measured path: the plain module on one GPU (no DDP, no FSDP), "
+            f"# Measured path: the plain module on one {'CPU process' if cpu else 'GPU'} (no "
+            "DDP, no FSDP), "
             + ("fp32 trainable params under bf16 autocast." if mixed else "all in bf16.")
         ]
     elif sharding is Sharding.DDP:
@@ -69,7 +75,7 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
                 f"in a node, then all-reduced across nodes), laid out as torchtitan: {units}."
             ]
         else:
-            where = f"{n} GPU{'s' if n > 1 else ''}" if nodes == 1 else gpus
+            where = gpus if n > 1 or cpu else "1 GPU"
             lines = [f"# Measured path: FSDP2 on {where} laid out as torchtitan: {units}."]
         extra = []
         if cfg.get("train_embeddings", "none") == "full":
@@ -90,12 +96,31 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def memory_and_speed(doc: dict[str, Any]) -> list[str]:
+    """The winner's peak against the one capacity its plan held it to, and what its tokens/s
+    (`tokens_per_s` below) count: the whole run, every GPU together."""
+    hw = doc["hardware"]
+    n = int(hw["n_gpus"])
+    cpu = hw.get("device") == "cpu"
+    usable = hw.get("usable_bytes")
+    of = f" of {fmt_size(usable)} usable" if usable else ""
+    if n > 1:
+        speed = f"all {n} {'CPU processes' if cpu else 'GPUs'} together"
+    else:
+        speed = f"its one {'CPU process' if cpu else 'GPU'}"
+    return [
+        f"# Peak {fmt_size(doc.get('peak_bytes'))} reserved per GPU{of}; tokens_per_s is "
+        f"the whole run's, {speed}."
+    ]
+
+
 def header(doc: dict[str, Any], what: str) -> list[str]:
     cfg = doc["config"]
     lines = [
         f"# {what}, {MARKER} {doc.get('autofit_version', __version__)} for {doc['model']} on "
         f"{doc['hardware']['description']}.",
         f"# Winner: {doc.get('label', '')}; {doc.get('reason', '')}".rstrip(),
+        *memory_and_speed(doc),
         *measured_path(doc),
     ]
     if env_text(doc):  # CUDA allocator settings; none for a CPU plan

@@ -48,6 +48,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
             "nodes": plan.hardware.nodes,
             "gpus_per_node": plan.hardware.gpus_per_node,
             "capacity_bytes": plan.hardware.capacity_bytes,
+            "usable_bytes": int(plan.usable_bytes),
             "device": plan.device,
         },
         "seq_len": plan.seq_len,
@@ -152,7 +153,11 @@ def load_plan(path: str | Path) -> LoadedPlan:
         )
     if not isinstance(data.get("config"), dict):
         raise AutofitError(f"{p}: the plan has no `config:` mapping with the winner's knobs.")
-    config = Config.from_dict(data["config"], where=str(p))  # ConfigError names the bad knob
+    n_gpus = int((data.get("hardware") or {}).get("n_gpus") or 1)
+    # ConfigError names the bad knob; a hand-written `wrap: auto` is read as what it stands for on
+    # the plan's GPUs, so the exports and `autofit.apply` never see it unresolved
+    config = Config.from_dict(data["config"], where=str(p)).resolved(n_gpus)
+    data["config"] = {**data["config"], "wrap": config.wrap}
     best = LoadedBest(
         config=config,
         tokens_per_s=data.get("tokens_per_s"),

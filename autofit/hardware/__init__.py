@@ -31,15 +31,34 @@ __all__ = [
     "local_hardware",
     "preset_hardware",
     "check_trial_hardware",
+    "is_preset",
     "resolve_gpus",
     "resolve_hardware",
 ]
 
 NO_GPU_HINT = (
-    "To plan for hardware you do not have, name it: --gpus 2xrtx3090, --gpus 8xh100-80gb "
-    "(`autofit hardware --presets` lists the names); add --no-trials for an estimate-only plan, "
-    "or --device cpu to run real trials of small models on this CPU."
+    "To estimate or plan for hardware you do not have, name it: --gpus 2xrtx3090, --gpus "
+    "8xh100-80gb (`autofit hardware --presets` lists the names); or use --device cpu to run real "
+    "trials of small models on this CPU."
 )
+
+TRIALS_HERE_HINT = {
+    "plan": "Add --no-trials to plan from estimates alone, use --gpus auto (or N) to run trials "
+    "on this machine's GPUs, or --device cpu to run the trials of a small model on this CPU.",
+    "trial": "A trial runs on this machine: use --gpus auto (or N) for its GPUs, or --device cpu "
+    "to run a small model's trial on this CPU; `autofit estimate` takes hardware you do not have.",
+    "calibrate": "Calibration measures this machine: use --gpus auto (or N) for its GPUs, or "
+    "--device cpu --gpus N for N processes on its CPU.",
+}
+"""What to do instead of trials on hardware this machine lacks, by command (`trial` and
+`calibrate` have no --no-trials to offer)."""
+
+
+def is_preset(gpus: str) -> bool:
+    """`--gpus` names what-if hardware (`2xrtx3090`, `4x8xh100-80gb`, `h100-80gb`), not this
+    machine's GPUs or CPU processes."""
+    text = gpus.strip()
+    return bool(_NKX.match(text) or _KX.match(text) or find_preset(text.lower()))
 
 
 def local_hardware() -> Hardware:
@@ -255,7 +274,7 @@ def trial_memory_cap(hw: Hardware, device: str, gpu_memory: str | int | None) ->
 
 
 def check_trial_hardware(
-    hw: Hardware, device: str, gpus: str | Hardware, per_node: bool = False
+    hw: Hardware, device: str, gpus: str | Hardware, per_node: bool = False, command: str = "plan"
 ) -> None:
     """Refuse, before any trial runs, hardware that trials cannot run on here: a what-if preset
     (`--gpus 2xrtx3090`) on a machine without those GPUs, or far more CPU processes than cores
@@ -264,7 +283,7 @@ def check_trial_hardware(
     several nodes, where each node's planner starts that node's share of them on its own host."""
     here = hw.gpus_per_node if per_node else hw.n_gpus  # the trial processes this host runs
     if device == "cpu":
-        _check_cpu_ranks(here, cpu_cores(), str(gpus))
+        _check_cpu_ranks(here, cpu_cores(), str(gpus), command)
         return
     if hw.source != "preset":
         return
@@ -286,13 +305,12 @@ def check_trial_hardware(
     raise user_error(
         f"--gpus {gpus} names hardware to plan for ({hw.describe()}), but trials run on real "
         f"GPUs and {here}.",
-        "Add --no-trials to plan from estimates alone, use --gpus auto (or N) to run trials on "
-        "this machine's GPUs, or --device cpu to run the trials of a small model on this CPU.",
+        TRIALS_HERE_HINT.get(command, TRIALS_HERE_HINT["plan"]),
         HardwareError,
     )
 
 
-def _check_cpu_ranks(nprocs: int, cores: int, gpus: str) -> None:
+def _check_cpu_ranks(nprocs: int, cores: int, gpus: str, command: str = "plan") -> None:
     if nprocs <= cores:
         return
     if nprocs > 2 * cores:
@@ -303,8 +321,13 @@ def _check_cpu_ranks(nprocs: int, cores: int, gpus: str) -> None:
             "core(s): each would get a sliver of a core, so the trials would crawl and their "
             "speeds would say nothing about the configs.",
             f"Use --gpus {cores} or fewer with --device cpu (one process per core; up to "
-            f"{2 * cores} run, with a warning), or plan for {nprocs} GPUs from estimates alone: "
-            f"--gpus {nprocs}xNAME --no-trials (e.g. {nprocs}xh100-80gb).",
+            f"{2 * cores} run, with a warning)"
+            + (
+                f", or plan for {nprocs} GPUs from estimates alone: --gpus {nprocs}xNAME "
+                f"--no-trials (e.g. {nprocs}xh100-80gb)."
+                if command == "plan"
+                else "."
+            ),
             HardwareError,
         )
     import warnings

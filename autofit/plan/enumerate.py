@@ -136,7 +136,9 @@ def plan_estimates(request: PlanRequest) -> Plan:
         calibration={"mode": r.calibration, **cal.to_dict()} if cal is not None else None,
     )
     if fitting:
-        plan.reason = winner_reason(fitting[0], fitting[1:], r.hardware, measured=False)
+        plan.reason = winner_reason(
+            fitting[0], fitting[1:], r.hardware, measured=False, device=r.device
+        )
         plan.reason += loss_note(fitting[0], r)
     else:
         plan.advice = infeasible_advice(

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autofit.config import derive_grad_accum
-from autofit.estimate import estimate
+from autofit.estimate import Estimate, estimate
 from autofit.estimate.memory import HOST_RAM_USABLE, usable_host_bytes
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
+from autofit.plan.fixes import MORE_GPUS, fitting_changes, more_gpus_that_fit, too_small
 from autofit.plan.outcome import Outcome, trial_status
 from autofit.plan.prune import PruneReason, headroom_line, host_ram_bound, prune_reason
-from autofit.plan.rank import TIE_TOLERANCE, faster, slower
+from autofit.plan.rank import RECIPE_KNOBS, TIE_TOLERANCE, faster, recipe_key, slower
 from autofit.space import Space
-from autofit.units import fmt_bytes, fmt_size
+from autofit.units import fmt_bytes, fmt_size, fmt_tokens_per_s
 
 if TYPE_CHECKING:
     from autofit.plan.types import Candidate, Plan
@@ -63,38 +63,62 @@ def tally(plan: Plan) -> list[tuple[str, int, list[tuple[str, int]]]]:
 
 
 def winner_reason(
-    best: Candidate, others: list[Candidate], hardware: Hardware, *, measured: bool
+    best: Candidate,
+    others: list[Candidate],
+    hardware: Hardware,
+    *,
+    measured: bool,
+    device: str = "cuda",
 ) -> str:
-    """One line on why `best` won, e.g. '1.8x the tokens/s of the next config; 21.3 of 24 GiB'."""
+    """Why `best` won, against `others` (ranked best first): its speed beside the runner-up's,
+    the first of `others` that differs in a knob of the recipe (`RECIPE_KNOBS`: the next row of
+    the plan's table), and, when estimates tie (within `TIE_TOLERANCE`), that they do and how
+    the tie was broken (`TIE_BREAK`). Every tokens/s is the whole run's, all GPUs together."""
     what = "measured" if measured else "estimated"
-    cap = best.estimate.usable_bytes
-    mem = f"peak {fmt_size(best.peak_bytes)} of {fmt_size(cap)} usable"
+    speed = fmt_tokens_per_s(best.tokens_per_s, hardware.n_gpus, device)
     if not others:
-        return f"the only config that fits ({what} {best.tokens_per_s:,.0f} tokens/s; {mem})."
+        return f"the only config that fits ({what} {speed})."
     quicker = [c for c in others if faster(c.tokens_per_s, best.tokens_per_s)]
-    slow = [c for c in others if slower(c.tokens_per_s, best.tokens_per_s)]
     # by identity: comparing candidates field by field made this quadratic in slow equality
     # checks (minutes for a space where ten thousand configs fit)
-    sorted_out = {id(c) for c in (*quicker, *slow)}
-    ties = [c for c in others if id(c) not in sorted_out]
-    text = ""
-    if slow:
-        nxt = max(slow, key=lambda c: c.tokens_per_s)
-        ratio = best.tokens_per_s / nxt.tokens_per_s if nxt.tokens_per_s else float("inf")
-        label = nxt.config.short()
-        text = f"{ratio:.2f}x the {what} tokens/s of the next config that fits ('{label}')"
+    passed = {id(c) for c in quicker}
+    ties = [c for c in others if id(c) not in passed and not slower(c.tokens_per_s,
+                                                                    best.tokens_per_s)]  # fmt: skip
+    key = recipe_key(best.config)
+    runner = next((c for c in others if id(c) not in passed and recipe_key(c.config) != key), None)
+    parts = [f"{what} {speed}"]
     if ties:
-        tie = (
-            f"ties within {TIE_TOLERANCE:.1%} with {len(ties)} other config(s) and is the "
-            "plainest of them"
+        parts.append(
+            f"a tie: {len(ties):,} other config(s) are {what} within {TIE_TOLERANCE:.1%} of "
+            "its tokens/s, closer than a few trial steps tell apart; the tie-break puts the "
+            "plainest config first, then the lower peak"
         )
-        text = f"{text}; {tie}" if text else tie
+    if runner is None:
+        parts.append(
+            "every other config that fits is a variant of its recipe (another reshard, offload, "
+            "optimizer or precision)"
+        )
+    else:
+        label, r = runner.config.short(), runner.tokens_per_s
+        differs = ", ".join(
+            f"{k}: {getattr(runner.config, k)}"
+            for k in RECIPE_KNOBS
+            if getattr(runner.config, k) != getattr(best.config, k)
+        )
+        ratio = best.tokens_per_s / r if r else float("inf")
+        if slower(r, best.tokens_per_s):
+            parts.append(
+                f"{ratio:.2f}x the {what} tokens/s of the runner-up '{label}' ({r:,.0f}; "
+                f"differs in {differs})"
+            )
+        else:
+            parts.append(f"the runner-up '{label}' ({r:,.0f}; differs in {differs}) ties with it")
     if quicker and measured:
-        text += (
-            f"; {len(quicker)} faster config(s) fit in their first trial but failed verification "
+        parts.append(
+            f"{len(quicker)} faster config(s) fit in their first trial but failed verification "
             "(over the headroom line or not ok when re-run with more steps)"
         )
-    return f"{text.lstrip('; ')}; {mem}."
+    return "; ".join(parts) + "."
 
 
 def mesh_comparison(ranked: list[Candidate], hardware: Hardware) -> dict[str, Any] | None:
@@ -131,7 +155,8 @@ def mesh_line(comparison: dict[str, Any]) -> str:
     """`mesh_comparison` as one sentence."""
     h, f, gain = comparison["hsdp"], comparison["fsdp"], comparison["hsdp_speedup"]
     return (
-        f"HSDP (shard: node) best: {h['tokens_per_s']:,.0f} tokens/s ('{h['label']}') vs flat "
+        f"HSDP (shard: node) best: {h['tokens_per_s']:,.0f} tokens/s of all GPUs together "
+        f"('{h['label']}') vs flat "
         f"FSDP best: {f['tokens_per_s']:,.0f} tokens/s ('{f['label']}'): "
         f"{abs(gain):.1%} {'faster' if gain >= 0 else 'slower'}; network busy "
         f"{h['network_busy_s']:.3f} s vs {f['network_busy_s']:.3f} s per step, exposed "
@@ -215,40 +240,52 @@ def infeasible_advice(
         else f"GPU memory: {fmt_bytes(est.peak_bytes)} per GPU, mostly "
         f"{part.replace('_', ' ')} ({fmt_bytes(size)})"
     )
+    small = too_small(est, hardware.describe())
+    if small is not None:
+        return small
     lines = [
         f"Nothing in space '{space.name}' fits {hardware.describe()} "
-        f"({fmt_bytes(est.usable_bytes)} usable per GPU, {margin:.0%} headroom kept). Nearest: "
+        f"({fmt_size(est.usable_bytes)} usable per GPU, {margin:.0%} headroom kept). Nearest: "
         f"'{nearest.config.short()}', bound by {bound}."
     ]
+
+    def fits(e: Estimate, hw: Hardware) -> bool:
+        return prune_reason(e, margin, hw) is None
+
     tips = []
     if host_bound:
         need = est.host_bytes / HOST_RAM_USABLE
         tips.append(f"a host with at least {fmt_bytes(need)} of RAM")
-
-    gpus = hardware.gpus
-    for k in (2, 4, 8, 16, 32, 64):
-        n = len(gpus) * k
-        more = replace(hardware, gpus=tuple(replace(gpus[0], index=i) for i in range(n)))
-        more_est = estimate(model, more, nearest.config, device=device)
-        if prune_reason(more_est, margin, more) is None:
-            tips.append(f"{n} GPUs of this kind")
-            break
+    n = more_gpus_that_fit(model, hardware, nearest.config, device, fits)
+    if n is not None:
+        tips.append(f"{n} GPUs of this kind")
     seq = seq_len
     while seq > 128:
         seq //= 2
         cfg = nearest.config.replace(seq_len=seq)
-        if prune_reason(estimate(model, hardware, cfg, device=device), margin, hardware) is None:
+        if fits(estimate(model, hardware, cfg, device=device), hardware):
             tips.append(f"--seq-len {seq}")
             break
     knobs = space.knobs
-    if "nf4" not in knobs["quant"]:
-        tips.append("a space with quant nf4 (--space qlora)")
-    if "params" not in knobs["offload"]:
-        tips.append("a space with offload params (--space full or default)")
-    if "full" not in knobs["checkpointing"]:
-        tips.append("checkpointing full")
+    # the changes the space lacks (what it holds was estimated already), each checked
+    fitting, together = fitting_changes(model, hardware, nearest.config, device, fits)
+    tips += [
+        f"a space with {c.space}"
+        for c in fitting
+        if any(v not in knobs.get(k, ()) for k, v in c.knobs.items())
+    ]
+    if together is not None:
+        tips.append(
+            "a space with all of " + ", ".join(f"{k} {v}" for k, v in together.knobs.items())
+        )
     if tips:
-        lines.append("What would make it fit: " + "; or ".join(tips) + ".")
+        lines.append("What would make it fit, by the estimate: " + "; or ".join(tips) + ".")
+    else:
+        lines.append(
+            "By the estimate, nothing autofit could change makes it fit: not up to "
+            f"{MORE_GPUS[-1]}x the GPUs, a shorter --seq-len, nor the chunked loss, full "
+            "recomputation, micro-batch 1, NF4 or offload, alone or together."
+        )
     return " ".join(lines)
 
 

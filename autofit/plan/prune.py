@@ -42,11 +42,17 @@ def headroom_line(usable: float, margin: float) -> float:
     return usable * (1 - margin)
 
 
+def request_usable_bytes(request: PlanRequest) -> float:
+    """What `max_memory_reserved` may reach on each of a request's GPUs (the smallest one): its
+    capacity less the CUDA context and NCCL's buffers of one communicator (an HSDP config's
+    second communicator takes a little more; its estimate's `usable_bytes` says how much)."""
+    hw = request.hardware
+    return usable_bytes(hw.capacity_bytes, request.device, hw.n_gpus, hw.link)
+
+
 def allowed_bytes(request: PlanRequest) -> float:
     """The headroom line of a request's GPUs (the smallest one's usable memory)."""
-    hw = request.hardware
-    usable = usable_bytes(hw.capacity_bytes, request.device, hw.n_gpus, hw.link)
-    return headroom_line(usable, request.margin)
+    return headroom_line(request_usable_bytes(request), request.margin)
 
 
 def host_ram_bound(est: Estimate) -> bool:

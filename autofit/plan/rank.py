@@ -28,6 +28,24 @@ def complexity(cfg: Config) -> int:
     )
 
 
+TIE_BREAK = (
+    "the plainest config first (the fewest of: a low-bit optimizer, a chunked or fused loss, "
+    "offload, bf16 precision, recomputation, gathered weights kept), then the lower peak"
+)
+"""How configs of equal speed are ordered (`complexity`, then the peak), as users read it."""
+
+RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "shard",
+                "checkpointing", "loss", "compile", "batching")  # fmt: skip
+"""Knobs that make a recipe different to a reader; configs that differ only in the others
+(reshard, offload, optimizer, precision) are variants of one recipe: the plan's table folds
+them into one row, and the runner-up a winner is compared with differs in one of these."""
+
+
+def recipe_key(cfg: Config) -> tuple[object, ...]:
+    """The values of `RECIPE_KNOBS`: configs with the same key are variants of one recipe."""
+    return tuple(getattr(cfg, k) for k in RECIPE_KNOBS)
+
+
 def speed_bucket(tokens_per_s: float) -> int:
     """Speeds on a log scale in steps of `TIE_TOLERANCE`: equal buckets rank as equally fast."""
     return int(math.log(max(tokens_per_s, 1e-9)) / math.log(1 + TIE_TOLERANCE))

@@ -16,7 +16,7 @@ from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan.explain import mesh_comparison, tally
 from autofit.plan.outcome import Outcome
-from autofit.plan.prune import allowed_bytes
+from autofit.plan.prune import allowed_bytes, request_usable_bytes
 from autofit.request import PlanRequest
 from autofit.space import Space
 from autofit.trials.result import TrialResult
@@ -40,6 +40,7 @@ class Candidate:
 
     @property
     def tokens_per_s(self) -> float:
+        """Measured where a trial ran, else estimated; the whole run's, every GPU together."""
         if self.measured and self.trial.tokens_per_s is not None:
             return float(self.trial.tokens_per_s)
         return self.estimate.tokens_per_s
@@ -136,6 +137,12 @@ class Plan:
         return self.hardware.capacity_bytes
 
     @property
+    def usable_bytes(self) -> float:
+        """What a config's reserved peak may reach per GPU: the capacity less what lies outside
+        the allocator (`prune.request_usable_bytes`); the one capacity the plan's report names."""
+        return request_usable_bytes(self.request)
+
+    @property
     def allowed_bytes(self) -> float:
         """The headroom line: a measured winner's peak must stay at or below it."""
         return allowed_bytes(self.request)
@@ -170,6 +177,7 @@ class Plan:
             "margin": self.margin,
             "device": self.device,
             "capacity_bytes": self.capacity_bytes,
+            "usable_bytes": self.usable_bytes,
             "best": self.best.to_dict() if self.best else None,
             "reason": self.reason,
             "advice": self.advice,

@@ -58,7 +58,8 @@ class SearchDisplay:
             f"[bold]{escape(s.model.name)}[/] on {s.hardware.describe()}: {cands.considered:,} "
             "combinations, "
             f"{len(cands.trialable):,} may fit, {skipped:,} ruled out without a trial; headroom "
-            f"line {fmt_size(s.allowed_bytes)} per GPU."
+            f"line {fmt_size(s.allowed_bytes)} per GPU"
+            + (f"; tokens/s: all {s.hardware.n_gpus} together." if s.hardware.n_gpus > 1 else ".")
         )
         self.say(calibration_line(cands, s.calibration))
         resumed = f", resuming with {done} trial(s) done" if done else ""

@@ -10,15 +10,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from autofit.arch import structure_of
+from autofit.config import AUTO_WRAP
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
 from autofit.models import ModelSpec
-from autofit.plan import Outcome, Plan, trial_status
+from autofit.plan import Outcome, Plan
 from autofit.plan.explain import mesh_line
 from autofit.report.data import lengths_line
+from autofit.report.ranked import plan_table
 from autofit.report.style import styled
+from autofit.report.trials import pct, trials_table
 from autofit.trials.result import TrialResult
-from autofit.units import fmt_bytes, fmt_count, fmt_size
+from autofit.units import fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
 
 
 def hardware_table(hw: Hardware) -> Table:
@@ -109,8 +112,8 @@ BREAKDOWN_LABELS = {
 
 def memory_levels_line(est: Estimate) -> str:
     """The estimate's memory per GPU level by level, on two lines of under 80 columns: what
-    tensors hold, what the caching allocator reserves beyond them, what lies outside it, and
-    what fills the card."""
+    tensors hold, what the caching allocator reserves beyond them (the peak the plan compares
+    with the usable memory), what lies outside it, and what the card then holds."""
     outside = " + ".join(
         f"{label} {fmt_size(est.overhead[name])}"
         for name, label in (("cuda_context", "CUDA context"), ("nccl", "NCCL"))
@@ -120,18 +123,52 @@ def memory_levels_line(est: Estimate) -> str:
         f"  per GPU: allocated {fmt_size(est.peak_allocated_bytes)} + allocator slack "
         f"{fmt_size(est.allocator_slack_bytes)} = reserved {fmt_size(est.peak_bytes)}\n"
         f"  + {outside or 'nothing outside the allocator'} = device "
-        f"{fmt_size(est.device_bytes)} of {fmt_size(est.capacity_bytes)}"
+        f"{fmt_size(est.device_bytes)}"
     )
 
 
-def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estimate) -> None:
+def capacity_line(plan: Plan) -> str:
+    """The one memory figure a plan's peaks are held to, named once: the usable memory per GPU
+    (the capacity less what lies outside the allocator) and the headroom line below it."""
+    usable, cap = plan.usable_bytes, plan.capacity_bytes
+    where = "per CPU process" if plan.device == "cpu" else "per GPU"
+    less = "" if usable >= cap else f" ({fmt_size(cap)} less the CUDA context and NCCL buffers)"
+    return (
+        f"Memory: {fmt_size(usable)} usable {where}{less}; a winner keeps {plan.margin:.0%} of it "
+        f"free, peaking at {fmt_size(plan.allowed_bytes)} at most."
+    )
+
+
+def held_as(sharding: str, wrap: str, requested: str | None, n: int, device: str = "cuda") -> str:
+    """How the model is held, and, when the wrap was left to `auto`, what it became here."""
+    text = SHARDING_TEXT.get(sharding, sharding)
+    if requested != AUTO_WRAP:
+        return text
+    each = "CPU process" if device == "cpu" else "GPU"
+    on = f"one {each}" if n <= 1 else f"{n} {each}s"
+    return f"{text}; wrap: auto, which is {wrap} on {on}"
+
+
+def estimate_report(
+    console: Console,
+    model: ModelSpec,
+    hw: Hardware,
+    est: Estimate,
+    device: str = "cuda",
+    requested_wrap: str | None = None,
+) -> None:
+    """`autofit estimate`'s report; `requested_wrap`: the wrap asked for (`auto` when none was
+    named), shown beside the one it became."""
     cfg = est.config
     console.print(
         f"[bold]{model.name}[/] ({fmt_count(structure_of(model).n_params)} params) on "
         f"{hw.describe()}  "
         f"[dim]{cfg.short()}, seq_len {cfg.seq_len}[/]"
     )
-    console.print(f"held as {SHARDING_TEXT.get(est.sharding, est.sharding)}")
+    console.print(
+        "held as " + held_as(est.sharding, cfg.wrap, requested_wrap, est.n_gpus, device),
+        highlight=False,
+    )
     table = Table(title=f"Peak memory per GPU (at the {est.peak_phase} peak)", title_justify="left")
     table.add_column("part")
     table.add_column("size", justify="right")
@@ -160,7 +197,7 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
         f"{verdict}: {fmt_size(est.device_bytes)} of "
         f"{fmt_size(est.capacity_bytes)}; step {est.step_time_s:.3f} s "
         f"({', '.join(f'{k} {v:.3f}' for k, v in est.time_breakdown.items() if v)}), "
-        f"~{est.tokens_per_s:,.0f} tokens/s over {est.n_gpus} GPU(s)"
+        f"~{fmt_tokens_per_s(est.tokens_per_s, est.n_gpus, device)}"
     )
     if hw.nodes > 1:
         links = est.communication_by_link
@@ -172,77 +209,40 @@ def estimate_report(console: Console, model: ModelSpec, hw: Hardware, est: Estim
             highlight=False,
         )
     if not est.within_capacity:
-        tips = [
-            "--loss chunked" if cfg.loss == "standard" else "",
-            "--checkpointing full" if cfg.checkpointing != "full" else "",
-            "a smaller --micro-batch (raise --grad-accum to keep the batch)",
-            "--quant nf4 --lora-rank 16" if cfg.quant != "nf4" else "",
-            "--offload optimizer" if cfg.offload == "none" else "",
-            "more GPUs",
-        ]
-        console.print(
-            f"Next step: try {', '.join(t for t in tips if t)}; `autofit plan` searches all of "
-            "these."
+        console.print(next_step(model, hw, est, device), markup=False, highlight=False)
+
+
+def next_step(model: ModelSpec, hw: Hardware, est: Estimate, device: str) -> str:
+    """What would make an estimate that does not fit fit: only the changes the estimate says
+    fit (`autofit.plan.fixes`), or that nothing does."""
+    from autofit.plan.fixes import fitting_changes, more_gpus_that_fit, too_small
+
+    cfg = est.config
+    small = too_small(est, hw.describe())
+    if small is not None:
+        return small
+
+    def fits(e: Estimate, _: Hardware) -> bool:
+        return e.within_capacity
+
+    fitting, together = fitting_changes(model, hw, cfg, device, fits)
+    tips = [c.flags for c in fitting]
+    if together is not None:
+        tips.append(f"all of {together.flags}")
+    n = more_gpus_that_fit(model, hw, cfg, device, fits)
+    if n is not None:
+        tips.append(f"{n} GPUs of this kind")
+    if not tips:
+        return (
+            "Next step: by the estimate nothing autofit could change fits here (the chunked "
+            "loss, full recomputation, a smaller micro-batch, NF4, offload, alone or together, "
+            "or up to 64x the GPUs): plan for GPUs with more memory."
         )
-
-
-# Knobs that make a recipe different to a reader; configs that differ only in the others
-# (reshard, offload, optimizer, precision) are folded into one row with a count of variants.
-RECIPE_KNOBS = ("quant", "lora_rank", "micro_batch", "grad_accum", "wrap", "shard",
-                "checkpointing", "loss", "compile", "batching")  # fmt: skip
-
-
-def plan_table(plan: Plan, limit: int = 15) -> Table:
-    """The best `limit` distinct recipes, each the best-ranked (and plainest) of its variants."""
-    cap = plan.hardware.capacity_bytes
-    rows: dict[tuple[Any, ...], list[Any]] = {}
-    for rank, c in enumerate(plan.ranked, 1):
-        key = tuple(getattr(c.config, k) for k in RECIPE_KNOBS)
-        if key in rows:
-            rows[key][2] += 1
-        elif len(rows) < limit:
-            rows[key] = [rank, c, 0]
-    measured = any(c.measured for _, c, _ in rows.values())
-    title = "Ranked configs that fit" + (
-        " (measured where a trial ran)" if measured else " (estimates)"
+    return (
+        "Next step, each of which fits by the estimate: "
+        + "; or ".join(tips)
+        + ". `autofit plan` searches these and more."
     )
-    table = Table(title=title, title_justify="left", caption_justify="left")
-    table.caption = "variants: other configs of the same recipe that differ only in reshard, "
-    table.caption += "offload, optimizer or precision and rank lower"
-    nodes = plan.hardware.nodes > 1  # the shard knob only differs there
-    data = plan.request.lengths is not None  # batching only differs there
-    if data:
-        table.caption += "; tokens/s counts useful tokens (padding excluded), peak is at the "
-        table.caption += "longest micro-batch the data can produce"
-    cols = ["#", "tokens/s", f"peak / {fmt_size(cap)}", "quant", "lora", "mb x acc", "wrap",
-            *(["shard"] if nodes else []), "reshard", "ckpt", "offload", "optim", "precision",
-            "loss", "compile", *(["batching", "padding"] if data else []), "variants"]  # fmt: skip
-    for col in cols:
-        right = col in ("#", "tokens/s", "lora", "variants", "padding")
-        table.add_column(col, justify="right" if right else "left")
-    for rank, c, variants in rows.values():
-        cfg = c.config
-        tag = "" if not c.measured else " [green]m[/]"
-        table.add_row(
-            str(rank),
-            f"{c.tokens_per_s:,.0f}{tag}",
-            f"{fmt_size(c.peak_bytes)}{tag}",
-            cfg.quant,
-            str(cfg.lora_rank),
-            f"{cfg.micro_batch} x {cfg.grad_accum}",
-            cfg.wrap,
-            *([cfg.shard] if nodes else []),
-            "yes" if cfg.reshard else "no",
-            cfg.checkpointing,
-            cfg.offload,
-            cfg.optimizer,
-            cfg.precision,
-            cfg.loss,
-            "yes" if cfg.compile else "no",
-            *([cfg.batching, f"{c.estimate.padding_share:.0%}"] if data else []),
-            f"+{variants}" if variants else "",
-        )
-    return table
 
 
 def pruned_lines(plan: Plan) -> list[str]:
@@ -264,9 +264,13 @@ SHARDING_TEXT = {
 }
 
 
-def trial_report(console: Console, result: TrialResult) -> None:
+def trial_report(console: Console, result: TrialResult, requested_wrap: str | None = None) -> None:
+    """`autofit trial`'s report; `requested_wrap` as `estimate_report` takes it."""
     status = styled(result.status)
-    held = SHARDING_TEXT.get(result.sharding or "", "")
+    held = ""
+    if result.sharding:
+        wrap = str((result.config or {}).get("wrap", ""))
+        held = held_as(result.sharding, wrap, requested_wrap, result.nprocs, result.device)
     console.print(
         f"trial {status}: {result.model} on {result.nprocs} x {result.device}"
         + (f", {held}" if held else "")
@@ -282,7 +286,8 @@ def trial_report(console: Console, result: TrialResult) -> None:
             f"({fmt_size(result.peak_allocated_bytes)} allocated) per GPU{device}; "
             f"build peak {fmt_size(result.build_peak_bytes)}"
         )
-        console.print(f"  {result.tokens_per_s:,.1f} tokens/s; step {result.step_time_s:.3f} s")
+        speed = fmt_tokens_per_s(result.tokens_per_s or 0.0, result.nprocs, result.device)
+        console.print(f"  {speed}; step {result.step_time_s:.3f} s", highlight=False)
         if result.compile_s is not None:
             console.print(
                 f"  compiled: {result.graphs} graph(s), {result.graph_breaks} graph break(s), "
@@ -291,59 +296,6 @@ def trial_report(console: Console, result: TrialResult) -> None:
         console.print("  losses: " + ", ".join(f"{x:.4f}" for x in result.losses))
     if result.message:
         console.print(f"  {result.message}")
-
-
-def trials_table(plan: Plan) -> Table:
-    """Every real trial of a search: the napkin and the calibrated estimate (made before the trial
-    ran) beside the measurement, the winner marked, and the median |error| of each estimate over
-    the study in the last row. `#` is the Optuna trial number, as in the progress lines; a run
-    over the headroom line reads `over line`."""
-
-    cap = plan.hardware.capacity_bytes
-    line = plan.allowed_bytes
-    title = f"Trials (capacity {fmt_size(cap)} per GPU, headroom line {fmt_size(line)})"
-    table = Table(title=title, title_justify="left")
-    calibrated = any(c.calibrated for c in plan.trials)
-    cols = ["#", "status", "config", "peak", "napkin", "calibrated", "tokens/s", "napkin",
-            "calibrated"]  # fmt: skip
-    if not calibrated:
-        cols = [c for c in cols if c != "calibrated"]
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("status", "config") else "right")
-    best = plan.best.config if plan.best is not None else None
-    for i, c in enumerate(plan.trials):
-        t = c.trial
-        status = trial_status(t, line)
-        mark = " [bold]<- winner[/]" if c.config == best else ""
-        cal = c.calibrated or {}
-        peak = [fmt_size(c.estimate.peak_bytes)]
-        speed = [f"{c.estimate.tokens_per_s:,.0f}"]
-        if calibrated:
-            peak.append(fmt_size(cal["peak_bytes"]) if cal else "-")
-            speed.append(f"{cal['tokens_per_s']:,.0f}" if cal else "-")
-        table.add_row(
-            str(c.number if c.number is not None else i),
-            styled(status),
-            c.config.short() + mark,
-            fmt_size(t.peak_bytes) if t.peak_bytes else "-",
-            *peak,
-            f"{t.tokens_per_s:,.0f}" if t.status == Outcome.OK and t.tokens_per_s else "-",
-            *speed,
-        )
-    summary = plan.calibration or {}
-    if summary:
-        mem = [_pct(summary.get("napkin_memory_error"))]
-        spd = [_pct(summary.get("napkin_speed_error"))]
-        if calibrated:
-            mem.append(_pct(summary.get("calibrated_memory_error")))
-            spd.append(_pct(summary.get("calibrated_speed_error")))
-        table.add_section()
-        table.add_row("", "", "[dim]median |error|[/]", "", *mem, "", *spd)
-    return table
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
 
 
 def calibration_lines(plan: Plan) -> list[str]:
@@ -378,6 +330,7 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
         + (f", global batch {plan.global_batch}" if plan.global_batch else "")
         + f", space '{plan.space.name}'"
     )
+    console.print(capacity_line(plan), markup=False, highlight=False)
     if plan.request.lengths is not None:
         console.print(lengths_line(plan.request.lengths, plan.seq_len), markup=False)
     if plan.trials:
@@ -395,10 +348,12 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
     how = "measured" if best.measured else "estimated"
     if best.verified:
         how += ", verified"
-    console.print(
-        f"[bold green]Winner[/] ({how}): {best.config.short()}  -> "
-        f"{best.tokens_per_s:,.0f} tokens/s, peak {fmt_size(best.peak_bytes)}"
-    )
+    console.print(f"[bold green]Winner[/] ({how}): {best.config.short()}", highlight=False)
+    if best.measured:
+        console.print(
+            f"  measured peak {fmt_size(best.peak_bytes)} reserved per GPU; the estimate:",
+            highlight=False,
+        )
     console.print(memory_levels_line(best.estimate), markup=False, highlight=False)
     console.print(f"Why: {escape(plan.reason)}")
     mesh = plan.mesh_comparison()
@@ -425,8 +380,8 @@ def sweep_line(t: Any) -> str:
         return f"  {r.status:<7} {t.model} {t.config.short()}  {why}"
     return (
         f"  ok      {t.model} {t.config.short()}  peak {fmt_size(r.peak_bytes)} (napkin "
-        f"{fmt_size(est.peak_bytes)})  {r.tokens_per_s or 0:,.0f} tokens/s (napkin "
-        f"{est.tokens_per_s:,.0f})"
+        f"{fmt_size(est.peak_bytes)})  {r.tokens_per_s or 0:,.0f} tokens/s of all {r.nprocs} "
+        f"(napkin {est.tokens_per_s:,.0f})"
     )
 
 
@@ -441,12 +396,18 @@ def calibration_report(console: Console, run: Any) -> None:
             "[red]No trial measured anything[/]: nothing was stored. See the trials above.",
         )
         return
+    memory = _factors(cal.memory)
+    if cal.memory_constant:
+        memory += f"{', ' if memory else ''}constant {fmt_size(cal.memory_constant)}"
+    speed = _factors(cal.speed)
+    if cal.speed_constant:
+        speed += f"{', ' if speed else ''}{cal.speed_constant * 1e3:.2f} ms per micro-step"
     lines = [
-        f"memory factors: {_factors(cal.memory)}; constant {fmt_size(cal.memory_constant)}",
-        f"speed factors: {_factors(cal.speed)}; {cal.speed_constant * 1e3:.2f} ms per micro-step",
+        f"moved from the napkin: memory {memory or 'nothing'}; speed {speed or 'nothing'} "
+        "(every other term is the napkin's, within 0.02)",
         f"measured error (leave-one-out, 90th percentile): memory {cal.memory_band:.1%}, "
-        f"speed {cal.speed_band:.1%}; median memory {_pct(cal.memory_error)}, "
-        f"speed {_pct(cal.speed_error)}",
+        f"speed {cal.speed_band:.1%}; median memory {pct(cal.memory_error)}, "
+        f"speed {pct(cal.speed_error)}",
         f"stored ({cal.n_trials} measured trials of this machine): {run.path}",
         "Every later `autofit plan` on this machine starts from it; --no-calibration ignores it.",
     ]
@@ -455,18 +416,17 @@ def calibration_report(console: Console, run: Any) -> None:
 
 
 def _factors(factors: dict[str, float]) -> str:
-    return ", ".join(t for k, v in factors.items() if (t := _term(k, v, everything=True)))
+    """The fitted terms that moved from the napkin's value (`_term`)."""
+    return ", ".join(t for k, v in factors.items() if (t := _term(k, v)))
 
 
-def _term(name: str, value: float, everything: bool = False) -> str:
+def _term(name: str, value: float) -> str:
     """A fitted term as people read it: a factor `x1.23`, or a share `+0.45` (of the dynamic
     memory or step time under a mode, of the bytes offloaded; 0 in the napkin). Unmoved ones
-    (within 0.02 of the napkin's value) are left out unless `everything`."""
+    (within 0.02 of the napkin's value) are left out."""
     from autofit.calibration import SHARE_TERMS
 
     share = name in SHARE_TERMS
-    if not everything and abs(value - (0.0 if share else 1.0)) < 0.02:
+    if abs(value - (0.0 if share else 1.0)) < 0.02:
         return ""
-    if share:
-        return f"{name} {value:+.2f}" if everything or value else ""
-    return f"{name} x{value:.2f}"
+    return f"{name} {value:+.2f}" if share else f"{name} x{value:.2f}"

@@ -43,7 +43,7 @@ def assemble(
         calibration=summary(cands, trial_cands),
     )  # fmt: skip
     if best is not None:
-        plan.reason = winner_reason(best, ranked[1:], s.hardware, measured=True)
+        plan.reason = winner_reason(best, ranked[1:], s.hardware, measured=True, device=s.device)
         plan.reason += loss_note(best, s)
         check = stored_verification(study, best)
         if check:

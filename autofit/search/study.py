@@ -95,7 +95,9 @@ def default_study_name(
         "device": device,
         "space": {  # the values that make different runs here: on one node, `shard: all` alone
             k: list(v)
-            for k, v in space.knobs_on(hardware.nodes, lengths is not None).items()
+            for k, v in space.knobs_on(
+                hardware.nodes, hardware.n_gpus, data=lengths is not None
+            ).items()
             if not (k in _ADDED_KNOBS and v == (getattr(Config(), k),))
         },
         "seq_len": seq_len,
@@ -219,7 +221,7 @@ def check_metadata(study: optuna.Study, request: PlanRequest) -> None:
     # the values that make different runs here (a space stored before `batching` existed lists
     # none, which is the one value it has without the data's lengths)
     nodes, data = request.hardware.nodes, request.lengths is not None
-    if old.space.knobs_on(nodes, data) != request.space.knobs_on(nodes, data):
+    if old.space.knobs_on(nodes, data=data) != request.space.knobs_on(nodes, data=data):
         raise AutofitError(
             f"Study {study.study_name!r} was made for a different search space. Drop --study, "
             "or pass a new --study name."

@@ -199,6 +199,7 @@ def _run(
     lengths: LengthHistogram | None = None,
 ) -> list[TrialResult]:
     start = time.monotonic()
+    configs = [c.resolved(nprocs) for c in configs]  # `wrap: auto` as it runs on these devices
     results = [
         TrialResult(
             status="error",

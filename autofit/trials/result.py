@@ -49,7 +49,7 @@ class TrialResult:
     device_peak_bytes: int | None = None
     peak_allocated_bytes: int | None = None
     host_peak_bytes: int | None = None
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # the whole run's: every rank (`nprocs`) together
     step_time_s: float | None = None
     losses: list[float] = field(default_factory=list)
     message: str = ""

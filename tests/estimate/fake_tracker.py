@@ -114,7 +114,7 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     from autofit.layout import layout_of
 
     spec = resolve_model(model)
-    cfg = Config(**{"seq_len": 2048, **knobs})
+    cfg = Config(**{"seq_len": 2048, **knobs}).resolved(world)
     layout = layout_of(cfg, world, n_layers=spec.layers, device="cpu")  # one node
     if not layout.fsdp:
         raise ValueError(f"wrap={cfg.wrap} on {world} GPU(s) is not FSDP2: nothing to track")

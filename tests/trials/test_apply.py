@@ -35,6 +35,12 @@ def train(run: Applied, steps: int = 4) -> list[float]:
     return losses
 
 
+def test_wrap_auto_is_resolved_by_apply_to_the_plain_module_on_one_rank() -> None:
+    run = apply(small_model(), Config(lora_rank=8))  # wrap: auto, the default
+    assert run.sharding is Sharding.NONE and run.config.wrap == "none"
+    assert not any(type(m).__name__.startswith("FSDP") for m in run.model.modules())
+
+
 def test_one_device_lora_is_the_plain_module_with_fp32_adapters_under_bf16_autocast() -> None:
     run = apply(small_model(), Config(lora_rank=8, checkpointing="full", wrap="none"))
     assert run.sharding is Sharding.NONE
