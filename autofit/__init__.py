@@ -12,14 +12,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
+from autofit.arguments import (
+    check_space_embeddings,
+    config_of,
+    lora_settings,
+    node_rank_of,
+    run_folder,
+)
 from autofit.checks import TRIAL_TIMEOUT_S, check_steps, check_trial_timeout
-from autofit.config import KNOBS, LORA_SETTINGS, Config, loss_unavailable
+from autofit.config import KNOBS, Config
 from autofit.data import LengthHistogram
 from autofit.data.source import data_lengths
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
 from autofit.request import DEFAULT_MARGIN, DEFAULT_TRIALS, check_calibration, check_plan_numbers
+from autofit.rules import loss_unavailable
 
 if TYPE_CHECKING:
     import torch
@@ -49,33 +57,6 @@ __all__ = [
 ]
 
 
-def _config(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
-    """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`), its
-    `train_embeddings` checked against `spec`'s vocabulary, its `shard` against `hw`'s nodes, and
-    no LoRA setting without LoRA."""
-    from autofit.config import coerce_knob, lora_settings_unused, shard_unavailable
-
-    unknown = set(knobs) - set(KNOBS) - set(LORA_SETTINGS)
-    if unknown:
-        coerce_knob(sorted(unknown)[0], None)  # raises a clear ConfigError
-    config = Config(**knobs)
-    _check_train_embeddings(config.train_embeddings, spec)
-    problem = lora_settings_unused(config.settings(), [config.lora_rank])
-    problem = problem or shard_unavailable(config.shard, hw.nodes)
-    if problem:
-        raise ConfigError(problem)
-    return config
-
-
-def _check_train_embeddings(value: str, spec: Any) -> None:
-    """`tokens:N` within the model's vocabulary: one paragraph before anything is estimated."""
-    from autofit.settings import trained_tokens_error
-
-    problem = trained_tokens_error(value, spec.vocab)
-    if problem is not None:
-        raise ConfigError(problem)
-
-
 def estimate(
     model: str,
     gpus: str = "auto",
@@ -85,6 +66,10 @@ def estimate(
     inter_node_bandwidth: str | float | None = None,
     foreach_intermediates: int | None = None,
     expandable_segments: bool = True,
+    dataset: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    text_field: str | None = None,
+    lengths: str | Path | LengthHistogram | None = None,
     **knobs: Any,
 ) -> Estimate:
     """Napkin estimate of one config: `autofit.estimate("llama-7b", gpus="2xrtx3090",
@@ -97,7 +82,9 @@ def estimate(
     `adamw_torch`, whose step holds a parameter-sized intermediate; `auto` is fused on a GPU).
     For a launch autofit did not set up: `foreach_intermediates=2` (torch 2.0's foreach step held
     two) and `expandable_segments=False` (the allocator's default mode; autofit sets
-    `expandable_segments:True`)."""
+    `expandable_segments:True`). With the data (`dataset`, `tokenizer`, `text_field` or
+    `lengths`, as `plan` takes them) the peak is the longest micro-batch's and tokens/s counts
+    useful tokens (`autofit.estimate.estimate_many`)."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model
@@ -107,14 +94,12 @@ def estimate(
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
+    config = config_of(knobs, spec, hw)
+    hist = data_lengths(dataset, tokenizer, text_field, lengths)  # last: it may take a while
     return _estimate(
-        spec,
-        hw,
-        _config(knobs, spec, hw),
-        device=device,
-        foreach_intermediates=foreach_intermediates,
-        expandable_segments=expandable_segments,
-    )
+        spec, hw, config, device=device, foreach_intermediates=foreach_intermediates,
+        expandable_segments=expandable_segments, lengths=hist,
+    )  # fmt: skip
 
 
 def plan(
@@ -195,7 +180,7 @@ def plan(
     check_steps(steps)
     check_search_flags(timeout, node_rank)
     check_calibration(calibration)
-    settings = _lora_settings(
+    settings = lora_settings(
         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
         train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
     )  # fmt: skip
@@ -207,7 +192,7 @@ def plan(
     sp = load_space(space)
     if settings:
         sp = sp.with_settings(**settings)
-    _check_space_embeddings(sp, spec)
+    check_space_embeddings(sp, spec)
 
     def read_data() -> LengthHistogram | None:  # last of the checks: it may take a while
         return data_lengths(
@@ -228,9 +213,9 @@ def plan(
     # everything a search needs is checked before its first trial: the hardware trials run on,
     # and the run folder it writes at the end
     check_trial_hardware(hw, device, gpus, per_node=True)
-    rank = _node_rank(hw, node_rank, storage)
+    rank = node_rank_of(hw, node_rank, storage)
     hist = read_data()
-    folder = _run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir, hist)
+    folder = run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir, hist)
     check_earlier_plan(folder, storage or default_storage(folder))
     request = PlanRequest.of(
         spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device,
@@ -243,112 +228,6 @@ def plan(
     if rank == 0:  # node 0 writes the run folder; the others return the plan it stored
         write_run_folder(result, folder)
     return result
-
-
-def _check_space_embeddings(sp: Any, spec: Any) -> None:
-    """A space's `train_embeddings` within the model's vocabulary, and with LoRA candidates to
-    carry it (its full fine-tunes are skipped: they train the embeddings already)."""
-    from autofit.config import lora_settings_unused
-
-    problem = lora_settings_unused(sp.settings, sp.knobs["lora_rank"])
-    if problem:
-        ranks = list(sp.knobs["lora_rank"])
-        raise ConfigError(f"Space {sp.name!r} has only full fine-tunes (lora_rank: {ranks}): "
-                          f"{problem}")  # fmt: skip
-    value = sp.settings.get("train_embeddings", "none")
-    if value == "none":
-        return
-    _check_train_embeddings(value, spec)
-    if not any(rank > 0 for rank in sp.knobs["lora_rank"]):
-        raise ConfigError(
-            f"train_embeddings={value} trains the input embeddings and LM head beside a frozen "
-            f"LoRA base, but space {sp.name!r} has only full fine-tunes (lora_rank: "
-            f"{list(sp.knobs['lora_rank'])}), which train them already. Give the space LoRA "
-            "ranks (lora_rank: [16, 64]), or drop train_embeddings (none) for full fine-tunes."
-        )
-
-
-def _node_rank(hw: Any, node_rank: int | None, storage: str | None) -> int:
-    """This planner's node of `hw` for a search: `node_rank`, else the launch's environment;
-    checked against the hardware's nodes, and several nodes need a shared study."""
-    from autofit.hardware import launch_world
-
-    world = launch_world()
-    if world.nodes > 1 and world.nodes != hw.nodes:
-        raise HardwareError(
-            f"This planner runs in a launch of {world.nodes} nodes ({world.source}'s "
-            f"environment), but the hardware planned for, {hw.describe()}, has {hw.nodes} "
-            f"node(s). Give --gpus the launch's nodes (auto, or NxK... with N={world.nodes}), or "
-            "run a one-node plan outside the multi-node launch."
-        )
-    if node_rank is not None and not 0 <= node_rank < hw.nodes:
-        raise HardwareError(
-            f"--node-rank {node_rank} is not a node of {hw.describe()}: give 0 to "
-            f"{hw.nodes - 1} ({hw.nodes} node(s))."
-        )
-    if hw.nodes <= 1:
-        return 0
-    if storage is None:
-        raise AutofitError(
-            f"Trials on {hw.nodes} nodes run one `autofit plan` per node on one shared study, "
-            "so each needs to reach the same storage: add --storage URL --study NAME, the same on "
-            "every node (e.g. --storage postgresql://user:password@host/db --study my-plan; "
-            "sqlite:///path/study.db when every node's planner runs on one host), or add "
-            "--no-trials to plan from estimates alone."
-        )
-    rank = node_rank if node_rank is not None else world.node_rank if world.nodes > 1 else None
-    if rank is None:
-        raise AutofitError(
-            f"Trials on {hw.nodes} nodes run one `autofit plan` per node, and this one does not "
-            "know which node it is: no torchrun or SLURM launch of several nodes set it. Add "
-            f"--node-rank N (0 on the node that chooses the trials, 1 to {hw.nodes - 1} on the "
-            "others), or set AUTOFIT_NODE_RANK and AUTOFIT_NODES."
-        )
-    return rank
-
-
-def _lora_settings(**given: Any) -> dict[str, Any]:
-    """The LoRA settings given (not None), checked: `ConfigError` names a bad one. Their raw
-    values are kept, so an explicit "all-linear" still replaces a space's targets."""
-    from autofit.settings import coerce_setting
-
-    out = {name: value for name, value in given.items() if value is not None}
-    for name, value in out.items():
-        coerce_setting(name, value)
-    return out
-
-
-def _run_folder(
-    spec: Any,
-    hw: Any,
-    sp: Any,
-    seq_len: int | None,
-    global_batch: int | None,
-    device: str,
-    study: str | None,
-    run_dir: str | Path | None,
-    lengths: LengthHistogram | None = None,
-) -> Path:
-    """The search's run folder, checked writable: `run_dir`, or `autofit-runs/<study>` where the
-    study name must be one plain folder name (a default name is made into one)."""
-    from autofit.checks import check_dir_writable, check_study_name, default_run_dir
-
-    if run_dir is not None:
-        folder = Path(run_dir).expanduser()
-        what, hint = f"--run-dir {run_dir}", "Pass --run-dir a folder you can write in."
-    else:
-        if study is not None:
-            folder = default_run_dir(check_study_name(study))
-        else:
-            from autofit.search.study import default_study_name
-
-            seq = seq_len or sp.seq_len
-            name = default_study_name(spec, hw, sp, seq, global_batch, device, lengths=lengths)
-            folder = default_run_dir(name)
-        what = f"the run folder {folder}"
-        hint = "Run autofit from a folder you can write in, or pass --run-dir a writable folder."
-    check_dir_writable(folder, what, hint)
-    return folder
 
 
 def calibrate(
@@ -396,12 +275,19 @@ def trial(
     steps: int = 3,
     trial_timeout: float = TRIAL_TIMEOUT_S,
     timeout: float | None = None,
+    dataset: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    text_field: str | None = None,
+    lengths: str | Path | LengthHistogram | None = None,
     **knobs: Any,
 ) -> TrialResult:
     """Run one real trial (a few training steps in fresh processes, the model held as `wrap` and
     the GPU count say: plain module, DDP or FSDP2) and measure it, killed after `trial_timeout`
     seconds (`timeout` is its old name, as `plan(timeout=)` is the whole search's). Keyword
-    arguments: the knobs and the LoRA settings, as `estimate` takes them."""
+    arguments: the knobs and the LoRA settings, as `estimate` takes them. With the data
+    (`dataset`, `tokenizer`, `text_field` or `lengths`, as `plan` takes them) the micro-batches
+    have the data's lengths (random tokens), the peak is measured on the longest one the data can
+    produce, and tokens/s counts useful tokens."""
     if timeout is not None:
         warnings.warn(
             "autofit.trial(timeout=) is now trial_timeout= (plan's timeout is the search's)",
@@ -419,7 +305,7 @@ def trial(
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     check_trial_hardware(hw, device, gpus, command="trial")
-    cfg = _config(knobs, spec, hw)
+    cfg = config_of(knobs, spec, hw)
     if cfg.lora_targets is not None:
         from autofit.arch import structure_of
 
@@ -430,10 +316,11 @@ def trial(
             f"This trial cannot run here: {why}. Allowed here: loss=standard or loss=chunked "
             "(the same fused linear cross-entropy in pure torch)."
         )
+    hist = data_lengths(dataset, tokenizer, text_field, lengths)  # last: it may take a while
     return run_trial(
         spec, cfg, nprocs=hw.n_gpus, device=device,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,
-        timeout_s=trial_timeout,
+        timeout_s=trial_timeout, lengths=hist,
     )  # fmt: skip
 
 

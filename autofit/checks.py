@@ -109,7 +109,8 @@ def check_trial_timeout(seconds: float) -> None:
 def check_search_flags(timeout: float | None, node_rank: int | None) -> None:
     """The whole search's limit (--search-timeout): None (no limit) or a positive number; and
     --node-rank, a node's index from 0 (checked against the nodes with the hardware:
-    `autofit._node_rank`). Checked with or without trials: a bad value is never just ignored."""
+    `autofit.arguments.node_rank_of`). Checked with or without trials: a bad value is never
+    just ignored."""
     if timeout is not None and not timeout > 0:
         raise AutofitError(
             f"--search-timeout must be a positive number of seconds (no new trial starts after "

@@ -13,7 +13,6 @@ Adding a knob is one field here plus its builder and estimator terms.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,6 +21,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autofit.errors import ConfigError
+from autofit.layout import AUTO_WRAP, resolve_wrap
+from autofit.rules import rule_violation
 from autofit.settings import OPTIMIZER_IMPLS, coerce_setting
 
 
@@ -312,152 +313,6 @@ _INT_KNOBS: dict[str, Knob] = {
 _LABELLED = tuple(d for d in DECLARED.values() if d.label is not None)
 
 
-def wrap_group_size(wrap: str, n_layers: int) -> int:
-    """Decoder layers per FSDP2 unit for a `wrap` value (`none` -> no units)."""
-    if wrap == "layer":
-        return 1
-    if wrap.startswith("every-"):
-        return int(wrap.split("-")[1])
-    if wrap == "model":
-        return n_layers
-    return 0
-
-
-@lru_cache(maxsize=256)
-def wrap_units(wrap: str, n_layers: int) -> tuple[tuple[int, ...], ...]:
-    """The FSDP2 units `wrap` produces, as lists of decoder-layer indices.
-
-    Besides these, FSDP2 runs shard the token embeddings and `[final norm, LM head]` as units of
-    their own (torchtitan's `apply_fsdp`), and the root unit takes whatever no unit claims (with
-    `model`, every decoder layer). `none` is not FSDP2 at all (`sharding_for`). The trial builder
-    calls `fully_shard` on exactly these groups, and the estimator sizes the all-gather buffers
-    from them, so the two cannot disagree.
-    """
-    k = wrap_group_size(wrap, n_layers)
-    if k == 0 or k >= n_layers:
-        return ()
-    return tuple(tuple(range(i, min(i + k, n_layers))) for i in range(0, n_layers, k))
-
-
-class Sharding(str, enum.Enum):
-    """How a run holds the model across its GPUs (what a trial reports as `sharding`)."""
-
-    NONE = "none"  # one GPU, the plain module (train.py, torchtune single-device, HF Trainer)
-    DDP = "ddp"  # replicas holding the weights once, gradients all-reduced (PyTorch DDP)
-    FSDP2 = "fsdp2"  # `fully_shard` units laid out as torchtitan does
-
-    def __str__(self) -> str:
-        return self.value
-
-
-AUTO_WRAP = "auto"
-"""`wrap`'s default: how the best recipes hold the model on the GPUs at hand (`resolve_wrap`)."""
-
-
-def resolve_wrap(wrap: str, n_gpus: int, offload: str = "none", shard: str = "all") -> str:
-    """The wrap `wrap: auto` stands for on `n_gpus` GPUs: the plain module (`none`) on one GPU,
-    as torchtune's single-device recipes and HF Trainer run it, and FSDP2 per decoder layer
-    (`layer`, torchtitan's layout) on several; also `layer` where a knob needs FSDP2 (`offload:
-    params`, `shard: node`). Any other value is itself. The estimator, the builder, a trial and a
-    space resolve `auto` with this before anything reads the wrap (`Config.resolved`)."""
-    if wrap != AUTO_WRAP:
-        return wrap
-    needs_fsdp = offload == "params" or shard == "node"
-    return "none" if n_gpus <= 1 and not needs_fsdp else "layer"
-
-
-def sharding_for(wrap: str, n_gpus: int) -> Sharding:
-    """`wrap: none` is the plain module on one GPU and DDP replicas on several; any other wrap is
-    FSDP2 (on one GPU a one-rank mesh, which only param offload or a measured win justifies).
-    The builder and the estimator both read this rule; `auto` must be resolved first
-    (`resolve_wrap`), and is refused here so that nothing reads it unresolved."""
-    if wrap == AUTO_WRAP:
-        raise ValueError(
-            "internal error: wrap 'auto' reached the builder or the estimator unresolved "
-            "(Config.resolved(n_gpus) resolves it)"
-        )
-    if wrap == "none":
-        return Sharding.NONE if n_gpus <= 1 else Sharding.DDP
-    return Sharding.FSDP2
-
-
-def mesh_shape(shard: str, n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
-    """(replicas, shard degree) of the FSDP2 mesh: `shard: all` shards over every GPU (one
-    replica); `shard: node` is HSDP, torchtitan's `dp_replicate` x `dp_shard` mesh with the shard
-    dimension inside a node and a replica per node. The builder's `init_device_mesh` and the
-    estimator's shard degree and collectives read this. On one node both are the same mesh."""
-    if shard == "node" and n_gpus > gpus_per_node >= 1 and n_gpus % gpus_per_node == 0:
-        return n_gpus // gpus_per_node, gpus_per_node
-    return 1, n_gpus
-
-
-def shard_unavailable(shard: str, nodes: int) -> str | None:
-    """Why one config (an estimate, a trial) cannot take `shard` on `nodes` nodes, or None:
-    `shard: node` replicates across nodes, so on one it would be `shard: all` labelled HSDP. (A
-    space keeps only `all` there instead: `Space.knobs_on`.)"""
-    if shard != "node" or nodes > 1:
-        return None
-    return (
-        "shard=node (HSDP: shard within each node, replicate across nodes) needs several nodes; "
-        "on one node it is the same mesh as shard=all. Use shard=all (the default), or name "
-        "several nodes with --gpus NxKxNAME (e.g. 2x8xh100-80gb) or --device cpu --gpus NxK."
-    )
-
-
-def lora_settings_unused(settings: dict[str, Any], lora_ranks: Any) -> str | None:
-    """Why LoRA settings (`Config.settings()`: alpha, targets, dropout) cannot be given where
-    every rank in `lora_ranks` is 0, or None: a full fine-tune has no adapter to carry them.
-    (`train_embeddings` has a rule of its own, `broken_rule`.)"""
-    given = {k: v for k, v in settings.items() if k != "train_embeddings"}
-    if not given or any(rank > 0 for rank in lora_ranks):
-        return None
-    shown = ", ".join(
-        f"{k}={','.join(v) if isinstance(v, list | tuple) else v}" for k, v in given.items()
-    )
-    return (
-        f"{shown} configure{'s' if len(given) == 1 else ''} LoRA adapters, but lora_rank=0 is a "
-        "full fine-tune, which has none. Set lora_rank > 0 (e.g. 16 or 64) for LoRA, or leave "
-        "the LoRA settings out for a full fine-tune."
-    )
-
-
-def fp32_trainable(precision: str, optimizer: str) -> bool:
-    """Trainable (master) params in fp32: under bf16-mixed, and always with torchao's low-bit AdamW
-    (its compiled step fails on bf16 params under FSDP2: `lerp`/`view(dtype)` on the quantized
-    state), whose compute is still bf16. Otherwise bf16. The builder and the estimator read this."""
-    return precision == "bf16-mixed" or optimizer != "adamw"
-
-
-def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
-    """bf16 autocast runs where fp32 trainable params are held by the plain module or DDP (HF
-    Trainer's `bf16=True`, torchtune's single-device recipes); FSDP2 casts the gathered params
-    through its `MixedPrecisionPolicy` instead, and bf16 params need no cast."""
-    return sharding is not Sharding.FSDP2 and fp32_trainable(precision, optimizer)
-
-
-LIGER_MODULE = "liger_kernel"
-"""The import name of Liger's kernels (`pip install 'autofit[liger]'`), which `loss: fused` runs."""
-
-
-def liger_installed() -> bool:
-    """Whether Liger's kernels are importable here (found without importing them, or torch)."""
-    import importlib.util
-
-    return importlib.util.find_spec(LIGER_MODULE) is not None
-
-
-def loss_unavailable(loss: str, device: str) -> str | None:
-    """Why `loss` cannot run on `device` here (a short reason the space's skip count shows), or
-    None: `fused` is Liger's Triton kernel, CUDA only, and an optional install."""
-    if loss != "fused":
-        return None
-    if device != "cuda":
-        return "loss=fused needs CUDA (Liger's Triton kernel); chunked is its pure-torch twin"
-    if not liger_installed():
-        return "loss=fused needs Liger: pip install 'autofit[liger]'"
-    return None
-
-
 def _text(value: Any) -> Any:
     """Choices and booleans are read case-insensitively, around spaces ('NF4', ' true ')."""
     return value.strip().lower() if isinstance(value, str) else value
@@ -541,76 +396,3 @@ def _checked(name: str, value: Any) -> Any:
 def _checked_value(name: str, kind: type, value: Any) -> Any:
     # `kind` in the key: True == 1, yet a count may not be a boolean
     return (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
-
-
-QUANT_NEEDS_LORA = "quant needs LoRA"
-"""The short reason of the first rule, which a space also applies to whole blocks of configs."""
-
-
-def quant_without_lora(quant: str, lora_rank: int) -> bool:
-    """A quantized base cannot be fully fine-tuned: `quant` needs `lora_rank > 0`."""
-    return quant != "none" and lora_rank == 0
-
-
-def rule_violation(cfg: Config) -> str | None:
-    """The first rule between knobs that `cfg` breaks, as a user-facing sentence, or None."""
-    broken = broken_rule(cfg)
-    return broken[1] if broken else None
-
-
-def broken_rule(cfg: Config) -> tuple[str, str] | None:
-    """(short reason, full sentence) of the first rule `cfg` breaks, or None."""
-    if quant_without_lora(cfg.quant, cfg.lora_rank):
-        return (
-            QUANT_NEEDS_LORA,
-            f"quant={cfg.quant} needs LoRA: a quantized base cannot be fully fine-tuned. "
-            "Set lora_rank > 0 (e.g. 16 or 64), or use quant=none for a full fine-tune.",
-        )
-    if cfg.train_embeddings != "none" and cfg.lora_rank == 0:
-        return (
-            "train_embeddings needs LoRA",
-            f"train_embeddings={cfg.train_embeddings} trains the input embeddings and LM head "
-            "beside a frozen LoRA base, so it needs lora_rank > 0: a full fine-tune (lora_rank "
-            "0) trains the embeddings and head already. Set lora_rank > 0 (e.g. 16 or 64), or "
-            "train_embeddings=none for a full fine-tune.",
-        )
-    if cfg.offload == "params" and cfg.quant == "int8":
-        return (
-            "offload=params with int8",
-            "offload=params cannot be combined with quant=int8: torchao's int8 weights stay out "
-            "of FSDP2 sharding, so FSDP2's CPUOffloadPolicy cannot move them. Use quant=nf4, or "
-            "offload=optimizer/none.",
-        )
-    if cfg.shard == "node" and cfg.wrap == "none":
-        return (
-            "shard=node without sharding",
-            "shard=node (HSDP: shard within a node, replicate across nodes) needs FSDP2 "
-            "(wrap=layer, every-2, every-4 or model): wrap=none runs DDP replicas, which hold "
-            "everything on every GPU. Use shard=all with wrap=none.",
-        )
-    if cfg.optimizer_impl != "auto" and cfg.optimizer != "adamw":
-        return (
-            "optimizer_impl without torch AdamW",
-            f"optimizer_impl={cfg.optimizer_impl} chooses how torch's AdamW runs its step, and "
-            f"optimizer={cfg.optimizer} is torchao's low-bit AdamW, which has one step of its "
-            "own (compiled, one parameter at a time). Use optimizer=adamw, or optimizer_impl=auto.",
-        )
-    if cfg.offload == "params" and cfg.wrap == "none":
-        return (
-            "offload=params without sharding",
-            "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
-            "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
-            "replicas, which keep the weights on the GPU.",
-        )
-    return None
-
-
-def derive_grad_accum(global_batch: int, micro_batch: int, dp_size: int) -> int | None:
-    """Micro-steps per optimizer step so micro_batch x grad_accum x dp_size == global_batch.
-
-    Returns None when the division is not exact (that micro-batch cannot reach the global batch).
-    """
-    per_step = micro_batch * dp_size
-    if global_batch <= 0 or global_batch % per_step:
-        return None
-    return global_batch // per_step

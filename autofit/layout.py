@@ -3,19 +3,113 @@ config's knobs, the GPUs (how many, how many a node) and the model's decoder lay
 the builder, the estimator and the exports alike, as every step of torchtitan reads its
 `ParallelDims`.
 
-The rules it applies are written once, in `autofit.config` (`sharding_for`, `mesh_shape`,
-`wrap_units`, `uses_autocast`) and `autofit.recipe` (the dtypes, `adamw_impl`); a reader takes the
-resolved values from here instead of applying them again. Plain data, no torch.
+The rules it applies are written here, once (`resolve_wrap`, `sharding_for`, `mesh_shape`,
+`wrap_units`, `uses_autocast`), and in `autofit.recipe` (the dtypes, `adamw_impl`); a reader takes
+the resolved values from `Layout` instead of applying them again. Plain data, no torch.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from autofit.config import Config, Sharding, mesh_shape, sharding_for, uses_autocast, wrap_units
-from autofit.recipe import COMPUTE_DTYPE, adamw_impl, reduce_dtype, trainable_dtype
+from autofit.recipe import COMPUTE_DTYPE, adamw_impl, fp32_trainable, reduce_dtype, trainable_dtype
 
-__all__ = ["Layout", "layout_of"]
+if TYPE_CHECKING:
+    from autofit.config import Config
+
+__all__ = [
+    "AUTO_WRAP", "Layout", "Sharding", "layout_of", "mesh_shape", "resolve_wrap", "sharding_for",
+    "uses_autocast", "wrap_group_size", "wrap_units",
+]  # fmt: skip
+
+
+def wrap_group_size(wrap: str, n_layers: int) -> int:
+    """Decoder layers per FSDP2 unit for a `wrap` value (`none` -> no units)."""
+    if wrap == "layer":
+        return 1
+    if wrap.startswith("every-"):
+        return int(wrap.split("-")[1])
+    if wrap == "model":
+        return n_layers
+    return 0
+
+
+@lru_cache(maxsize=256)
+def wrap_units(wrap: str, n_layers: int) -> tuple[tuple[int, ...], ...]:
+    """The FSDP2 units `wrap` produces, as lists of decoder-layer indices.
+
+    Besides these, FSDP2 runs shard the token embeddings and `[final norm, LM head]` as units of
+    their own (torchtitan's `apply_fsdp`), and the root unit takes whatever no unit claims (with
+    `model`, every decoder layer). `none` is not FSDP2 at all (`sharding_for`). The trial builder
+    calls `fully_shard` on exactly these groups, and the estimator sizes the all-gather buffers
+    from them, so the two cannot disagree.
+    """
+    k = wrap_group_size(wrap, n_layers)
+    if k == 0 or k >= n_layers:
+        return ()
+    return tuple(tuple(range(i, min(i + k, n_layers))) for i in range(0, n_layers, k))
+
+
+class Sharding(str, enum.Enum):
+    """How a run holds the model across its GPUs (what a trial reports as `sharding`)."""
+
+    NONE = "none"  # one GPU, the plain module (train.py, torchtune single-device, HF Trainer)
+    DDP = "ddp"  # replicas holding the weights once, gradients all-reduced (PyTorch DDP)
+    FSDP2 = "fsdp2"  # `fully_shard` units laid out as torchtitan does
+
+    def __str__(self) -> str:
+        return self.value
+
+
+AUTO_WRAP = "auto"
+"""`wrap`'s default: how the best recipes hold the model on the GPUs at hand (`resolve_wrap`)."""
+
+
+def resolve_wrap(wrap: str, n_gpus: int, offload: str = "none", shard: str = "all") -> str:
+    """The wrap `wrap: auto` stands for on `n_gpus` GPUs: the plain module (`none`) on one GPU,
+    as torchtune's single-device recipes and HF Trainer run it, and FSDP2 per decoder layer
+    (`layer`, torchtitan's layout) on several; also `layer` where a knob needs FSDP2 (`offload:
+    params`, `shard: node`). Any other value is itself. The estimator, the builder, a trial and a
+    space resolve `auto` with this before anything reads the wrap (`Config.resolved`)."""
+    if wrap != AUTO_WRAP:
+        return wrap
+    needs_fsdp = offload == "params" or shard == "node"
+    return "none" if n_gpus <= 1 and not needs_fsdp else "layer"
+
+
+def sharding_for(wrap: str, n_gpus: int) -> Sharding:
+    """`wrap: none` is the plain module on one GPU and DDP replicas on several; any other wrap is
+    FSDP2 (on one GPU a one-rank mesh, which only param offload or a measured win justifies).
+    The builder and the estimator both read this rule; `auto` must be resolved first
+    (`resolve_wrap`), and is refused here so that nothing reads it unresolved."""
+    if wrap == AUTO_WRAP:
+        raise ValueError(
+            "internal error: wrap 'auto' reached the builder or the estimator unresolved "
+            "(Config.resolved(n_gpus) resolves it)"
+        )
+    if wrap == "none":
+        return Sharding.NONE if n_gpus <= 1 else Sharding.DDP
+    return Sharding.FSDP2
+
+
+def mesh_shape(shard: str, n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(replicas, shard degree) of the FSDP2 mesh: `shard: all` shards over every GPU (one
+    replica); `shard: node` is HSDP, torchtitan's `dp_replicate` x `dp_shard` mesh with the shard
+    dimension inside a node and a replica per node. The builder's `init_device_mesh` and the
+    estimator's shard degree and collectives read this. On one node both are the same mesh."""
+    if shard == "node" and n_gpus > gpus_per_node >= 1 and n_gpus % gpus_per_node == 0:
+        return n_gpus // gpus_per_node, gpus_per_node
+    return 1, n_gpus
+
+
+def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
+    """bf16 autocast runs where fp32 trainable params are held by the plain module or DDP (HF
+    Trainer's `bf16=True`, torchtune's single-device recipes); FSDP2 casts the gathered params
+    through its `MixedPrecisionPolicy` instead, and bf16 params need no cast."""
+    return sharding is not Sharding.FSDP2 and fp32_trainable(precision, optimizer)
 
 
 @dataclass(frozen=True)
@@ -51,6 +145,7 @@ class Layout:
         """The layout of a run of these knob values on `n_gpus` GPUs, `gpus_per_node` a node
         (default: one node), of a model of `n_layers` decoder layers (0: units not needed)."""
         n = max(n_gpus, 1)
+        wrap = resolve_wrap(wrap, n, offload, shard)  # `auto`: what it stands for on n GPUs
         sharding = sharding_for(wrap, n)
         if sharding is Sharding.FSDP2:
             replicas, degree = mesh_shape(shard, n, gpus_per_node or n)

@@ -14,8 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autofit.config import fp32_trainable
 from autofit.settings import trained_token_count
+
+
+def fp32_trainable(precision: str, optimizer: str) -> bool:
+    """Trainable (master) params in fp32: under bf16-mixed, and always with torchao's low-bit AdamW
+    (its compiled step fails on bf16 params under FSDP2: `lerp`/`view(dtype)` on the quantized
+    state), whose compute is still bf16. Otherwise bf16. The builder and the estimator read this."""
+    return precision == "bf16-mixed" or optimizer != "adamw"
+
 
 # ----- dtypes -----------------------------------------------------------------------------------
 # Named by string so this module needs no torch; `autofit.builder.dtypes` maps them to torch dtypes.

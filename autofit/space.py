@@ -42,23 +42,24 @@ from pydantic import (
 )
 
 from autofit.config import (
-    AUTO_WRAP,
     KNOB_HELP,
     KNOBS,
     LORA_SETTINGS,
-    QUANT_NEEDS_LORA,
     SETTING_HELP,
     Config,
-    broken_rule,
-    derive_grad_accum,
     knob_error,
     knob_type,
-    loss_unavailable,
-    quant_without_lora,
-    resolve_wrap,
 )
 from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
+from autofit.layout import AUTO_WRAP, resolve_wrap
+from autofit.rules import (
+    QUANT_NEEDS_LORA,
+    broken_rule,
+    derive_grad_accum,
+    loss_unavailable,
+    quant_without_lora,
+)
 from autofit.settings import OPTIMIZER_IMPLS, coerce_setting, setting_error
 
 

@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
         "layout",
         "structure",
         "data",
+        "rules",
     },  # in
     {"builder"},  # the torch builder: the model as trials and `apply` set it up, its traces
     {"arch"},  # a model's structure and layer traces, read with the builder and kept on disk
@@ -38,7 +39,7 @@ LAYERS: list[set[str]] = [
     {"plan"},  # candidates, pruning, ranking, the plan and its sentences
     {"search"},  # the Optuna study: estimate -> trials -> plan, reported as events
     {"report"},  # what people read (tables, the search's events shown live, picture, run folder)
-    {"", "cli", "cli_data", "cli_checks", "__main__"},  # the public API and the CLI (flags, checks)
+    {"", "arguments", "cli", "__main__"},  # the public API (its arguments) and the CLI
 ]
 # the worker's entry too: it must guard itself before torch takes seconds to import
 TORCH_FREE = (

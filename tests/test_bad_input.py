@@ -258,19 +258,19 @@ def test_a_study_name_cannot_leave_the_run_folder(tmp_path, monkeypatch):
 
 
 def test_run_folder_of_a_default_study_name_stays_one_folder(tmp_path):
-    from autofit import _run_folder
+    from autofit.arguments import run_folder
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
     from autofit.space import load_space
 
     spec = resolve_model(write_config(tmp_path))  # its name is a path, with slashes
     hw = resolve_hardware("2", device="cpu")
-    folder = _run_folder(spec, hw, load_space(TINY_SPACE), None, None, "cpu", None, None)
+    folder = run_folder(spec, hw, load_space(TINY_SPACE), None, None, "cpu", None, None)
     assert folder.parent == Path("autofit-runs") and "/" not in folder.name
-    named = _run_folder(spec, hw, load_space(TINY_SPACE), None, None, "cpu", "my-study_1.0", None)
+    named = run_folder(spec, hw, load_space(TINY_SPACE), None, None, "cpu", "my-study_1.0", None)
     assert named == Path("autofit-runs") / "my-study_1.0"
     # with --run-dir the study name is only a name in the storage: anything goes
-    free = _run_folder(spec, hw, load_space(TINY_SPACE), None, None, "cpu", "a b/c", tmp_path)
+    free = run_folder(spec, hw, load_space(TINY_SPACE), None, None, "cpu", "a b/c", tmp_path)
     assert free == tmp_path
 
 

@@ -7,16 +7,10 @@ import json
 
 import pytest
 
-from autofit.config import (
-    KNOBS,
-    LORA_SETTINGS,
-    Config,
-    broken_rule,
-    coerce_knob,
-    derive_grad_accum,
-    wrap_units,
-)
+from autofit.config import KNOBS, LORA_SETTINGS, Config, coerce_knob
 from autofit.errors import ConfigError
+from autofit.layout import wrap_units
+from autofit.rules import broken_rule, derive_grad_accum
 
 
 def test_knob_names_are_the_design_contract():
@@ -137,7 +131,7 @@ def test_short_label_names_the_departures_from_defaults():
 
 
 def test_wrap_auto_is_the_plain_module_on_one_gpu_and_fsdp2_on_several():
-    from autofit.config import Sharding, sharding_for
+    from autofit.layout import Sharding, sharding_for
 
     assert Config().wrap == "auto"
     # torchtune's single-device recipes and HF Trainer on one GPU hold the plain module;
@@ -349,7 +343,7 @@ def test_optimizer_impl_is_a_setting_of_torch_adamw_only():
     assert "optimizer_impl" not in KNOBS
     cfg = Config(optimizer_impl=" Foreach ")
     assert cfg.optimizer_impl == "foreach"
-    assert cfg.short() == "full mb1x1 wrap=layer adamw=foreach"
+    assert cfg.short() == "full mb1x1 wrap=auto adamw=foreach"
     assert cfg.to_dict()["optimizer_impl"] == "foreach"
     assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     assert "optimizer_impl" not in Config().to_dict()  # the default stays out

@@ -4,8 +4,8 @@ it)."""
 
 from __future__ import annotations
 
-from autofit.config import Config, Sharding
-from autofit.layout import Layout, layout_of
+from autofit.config import Config
+from autofit.layout import Layout, Sharding, layout_of
 
 
 def test_hsdp_over_two_nodes_of_eight_is_torchtitans_two_by_eight_mesh():

@@ -139,8 +139,8 @@ def test_a_skipped_fused_loss_says_what_to_install(tmp_path):
     """Without Liger, `loss: fused` is skipped on a CUDA plan with the install command, printed
     as written (rich would read `[liger]` as markup and drop it)."""
     import autofit
-    from autofit.config import liger_installed
     from autofit.report import plan_report
+    from autofit.rules import liger_installed
 
     if liger_installed():
         pytest.skip("liger-kernel is installed here")

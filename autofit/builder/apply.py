@@ -40,8 +40,8 @@ from autofit.builder.model import (
 )
 from autofit.builder.optim import LR, build_optimizer
 from autofit.builder.quantize import quantize_layer
-from autofit.config import Config, Sharding
-from autofit.layout import Layout, layout_of
+from autofit.config import Config
+from autofit.layout import Layout, Sharding, layout_of
 from autofit.models import ModelSpec
 
 Batch = torch.Tensor | Mapping[str, torch.Tensor]

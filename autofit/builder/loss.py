@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from autofit.builder.dtypes import compute_dtype
-from autofit.config import liger_installed
+from autofit.rules import liger_installed
 
 IGNORE_INDEX = -100
 """The label of a position without loss (HF's, torch's `cross_entropy` default)."""

@@ -12,7 +12,7 @@ from operator import attrgetter
 from typing import Any
 
 from autofit.arch import structure_of
-from autofit.config import AUTO_WRAP, Config
+from autofit.config import Config
 from autofit.data import LengthHistogram
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
@@ -21,6 +21,7 @@ from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
 from autofit.estimate.speed import TIME_KEYS
 from autofit.estimate.step import step_time, step_time_terms
 from autofit.hardware import Hardware
+from autofit.layout import AUTO_WRAP
 from autofit.models import ModelSpec
 
 __all__ = [

@@ -9,7 +9,6 @@ Pure arithmetic; each constant names its source or says it is assumed (docs/accu
 
 from __future__ import annotations
 
-from autofit.config import wrap_units
 from autofit.estimate.memory import (
     embed_unit_bytes,
     gathered_layer_bytes,
@@ -17,6 +16,7 @@ from autofit.estimate.memory import (
     master_bytes,
 )
 from autofit.estimate.speed import MEM_BW_EFFICIENCY
+from autofit.layout import wrap_units
 from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
 from autofit.structure import Structure
 

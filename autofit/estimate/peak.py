@@ -18,11 +18,12 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from autofit.arch import step_events_of, structure_of
-from autofit.config import Config, Sharding
+from autofit.config import Config
 from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
 from autofit.estimate.state import Gathered, States, gathered_at_moments, states
 from autofit.estimate.terms import reads
+from autofit.layout import Sharding
 from autofit.models import ModelSpec
 from autofit.recipe import DTYPE_BYTES, checkpointed_layers, reduce_dtype
 from autofit.structure import ActivationKey, Structure

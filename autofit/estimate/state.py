@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from autofit.config import Sharding
 from autofit.estimate import memory as mem
-from autofit.layout import Layout
+from autofit.layout import Layout, Sharding
 from autofit.recipe import base_stays_whole
 from autofit.structure import Structure
 

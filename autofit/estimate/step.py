@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autofit.config import Config, Sharding
+from autofit.config import Config
 from autofit.estimate import comm
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
-from autofit.layout import Layout
+from autofit.layout import Layout, Sharding
 from autofit.structure import Structure
 
 __all__ = ["step_time", "step_time_terms"]

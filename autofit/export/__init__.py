@@ -1,7 +1,7 @@
 """The winner as files other tools read: an `autofit` YAML plan, an Accelerate config, or
 `transformers.TrainingArguments` JSON, each for the path the trials measured: the plain module on
 one GPU (`distributed_type: NO`), DDP replicas (`MULTI_GPU`) or FSDP2 laid out as torchtitan
-(`FSDP`, `fsdp_version: 2`), as `autofit.config.sharding_for(wrap, n_gpus)` decides; across nodes
+(`FSDP`, `fsdp_version: 2`), as `autofit.layout.sharding_for(wrap, n_gpus)` decides; across nodes
 with `shard: node`, HSDP on the mesh of `autofit.config.mesh_shape` (Accelerate's
 `parallelism_config`). `launch_lines` is the one rule for the commands that start training: one
 line on one node; on several, torchrun with c10d rendezvous on each node and the `srun` line that

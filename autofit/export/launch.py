@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.config import Sharding
 from autofit.export.layout import hsdp_env, plan_nodes, plan_sharding
 from autofit.export.schema import env_text, plan_document, side_path
+from autofit.layout import Sharding
 
 # autofit cannot know the user's training script: launch commands name this placeholder, and
 # `launch_note` says what it stands for and runs the plan with an example shipped in the sources.

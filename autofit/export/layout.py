@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofit.config import Sharding
-from autofit.layout import Layout
+from autofit.layout import Layout, Sharding
 
 
 def plan_layout(doc: dict[str, Any]) -> Layout:

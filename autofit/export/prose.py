@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from autofit._version import __version__
-from autofit.config import Sharding, wrap_group_size
 from autofit.export.layout import (
     accelerate_hsdp,
     plan_layout,
@@ -16,6 +15,7 @@ from autofit.export.layout import (
     plan_sharding,
 )
 from autofit.export.schema import MARKER, env_text
+from autofit.layout import Sharding, wrap_group_size
 from autofit.recipe import FP32, trained_embedding_modules, trained_token_ids
 from autofit.settings import ALL_LINEAR, trained_token_count
 from autofit.units import fmt_size

@@ -8,7 +8,6 @@ from typing import Any
 
 import yaml
 
-from autofit.config import Sharding
 from autofit.export.launch import RDZV_PORT, launch_comments
 from autofit.export.layout import (
     accelerate_hsdp,
@@ -18,6 +17,7 @@ from autofit.export.layout import (
     plan_sharding,
 )
 from autofit.export.prose import accelerate_notes, header
+from autofit.layout import Sharding
 from autofit.recipe import FP32
 
 TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit"}

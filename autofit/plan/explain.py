@@ -7,7 +7,6 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from autofit.config import derive_grad_accum
 from autofit.estimate import Estimate, estimate
 from autofit.estimate.memory import HOST_RAM_USABLE, usable_host_bytes
 from autofit.hardware import Hardware
@@ -16,6 +15,7 @@ from autofit.plan.fixes import MORE_GPUS, fitting_changes, more_gpus_that_fit, t
 from autofit.plan.outcome import Outcome, trial_status
 from autofit.plan.prune import PruneReason, headroom_line, host_ram_bound, prune_reason
 from autofit.plan.rank import RECIPE_KNOBS, TIE_TOLERANCE, faster, recipe_key, slower
+from autofit.rules import derive_grad_accum
 from autofit.space import Space
 from autofit.units import fmt_bytes, fmt_size, fmt_tokens_per_s
 

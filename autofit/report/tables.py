@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from autofit.arch import structure_of
-from autofit.config import AUTO_WRAP
 from autofit.estimate import Estimate
 from autofit.hardware import GPU_PRESETS, Hardware
+from autofit.layout import AUTO_WRAP
 from autofit.models import ModelSpec
 from autofit.plan import Outcome, Plan
 from autofit.plan.explain import mesh_line

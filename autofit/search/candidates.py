@@ -23,12 +23,13 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 
 from autofit.calibration import NAPKIN, Calibration, memory_terms, time_terms
-from autofit.config import KNOBS, Config, derive_grad_accum
+from autofit.config import KNOBS, Config
 from autofit.errors import ConfigError
 from autofit.plan import Candidate, PruneReason, estimate_all, search_prune_reason
 from autofit.plan.prune import allowed_bytes
 from autofit.plan.rank import complexity, speed_bucket
 from autofit.request import PlanRequest
+from autofit.rules import derive_grad_accum
 from autofit.search import study as st
 from autofit.trials.result import TrialResult
 

@@ -81,7 +81,7 @@ def test_pack_splits_a_document_that_does_not_fit_into_the_next_row() -> None:
 
 def test_applied_collate_follows_the_config(model: torch.nn.Module) -> None:
     from autofit.builder.apply import Applied
-    from autofit.config import Sharding
+    from autofit.layout import Sharding
 
     docs = documents([5, 9])
     for batching, shape in (("padded", (2, 9)), ("grouped", (2, 9)), ("packed", (1, 16))):

@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autofit.builder.apply import _local_world
-from autofit.config import Config, mesh_shape
+from autofit.config import Config
+from autofit.layout import mesh_shape
 
 pytestmark = pytest.mark.slow
 

@@ -135,7 +135,7 @@ def test_a_head_with_a_bias_is_refused_clearly() -> None:
 
 
 def test_fused_without_liger_or_cuda_says_what_to_install() -> None:
-    from autofit.config import liger_installed
+    from autofit.rules import liger_installed
 
     model = _model("llama-debug", torch.float32, "standard")
     if liger_installed():
@@ -181,7 +181,7 @@ def test_fused_loss_equals_the_models_own_under_tritons_interpreter(name: str) -
     import subprocess
     import sys
 
-    from autofit.config import liger_installed
+    from autofit.rules import liger_installed
 
     if not liger_installed():
         pytest.skip("liger-kernel is not installed (pip install 'autofit[liger]')")
@@ -208,7 +208,7 @@ print("ok", standard[0].loss.item(), fused[0].loss.item())
 @pytest.mark.parametrize("name", ["llama-debug", "gemma2-debug"])
 def test_fused_loss_equals_the_models_own_on_cuda(name: str) -> None:
     """On a GPU, Liger's kernel itself (Gemma 2's soft-capped logits included)."""
-    from autofit.config import liger_installed
+    from autofit.rules import liger_installed
 
     if not liger_installed():
         pytest.skip("liger-kernel is not installed (pip install 'autofit[liger]')")

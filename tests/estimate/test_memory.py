@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autofit.arch import structure_of
-from autofit.config import Sharding
 from autofit.estimate import memory as mem
+from autofit.layout import Sharding
 from autofit.models import PRESETS
 from tests.conftest import LLAMA_7B
 

@@ -8,7 +8,8 @@ import torch
 
 from autofit.builder import apply
 from autofit.builder.apply import Applied
-from autofit.config import Config, Sharding
+from autofit.config import Config
+from autofit.layout import Sharding
 from autofit.models import PRESETS
 
 

@@ -9,9 +9,9 @@ from functools import lru_cache
 
 import autofit.recipe as recipe
 from autofit.arch import activations_of
-from autofit.config import Sharding, wrap_group_size
 from autofit.estimate.memory.sharded import gathered_layer_bytes, head_unit_bytes
 from autofit.estimate.memory.widths import BF16, FP32, Targets, traced_loss
+from autofit.layout import Sharding, wrap_group_size
 from autofit.models import ModelSpec
 from autofit.structure import ActivationKey, LayerActivations, Structure
 

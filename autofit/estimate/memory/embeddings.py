@@ -5,9 +5,9 @@ tensors.
 from __future__ import annotations
 
 import autofit.recipe as recipe
-from autofit.config import Sharding
 from autofit.errors import ConfigError
 from autofit.estimate.memory.widths import BF16, FP32, grad_bytes, traced_loss
+from autofit.layout import Sharding
 from autofit.settings import trained_token_count, trained_tokens_error
 from autofit.structure import Structure
 

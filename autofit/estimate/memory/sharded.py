@@ -5,7 +5,6 @@ of a step, autocast's bf16 copies, the optimizer step's temporaries.
 from __future__ import annotations
 
 from autofit import recipe
-from autofit.config import Sharding, wrap_group_size
 from autofit.estimate.memory.embeddings import trained_largest_tensor, trained_module_params
 from autofit.estimate.memory.widths import (
     BF16,
@@ -15,6 +14,7 @@ from autofit.estimate.memory.widths import (
     grad_bytes,
     master_bytes,
 )
+from autofit.layout import Sharding, wrap_group_size
 from autofit.structure import Structure
 
 

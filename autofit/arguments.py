@@ -1,0 +1,146 @@
+"""The public API's arguments checked and turned into what the planner reads: knob and setting
+keywords into a `Config`, the LoRA settings given, the space's trained embeddings, this planner's
+node, and the search's run folder. Each check raises one paragraph (`autofit.errors`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autofit.config import KNOBS, LORA_SETTINGS, Config
+from autofit.data import LengthHistogram
+from autofit.errors import AutofitError, ConfigError, HardwareError
+
+
+def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
+    """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`), its
+    `train_embeddings` checked against `spec`'s vocabulary, its `shard` against `hw`'s nodes, and
+    no LoRA setting without LoRA."""
+    from autofit.config import coerce_knob
+    from autofit.rules import lora_settings_unused, shard_unavailable
+
+    unknown = set(knobs) - set(KNOBS) - set(LORA_SETTINGS)
+    if unknown:
+        coerce_knob(sorted(unknown)[0], None)  # raises a clear ConfigError
+    config = Config(**knobs)
+    check_train_embeddings(config.train_embeddings, spec)
+    problem = lora_settings_unused(config.settings(), [config.lora_rank])
+    problem = problem or shard_unavailable(config.shard, hw.nodes)
+    if problem:
+        raise ConfigError(problem)
+    return config
+
+
+def check_train_embeddings(value: str, spec: Any) -> None:
+    """`tokens:N` within the model's vocabulary: one paragraph before anything is estimated."""
+    from autofit.settings import trained_tokens_error
+
+    problem = trained_tokens_error(value, spec.vocab)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def check_space_embeddings(sp: Any, spec: Any) -> None:
+    """A space's `train_embeddings` within the model's vocabulary, and with LoRA candidates to
+    carry it (its full fine-tunes are skipped: they train the embeddings already)."""
+    from autofit.rules import lora_settings_unused
+
+    problem = lora_settings_unused(sp.settings, sp.knobs["lora_rank"])
+    if problem:
+        ranks = list(sp.knobs["lora_rank"])
+        raise ConfigError(f"Space {sp.name!r} has only full fine-tunes (lora_rank: {ranks}): "
+                          f"{problem}")  # fmt: skip
+    value = sp.settings.get("train_embeddings", "none")
+    if value == "none":
+        return
+    check_train_embeddings(value, spec)
+    if not any(rank > 0 for rank in sp.knobs["lora_rank"]):
+        raise ConfigError(
+            f"train_embeddings={value} trains the input embeddings and LM head beside a frozen "
+            f"LoRA base, but space {sp.name!r} has only full fine-tunes (lora_rank: "
+            f"{list(sp.knobs['lora_rank'])}), which train them already. Give the space LoRA "
+            "ranks (lora_rank: [16, 64]), or drop train_embeddings (none) for full fine-tunes."
+        )
+
+
+def node_rank_of(hw: Any, node_rank: int | None, storage: str | None) -> int:
+    """This planner's node of `hw` for a search: `node_rank`, else the launch's environment;
+    checked against the hardware's nodes, and several nodes need a shared study."""
+    from autofit.hardware import launch_world
+
+    world = launch_world()
+    if world.nodes > 1 and world.nodes != hw.nodes:
+        raise HardwareError(
+            f"This planner runs in a launch of {world.nodes} nodes ({world.source}'s "
+            f"environment), but the hardware planned for, {hw.describe()}, has {hw.nodes} "
+            f"node(s). Give --gpus the launch's nodes (auto, or NxK... with N={world.nodes}), or "
+            "run a one-node plan outside the multi-node launch."
+        )
+    if node_rank is not None and not 0 <= node_rank < hw.nodes:
+        raise HardwareError(
+            f"--node-rank {node_rank} is not a node of {hw.describe()}: give 0 to "
+            f"{hw.nodes - 1} ({hw.nodes} node(s))."
+        )
+    if hw.nodes <= 1:
+        return 0
+    if storage is None:
+        raise AutofitError(
+            f"Trials on {hw.nodes} nodes run one `autofit plan` per node on one shared study, "
+            "so each needs to reach the same storage: add --storage URL --study NAME, the same on "
+            "every node (e.g. --storage postgresql://user:password@host/db --study my-plan; "
+            "sqlite:///path/study.db when every node's planner runs on one host), or add "
+            "--no-trials to plan from estimates alone."
+        )
+    rank = node_rank if node_rank is not None else world.node_rank if world.nodes > 1 else None
+    if rank is None:
+        raise AutofitError(
+            f"Trials on {hw.nodes} nodes run one `autofit plan` per node, and this one does not "
+            "know which node it is: no torchrun or SLURM launch of several nodes set it. Add "
+            f"--node-rank N (0 on the node that chooses the trials, 1 to {hw.nodes - 1} on the "
+            "others), or set AUTOFIT_NODE_RANK and AUTOFIT_NODES."
+        )
+    return rank
+
+
+def lora_settings(**given: Any) -> dict[str, Any]:
+    """The LoRA settings given (not None), checked: `ConfigError` names a bad one. Their raw
+    values are kept, so an explicit "all-linear" still replaces a space's targets."""
+    from autofit.settings import coerce_setting
+
+    out = {name: value for name, value in given.items() if value is not None}
+    for name, value in out.items():
+        coerce_setting(name, value)
+    return out
+
+
+def run_folder(
+    spec: Any,
+    hw: Any,
+    sp: Any,
+    seq_len: int | None,
+    global_batch: int | None,
+    device: str,
+    study: str | None,
+    run_dir: str | Path | None,
+    lengths: LengthHistogram | None = None,
+) -> Path:
+    """The search's run folder, checked writable: `run_dir`, or `autofit-runs/<study>` where the
+    study name must be one plain folder name (a default name is made into one)."""
+    from autofit.checks import check_dir_writable, check_study_name, default_run_dir
+
+    if run_dir is not None:
+        folder = Path(run_dir).expanduser()
+        what, hint = f"--run-dir {run_dir}", "Pass --run-dir a folder you can write in."
+    else:
+        if study is not None:
+            folder = default_run_dir(check_study_name(study))
+        else:
+            from autofit.search.study import default_study_name
+
+            seq = seq_len or sp.seq_len
+            name = default_study_name(spec, hw, sp, seq, global_batch, device, lengths=lengths)
+            folder = default_run_dir(name)
+        what = f"the run folder {folder}"
+        hint = "Run autofit from a folder you can write in, or pass --run-dir a writable folder."
+    check_dir_writable(folder, what, hint)
+    return folder

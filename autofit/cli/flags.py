@@ -1,0 +1,113 @@
+"""The options the commands share, and one flag per declared knob and setting, generated from
+its declaration (`declared_flags`)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from autofit.cli.app import err
+from autofit.config import DECLARED, Knob, coerce_knob
+from autofit.settings import coerce_setting
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+MODEL = typer.Option(..., "--model", "-m", help="Preset name (see `autofit models`) or a path to "
+                     "a HF config.json / model folder.")  # fmt: skip
+GPUS = typer.Option(
+    "auto",
+    "--gpus",
+    "-g",
+    help="auto (all NVML GPUs; on every node of a torchrun/SLURM launch), N (first N), 0,2 "
+    "(indices), or KxNAME / NxKxNAME (N nodes of K) for hardware you do not have, e.g. "
+    "2xrtx3090, 8xh100-80gb, 4x8xh100-80gb (`autofit hardware --presets`).",
+)
+INTER_NODE_BANDWIDTH = typer.Option(
+    None,
+    "--inter-node-bandwidth",
+    metavar="BW",
+    help="The network between nodes, per GPU and direction, e.g. 400Gb/s or 50GB/s (default: "
+    "the GPU class's usual cluster, `autofit hardware --presets`).",
+)
+GPU_MEMORY = typer.Option(
+    None,
+    "--gpu-memory",
+    help="Cap each GPU at this size, e.g. 24GiB (emulates a smaller card; on --device cpu the "
+    "capacity trials are held to).",
+)
+DEVICE = typer.Option(
+    "cuda", "--device", help="cuda: trials on GPUs; cpu: the same trials on CPU with gloo."
+)
+JSON = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
+
+
+def renamed(old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
+    """A renamed flag's old, hidden name still works (with a note on stderr); the new name wins
+    when both are given."""
+    if old_value is None:
+        return new_value
+    err.print(f"[yellow]note:[/] {old} is now {new}; the old name still works for now.")
+    return old_value if new_value == default else new_value
+
+
+def _knob_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _flag(d: Knob, note: str) -> Any:
+    """The flag of a declared knob or setting: its help, its allowed values and its default
+    (the `Config` value an unset flag leaves). No square brackets: rich reads them as markup."""
+    if not d.searched:  # a setting: its own text, checked by `coerce_setting`
+        return typer.Option(None, d.flag, metavar=d.metavar, help=d.help + note.format(d.name))
+    if d.choices:
+        allowed = "Allowed: " + ", ".join(_knob_text(v) for v in d.choices) + "."
+    else:
+        allowed = f"Allowed: {d.range_text}."
+    text = f"{d.help}. {allowed} Default: {_knob_text(d.default)}."
+    return typer.Option(None, d.flag, help=text + (f" {d.advice}" if d.advice else ""))
+
+
+def declared_flags(*, knobs: bool = True, note: str = ".") -> Callable[[_Command], _Command]:
+    """Give a command one flag per declared knob (unless `knobs` is false) and setting
+    (`autofit.config.DECLARED`), generated from the declaration, after its `--gpus` option. The
+    command receives them as `declared`: the flags given, each checked (`ConfigError`, one
+    paragraph) and normalised. `note` ends a setting's help (`{}` is its name)."""
+
+    def wrap(command: _Command) -> _Command:
+        chosen = [d for d in DECLARED.values() if knobs or not d.searched]
+        names = {d.name for d in chosen}
+
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in names}
+            return command(*args, declared=given, **kwargs)
+
+        flags = [
+            inspect.Parameter(
+                d.name, inspect.Parameter.KEYWORD_ONLY, default=_flag(d, note),
+                annotation=int | None if d.searched and d.choices is None else str | None,
+            )
+            for d in chosen
+        ]  # fmt: skip
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "declared"]
+        at = next((i + 1 for i, p in enumerate(own) if p.name == "gpus"), 0)
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        run.__signature__ = inspect.Signature(params[:at] + flags + params[at:])  # type: ignore[attr-defined]
+        return run  # type: ignore[return-value]
+
+    return wrap
+
+
+def checked(given: dict[str, Any]) -> dict[str, Any]:
+    """The flags given (`declared`), checked and normalised: knobs by `coerce_knob`, settings by
+    `coerce_setting` (each a `ConfigError` naming the flag's value and what is allowed)."""
+    return {
+        name: (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
+        for name, value in given.items()
+        if value is not None
+    }

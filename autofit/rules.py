@@ -1,0 +1,137 @@
+"""The rules between knobs, and between a config and where it runs: each a user-facing sentence
+(one paragraph) naming what was asked and what is allowed. `Config` refuses a config that breaks
+one (`rule_violation`); a space skips such configs and counts why (`broken_rule`'s short reason).
+Plain data, no torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autofit.config import Config
+
+
+def shard_unavailable(shard: str, nodes: int) -> str | None:
+    """Why one config (an estimate, a trial) cannot take `shard` on `nodes` nodes, or None:
+    `shard: node` replicates across nodes, so on one it would be `shard: all` labelled HSDP. (A
+    space keeps only `all` there instead: `Space.knobs_on`.)"""
+    if shard != "node" or nodes > 1:
+        return None
+    return (
+        "shard=node (HSDP: shard within each node, replicate across nodes) needs several nodes; "
+        "on one node it is the same mesh as shard=all. Use shard=all (the default), or name "
+        "several nodes with --gpus NxKxNAME (e.g. 2x8xh100-80gb) or --device cpu --gpus NxK."
+    )
+
+
+def lora_settings_unused(settings: dict[str, Any], lora_ranks: Any) -> str | None:
+    """Why LoRA settings (`Config.settings()`: alpha, targets, dropout) cannot be given where
+    every rank in `lora_ranks` is 0, or None: a full fine-tune has no adapter to carry them.
+    (`train_embeddings` has a rule of its own, `broken_rule`.)"""
+    given = {k: v for k, v in settings.items() if k != "train_embeddings"}
+    if not given or any(rank > 0 for rank in lora_ranks):
+        return None
+    shown = ", ".join(
+        f"{k}={','.join(v) if isinstance(v, list | tuple) else v}" for k, v in given.items()
+    )
+    return (
+        f"{shown} configure{'s' if len(given) == 1 else ''} LoRA adapters, but lora_rank=0 is a "
+        "full fine-tune, which has none. Set lora_rank > 0 (e.g. 16 or 64) for LoRA, or leave "
+        "the LoRA settings out for a full fine-tune."
+    )
+
+
+LIGER_MODULE = "liger_kernel"
+"""The import name of Liger's kernels (`pip install 'autofit[liger]'`), which `loss: fused` runs."""
+
+
+def liger_installed() -> bool:
+    """Whether Liger's kernels are importable here (found without importing them, or torch)."""
+    import importlib.util
+
+    return importlib.util.find_spec(LIGER_MODULE) is not None
+
+
+def loss_unavailable(loss: str, device: str) -> str | None:
+    """Why `loss` cannot run on `device` here (a short reason the space's skip count shows), or
+    None: `fused` is Liger's Triton kernel, CUDA only, and an optional install."""
+    if loss != "fused":
+        return None
+    if device != "cuda":
+        return "loss=fused needs CUDA (Liger's Triton kernel); chunked is its pure-torch twin"
+    if not liger_installed():
+        return "loss=fused needs Liger: pip install 'autofit[liger]'"
+    return None
+
+
+QUANT_NEEDS_LORA = "quant needs LoRA"
+"""The short reason of the first rule, which a space also applies to whole blocks of configs."""
+
+
+def quant_without_lora(quant: str, lora_rank: int) -> bool:
+    """A quantized base cannot be fully fine-tuned: `quant` needs `lora_rank > 0`."""
+    return quant != "none" and lora_rank == 0
+
+
+def rule_violation(cfg: Config) -> str | None:
+    """The first rule between knobs that `cfg` breaks, as a user-facing sentence, or None."""
+    broken = broken_rule(cfg)
+    return broken[1] if broken else None
+
+
+def broken_rule(cfg: Config) -> tuple[str, str] | None:
+    """(short reason, full sentence) of the first rule `cfg` breaks, or None."""
+    if quant_without_lora(cfg.quant, cfg.lora_rank):
+        return (
+            QUANT_NEEDS_LORA,
+            f"quant={cfg.quant} needs LoRA: a quantized base cannot be fully fine-tuned. "
+            "Set lora_rank > 0 (e.g. 16 or 64), or use quant=none for a full fine-tune.",
+        )
+    if cfg.train_embeddings != "none" and cfg.lora_rank == 0:
+        return (
+            "train_embeddings needs LoRA",
+            f"train_embeddings={cfg.train_embeddings} trains the input embeddings and LM head "
+            "beside a frozen LoRA base, so it needs lora_rank > 0: a full fine-tune (lora_rank "
+            "0) trains the embeddings and head already. Set lora_rank > 0 (e.g. 16 or 64), or "
+            "train_embeddings=none for a full fine-tune.",
+        )
+    if cfg.offload == "params" and cfg.quant == "int8":
+        return (
+            "offload=params with int8",
+            "offload=params cannot be combined with quant=int8: torchao's int8 weights stay out "
+            "of FSDP2 sharding, so FSDP2's CPUOffloadPolicy cannot move them. Use quant=nf4, or "
+            "offload=optimizer/none.",
+        )
+    if cfg.shard == "node" and cfg.wrap == "none":
+        return (
+            "shard=node without sharding",
+            "shard=node (HSDP: shard within a node, replicate across nodes) needs FSDP2 "
+            "(wrap=layer, every-2, every-4 or model): wrap=none runs DDP replicas, which hold "
+            "everything on every GPU. Use shard=all with wrap=none.",
+        )
+    if cfg.optimizer_impl != "auto" and cfg.optimizer != "adamw":
+        return (
+            "optimizer_impl without torch AdamW",
+            f"optimizer_impl={cfg.optimizer_impl} chooses how torch's AdamW runs its step, and "
+            f"optimizer={cfg.optimizer} is torchao's low-bit AdamW, which has one step of its "
+            "own (compiled, one parameter at a time). Use optimizer=adamw, or optimizer_impl=auto.",
+        )
+    if cfg.offload == "params" and cfg.wrap == "none":
+        return (
+            "offload=params without sharding",
+            "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
+            "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
+            "replicas, which keep the weights on the GPU.",
+        )
+    return None
+
+
+def derive_grad_accum(global_batch: int, micro_batch: int, dp_size: int) -> int | None:
+    """Micro-steps per optimizer step so micro_batch x grad_accum x dp_size == global_batch.
+
+    Returns None when the division is not exact (that micro-batch cannot reach the global batch).
+    """
+    per_step = micro_batch * dp_size
+    if global_batch <= 0 or global_batch % per_step:
+        return None
+    return global_batch // per_step
