@@ -174,7 +174,7 @@ def plan(
     from autofit.models import check_seq_len, resolve_model
     from autofit.plan import plan_estimates
     from autofit.request import PlanRequest
-    from autofit.space import load_space
+    from autofit.space_file import load_space
 
     check_plan_numbers(margin, trials, seq_len, global_batch)
     check_steps(steps)

@@ -328,7 +328,7 @@ def _not_bool(value: Any) -> Any:
 def knob_type(name: str) -> Any:
     """The pydantic type of one knob's value, from `KNOBS`: a `Literal` of its choices, a whole
     number >= its least value, or a boolean. `coerce_knob` and the space file's schema
-    (`autofit.space.SpaceFile`) both validate with it."""
+    (`autofit.space_file.SpaceFile`) both validate with it."""
     allowed = KNOBS[name]
     if name in _INT_KNOBS:
         # the bounds before the validator: the JSON schema then reads them as `minimum`, `maximum`

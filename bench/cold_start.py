@@ -110,7 +110,7 @@ def make_study(folder: Path) -> tuple[str, str]:
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
     from autofit.search import search
-    from autofit.space import load_space
+    from autofit.space_file import load_space
     from autofit.trials import TrialResult
     from autofit.units import MiB
 

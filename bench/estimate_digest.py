@@ -17,7 +17,7 @@ from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import estimate_all, prune_reason, rank_key
 from autofit.request import DEFAULT_MARGIN, PlanRequest
-from autofit.space import load_space
+from autofit.space_file import load_space
 
 CASES = (
     ("llama-7b", "1xrtx4090", "cuda", None),

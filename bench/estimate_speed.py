@@ -15,7 +15,7 @@ from autofit.hardware import resolve_gpus
 from autofit.models import resolve_model
 from autofit.plan import estimate_space
 from autofit.request import PlanRequest
-from autofit.space import load_space
+from autofit.space_file import load_space
 
 BUDGET_S = 1.0
 

@@ -47,7 +47,7 @@ from autofit.request import PlanRequest
 from autofit.search import search
 from autofit.search import study as st
 from autofit.search.candidates import Setting, enumerate_candidates
-from autofit.space import parse_space
+from autofit.space_file import parse_space
 from autofit.trials import run_trial
 from autofit.trials.result import TrialResult
 from autofit.units import fmt_size, parse_size

@@ -34,7 +34,7 @@ from autofit.config import Config
 from autofit.estimate.memory.widths import traced_loss
 from autofit.files import atomic_write
 from autofit.models import PRESETS, ModelSpec
-from autofit.space import available_spaces, load_space
+from autofit.space_file import available_spaces, load_space
 from autofit.structure import ActivationKey
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -20,7 +20,7 @@ from autofit.hardware import resolve_hardware
 from autofit.models import PRESETS
 from autofit.plan import plan_estimates
 from autofit.request import PlanRequest
-from autofit.space import load_space
+from autofit.space_file import load_space
 
 # Model structures and layer traces are cached between runs (`autofit.arch.cache_dir`): the
 # suite keeps its own, shared by its subprocesses, and leaves nothing in the user's cache.

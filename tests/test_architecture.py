@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "models",
         "hardware",
         "space",
+        "space_file",
         "request",
         "recipe",
         "layout",

@@ -261,7 +261,7 @@ def test_run_folder_of_a_default_study_name_stays_one_folder(tmp_path):
     from autofit.arguments import run_folder
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
-    from autofit.space import load_space
+    from autofit.space_file import load_space
 
     spec = resolve_model(write_config(tmp_path))  # its name is a path, with slashes
     hw = resolve_hardware("2", device="cpu")

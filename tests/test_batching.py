@@ -13,7 +13,7 @@ from autofit.data.batching import data_shape, longest_micro_batch, micro_batches
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
-from autofit.space import load_space
+from autofit.space_file import load_space
 
 OUTLIER = LengthHistogram.of([64] * 63 + [1024])
 

@@ -20,7 +20,7 @@ from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.plan import plan_estimates
 from autofit.request import PlanRequest
-from autofit.space import load_space
+from autofit.space_file import load_space
 
 
 def _qlora(hardware: str) -> Any:

@@ -29,7 +29,7 @@ from autofit.request import PlanRequest
 from autofit.search import search
 from autofit.search.advice import no_winner_advice
 from autofit.search.candidates import Setting, enumerate_candidates
-from autofit.space import load_space, parse_space
+from autofit.space_file import load_space, parse_space
 from autofit.trials import TrialResult
 from autofit.units import GB, GiB, MiB, fmt_bytes, fmt_size, size_unit
 

@@ -17,7 +17,7 @@ from autofit.plan import (
     winner_reason,
 )
 from autofit.request import PlanRequest
-from autofit.space import load_space
+from autofit.space_file import load_space
 from tests.conftest import LLAMA_7B
 
 

@@ -14,7 +14,8 @@ import yaml
 
 from autofit.config import KNOBS, Config
 from autofit.errors import SpaceError
-from autofit.space import Space, available_spaces, load_space, parse_space, spaces_dir
+from autofit.space import Space
+from autofit.space_file import available_spaces, load_space, parse_space, spaces_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -347,7 +348,7 @@ def test_spaces_load_from_a_non_editable_install(tmp_path):
     # import the unpacked wheel (not the editable checkout) in a fresh interpreter
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import autofit, autofit.space as s;"
+        "import autofit, autofit.space_file as s;"
         "assert autofit.__file__.startswith(sys.argv[1]), autofit.__file__;"
         "print(s.spaces_dir()); print(','.join(s.available_spaces()));"
         "print(len(s.load_space('default').candidates(2)[0]))"

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from autofit.config import KNOBS
-from autofit.space import SpaceFile, load_space, space_schema
+from autofit.space_file import SpaceFile, load_space, space_schema
 
 REPO = Path(__file__).resolve().parent.parent
 SPACES = sorted(
@@ -24,8 +24,9 @@ SPACES = sorted(
 def test_docs_schema_is_current():
     written = json.loads((REPO / "docs" / "space.schema.json").read_text())
     assert written == space_schema(), (
-        'docs/space.schema.json is stale; rewrite it with: python -c "import json, autofit.space '
-        'as s; print(json.dumps(s.space_schema(), indent=2))" > docs/space.schema.json'
+        'docs/space.schema.json is stale; rewrite it with: python -c "import json, '
+        'autofit.space_file as s; print(json.dumps(s.space_schema(), indent=2))" '
+        "> docs/space.schema.json"
     )
 
 

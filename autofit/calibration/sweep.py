@@ -25,7 +25,7 @@ from autofit.errors import ConfigError, WriteError
 from autofit.estimate import estimate
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec, resolve_model
-from autofit.space import parse_space
+from autofit.space_file import parse_space
 from autofit.trials.result import TrialResult
 
 # (model, seq_len) per device: the sweep's models, small enough for a few minutes of trials.

@@ -100,7 +100,7 @@ def test_a_calibration_sweep_is_stored_and_the_next_plan_here_starts_from_it():
     from autofit.calibration.sweep import calibrate, sweep
     from autofit.plan import plan_estimates
     from autofit.request import PlanRequest
-    from autofit.space import load_space
+    from autofit.space_file import load_space
     from tests.search.conftest import TINY_SPACE, FakeTrials
 
     # The machine's truth, as the fake measures it: peaks 0.9x the napkin's, half its speed.

@@ -13,7 +13,7 @@ from autofit.estimate import BREAKDOWN_KEYS, estimate, estimate_many
 from autofit.estimate import memory as mem
 from autofit.hardware import resolve_gpus, resolve_hardware
 from autofit.models import PRESETS, resolve_model
-from autofit.space import parse_space
+from autofit.space_file import parse_space
 from tests.conftest import LLAMA_7B, GiB
 
 N_7B = 6_738_415_616

@@ -11,7 +11,7 @@ import pytest
 
 import autofit
 from autofit.errors import AutofitError, ConfigError
-from autofit.space import load_space
+from autofit.space_file import load_space
 from tests.test_bad_input import (  # noqa: F401 - the fixture is autouse here too
     CPU_PLAN,
     TINY_SPACE,
@@ -89,7 +89,7 @@ def test_each_unclean_input_under_json_is_one_object(case, tmp_path):
 
 def test_the_bounds_are_the_knobs_declarations_everywhere(tmp_path):
     from autofit.config import DECLARED
-    from autofit.space import space_schema
+    from autofit.space_file import space_schema
 
     knobs = space_schema()["$defs"]["SpaceKnobs"]["properties"]
     assert knobs["micro_batch"]["anyOf"][1]["maximum"] == DECLARED["micro_batch"].maximum == 65536

@@ -13,7 +13,7 @@ from autofit.config import Config
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
-from autofit.space import load_space, parse_space
+from autofit.space_file import load_space, parse_space
 from autofit.trials import TrialResult
 
 TINY_SPACE = Path(__file__).with_name("tiny_space.yaml")

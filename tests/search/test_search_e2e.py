@@ -51,7 +51,7 @@ def resumed(tmp_path_factory: pytest.TempPathFactory, request: Any) -> dict[str,
 def e2e_kwargs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
-    from autofit.space import load_space
+    from autofit.space_file import load_space
 
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     return {

@@ -81,7 +81,7 @@ def test_default_study_names_are_those_the_earlier_release_gave(tmp_path):
     their defaults; the default space now searches them, so its studies have new names)."""
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
-    from autofit.space import load_space
+    from autofit.space_file import load_space
 
     path = tmp_path / "default.yaml"
     path.write_text(OLD_DEFAULT_SPACE)
