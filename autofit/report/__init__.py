@@ -4,9 +4,9 @@ the picture of its trials (`plot`) and the run folder (`run_folder`). Sizes are 
 """
 
 from autofit.report.data import lengths_line
+from autofit.report.one_config import estimate_report, trial_report
 from autofit.report.tables import (
     calibration_report,
-    estimate_report,
     hardware_table,
     models_table,
     pairs_table,
@@ -15,7 +15,6 @@ from autofit.report.tables import (
     presets_table,
     pruned_lines,
     sweep_line,
-    trial_report,
     trials_table,
 )
 

@@ -81,10 +81,13 @@ class RankedTable:
     def __init__(self, plan: Plan, limit: int) -> None:
         self.plan = plan
         self.rows = shown_rows(plan, limit)
+        # without the data's lengths every sequence is seq_len: batching is not a choice there
+        data = plan.request.lengths is not None
+        self.columns = [k for k in KNOB_COLUMNS if data or k.header != "batching"]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         rows = self.rows
-        varying = [k for k in KNOB_COLUMNS if len({k.cell(c.config) for c, _ in rows}) > 1]
+        varying = [k for k in self.columns if len({k.cell(c.config) for c, _ in rows}) > 1]
         more = any(v for _, v in rows)
         table = self._table(varying, more)
         natural = console.measure(table, options=options.update_width(10_000)).maximum
@@ -149,7 +152,7 @@ class RankedTable:
             f"Order: tokens/s in steps of {TIE_TOLERANCE:.1%} (a tie); within a step, {TIE_BREAK}.",
         ]
         same = [
-            k.shared.format(k.cell(rows[0][0].config)) for k in KNOB_COLUMNS if k not in varying
+            k.shared.format(k.cell(rows[0][0].config)) for k in self.columns if k not in varying
         ]
         if same:
             notes.append("Every row: " + ", ".join(same) + ".")
