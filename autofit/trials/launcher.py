@@ -120,37 +120,12 @@ def _kill_tree(proc: subprocess.Popen[bytes], workdir: Path) -> None:
     psutil.wait_procs(victims, timeout=10)
 
 
-def run_trial(
-    model: str | ModelSpec,
-    config: Config,
-    *,
-    nprocs: int = 1,
-    device: str = "cuda",
-    gpu_memory: int | None = None,
-    steps: int = 3,
-    warmup: int = 1,
-    timeout_s: float = TRIAL_TIMEOUT_S,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
-    on_wait: Callable[[str, str], None] | None = None,
-    rendezvous: Rendezvous | None = None,
-    abort: Callable[[], str | None] | None = None,
-    lock: bool = True,
-    lengths: LengthHistogram | None = None,
-) -> TrialResult:
+def run_trial(model: str | ModelSpec, config: Config, **options: Any) -> TrialResult:
     """Run `config` for real on `nprocs` devices; never raises for oom, timeout or error.
-
-    Waits while another trial on this host holds the same devices (`on_wait(device, holder)` is
-    called first; `lock=False`: the caller holds them); the time limit starts when the trial does.
-    `on_progress` gets local rank 0's `{"phase": "build"|"warmup"|"step", "step": k, "steps": n}`
-    as it changes. With `rendezvous` the trial spans its nodes: `nprocs` is the devices of all of
-    them, this call starts this node's share. `abort()`, asked while the trial runs, stops it as
-    an `error` with the reason it returns (None: go on). `lengths`: the data's sequence lengths,
-    which the trial's micro-batches are drawn from as the config's `batching` lays them out (the
-    first the longest the data can produce); its tokens/s then counts useful tokens (padding
-    excluded). Without them every micro-batch is `micro_batch x seq_len` random tokens.
+    `options`: those of `run_trials`, which this is for one config, and `rendezvous`: the trial
+    spans its nodes (`nprocs` is the devices of all of them; this call starts this node's share).
     """
-    return _run(model, [config], nprocs, device, gpu_memory, steps, warmup, timeout_s,
-                on_progress, on_wait, rendezvous, abort, lock, lengths=lengths)[0]  # fmt: skip
+    return run_trials(model, [config], **options)[0]
 
 
 def run_trials(
@@ -169,16 +144,27 @@ def run_trials(
     lock: bool = True,
     on_result: Callable[[int, TrialResult], None] | None = None,
     lengths: LengthHistogram | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> list[TrialResult]:
-    """Run each of `configs` as `run_trial` would, in as few launches as their failures allow
-    (one when none fails; see the module's rule), and return one result per config, in order.
+    """Run each of `configs` for real on `nprocs` devices, in as few launches as their failures
+    allow (one when none fails; see the module's rule), and return one result per config, in
+    order; never raises for oom, timeout or error.
 
-    `timeout_s` is each config's limit; `on_progress`'s dicts also name the config they are about
-    (`"config": i`, its index in `configs`); `on_result(i, result)` is called as soon as config i
-    is settled. One host only: a trial across nodes is `run_trial`. `lengths`: as `run_trial`.
+    Waits while another trial on this host holds the same devices (`on_wait(device, holder)` is
+    called first; `lock=False`: the caller holds them); `timeout_s` is each config's limit,
+    starting when it does. `on_progress` gets local rank 0's `{"phase": "build"|"warmup"|"step",
+    "step": k, "steps": n, "config": i}` as it changes; `on_result(i, result)` is called as soon
+    as config i is settled. `abort()`, asked while a trial runs, stops it as an `error` with the
+    reason it returns (None: go on). `lengths`: the data's sequence lengths, which the trial's
+    micro-batches are drawn from as the config's `batching` lays them out (the first the longest
+    the data can produce); its tokens/s then counts useful tokens (padding excluded). Without
+    them every micro-batch is `micro_batch x seq_len` random tokens. `rendezvous`: one config's
+    trial across nodes (`run_trial`).
     """
+    if rendezvous is not None and len(configs) != 1:
+        raise ValueError("a trial across nodes runs one config (run_trial)")
     return _run(model, list(configs), nprocs, device, gpu_memory, steps, warmup, timeout_s,
-                on_progress, on_wait, None, abort, lock, on_result, lengths)  # fmt: skip
+                on_progress, on_wait, rendezvous, abort, lock, on_result, lengths)  # fmt: skip
 
 
 def _run(
