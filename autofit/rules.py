@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autofit.settings import ADAPTER_SETTINGS
+
 if TYPE_CHECKING:
     from autofit.config import Config
 
@@ -25,10 +27,11 @@ def shard_unavailable(shard: str, nodes: int) -> str | None:
 
 
 def lora_settings_unused(settings: dict[str, Any], lora_ranks: Any) -> str | None:
-    """Why LoRA settings (`Config.settings()`: alpha, targets, dropout) cannot be given where
-    every rank in `lora_ranks` is 0, or None: a full fine-tune has no adapter to carry them.
-    (`train_embeddings` has a rule of its own, `broken_rule`.)"""
-    given = {k: v for k, v in settings.items() if k != "train_embeddings"}
+    """Why the adapters' settings (`Config.settings()`' `ADAPTER_SETTINGS`: alpha, targets,
+    dropout) cannot be given where every rank in `lora_ranks` is 0, or None: a full fine-tune has
+    no adapter to carry them. (`train_embeddings` has a rule of its own, `broken_rule`;
+    `optimizer_impl` is every run's.)"""
+    given = {k: v for k, v in settings.items() if k in ADAPTER_SETTINGS}
     if not given or any(rank > 0 for rank in lora_ranks):
         return None
     shown = ", ".join(
