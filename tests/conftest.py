@@ -24,6 +24,11 @@ from autofit.space_file import load_space
 
 # Model structures and layer traces are cached between runs (`autofit.arch.cache_dir`): the
 # suite keeps its own, shared by its subprocesses, and leaves nothing in the user's cache.
+# pytest-xdist's workers are handed an 80x24 terminal (COLUMNS, LINES) that a run in one process
+# does not have: the CLI's output width must not depend on how the suite is run.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 # The run's workers (pytest-xdist) inherit the folder the first conftest made, so each
 # architecture is traced once per run; the process that made it removes it.
 _SHARED = "AUTOFIT_TEST_CACHE"

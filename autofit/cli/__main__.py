@@ -1,0 +1,5 @@
+"""`python -m autofit.cli`: the `autofit` command."""
+
+from autofit.cli import main
+
+main()
