@@ -37,6 +37,11 @@ if _SHARED not in os.environ:
     atexit.register(shutil.rmtree, os.environ[_SHARED], ignore_errors=True)
 _CACHE = os.environ[_SHARED]
 os.environ["AUTOFIT_CACHE_DIR"] = _CACHE
+# Each worker's trials take turns among themselves (`autofit.trials.devlock`), not with the other
+# worker's nor with a planner the user runs beside the suite (the run's own lock folder): a CPU
+# trial's measured memory does not depend on the load, and the workers' start-ups overlap.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ["AUTOFIT_LOCK_DIR"] = os.path.join(_CACHE, f"locks-{_WORKER}")
 # this machine's calibration too (each test gets its own below; fixtures wider than a test share
 # this one)
 os.environ["AUTOFIT_CALIBRATION_DIR"] = os.path.join(_CACHE, "calibration")
