@@ -46,6 +46,9 @@ MODE_SIGMA = 0.5
 NAPKIN_SPEED_BAND = 0.25
 SOURCES = ("none", "stored", "study")
 Z90 = 1.6449  # |x| of a standard normal is below this 90% of the time
+# No correction makes a step faster than this share of the napkin's, whose times are FLOPs and
+# bytes over the hardware's rates: a fitted step below it is the fit's error, not the machine.
+MIN_STEP_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -177,9 +180,8 @@ class Calibration:
         return max(float(np.dot(f, memory_terms(est))) + self.memory_constant, 1.0)
 
     def step_time_s(self, est: Estimate) -> float:
-        g = self._speed_vector()
-        step = float(np.dot(g, time_terms(est))) + self.speed_constant * est.config.grad_accum
-        return max(step, 1e-9)
+        micro_steps = np.array([est.config.grad_accum], dtype=float)
+        return float(self.step_times(np.array([time_terms(est)]), micro_steps)[0])
 
     def tokens_per_s(self, est: Estimate) -> float:
         return tokens(est) / self.step_time_s(est)
@@ -221,9 +223,12 @@ class Calibration:
         return np.maximum(memory @ self._memory_vector() + self.memory_constant, 1.0)
 
     def step_times(self, time: np.ndarray, micro_steps: np.ndarray) -> np.ndarray:
-        """Calibrated step times of the rows of `time` (n x len(SPEED_TERMS))."""
+        """Calibrated step times of the rows of `time` (n x len(SPEED_TERMS)), each at least
+        `MIN_STEP_SHARE` of the napkin's own (a fit on a few trials can give a mode a share past
+        its whole step, which would make the step free and its tokens/s endless)."""
         steps = time @ self._speed_vector() + self.speed_constant * micro_steps
-        return np.maximum(steps, 1e-9)
+        napkin = time[:, : len(TIME_FACTOR_TERMS)].sum(axis=1)
+        return np.maximum(steps, np.maximum(MIN_STEP_SHARE * napkin, 1e-9))
 
     def spreads(
         self, memory: np.ndarray, time: np.ndarray, micro_steps: np.ndarray

@@ -57,7 +57,8 @@ def _phi(x: np.ndarray) -> np.ndarray:
 def expected_gains(median: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
     """E[max(0, T - best)] for each T log-normal with `median` and log-sd `sd` (the mean of T
     when nothing was measured yet, best = 0)."""
-    mean = median * np.exp(sd * sd / 2)
+    with np.errstate(over="ignore"):  # a spread past ~26 (log) is an endless mean: inf
+        mean = median * np.exp(sd * sd / 2)
     if best <= 0:
         return mean
     d2 = np.log(median / best) / sd

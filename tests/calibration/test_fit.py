@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from autofit.calibration import (
@@ -162,3 +163,21 @@ def test_observation_of_a_trial():
     host = TrialResult("oom", cfg.to_dict(), "llama-debug", "cpu", 2, oom_of="host")
     assert not Observation.of(est, host).informative  # host RAM says nothing of GPU memory
     assert Observation.from_dict(obs.to_dict()) == obs
+
+
+def test_a_fitted_mode_share_never_makes_a_step_free():
+    # a hand case: a napkin step of 1.0 s (all in the first time term) of a config in a mode whose
+    # fitted share is -2.0 (a fit on a few trials): 1.0 - 2.0 x 1.0 = -1.0 s; the step is held at
+    # a tenth of the napkin's, 0.1 s, not at 1e-9 s (5e11 tokens/s for 512 tokens)
+    from autofit.calibration.model import MIN_STEP_SHARE
+    from autofit.calibration.terms import SPEED_MODE_TERMS, TIME_FACTOR_TERMS
+
+    mode = SPEED_MODE_TERMS[0]
+    cal = Calibration(speed={**NAPKIN.speed, mode: -2.0}, source="study")
+    row = np.zeros(len(SPEED_TERMS))
+    row[0] = 1.0  # the napkin's first time term: the whole step
+    row[len(TIME_FACTOR_TERMS)] = 1.0  # the mode is on: its term is the napkin's step
+    steps = cal.step_times(np.array([row]), np.array([1.0]))
+    assert MIN_STEP_SHARE == 0.1 and steps[0] == pytest.approx(0.1)
+    row[len(TIME_FACTOR_TERMS)] = 0.0  # a config not in that mode keeps the napkin's 1.0 s
+    assert cal.step_times(np.array([row]), np.array([1.0]))[0] == pytest.approx(1.0)
