@@ -64,15 +64,16 @@ class LowBitState:
     torchao_class: str  # the class in `torchao.optim`
     value_bytes: float
     block: int
+    hf_optim: str  # HF `TrainingArguments.optim` that builds this class (transformers 5)
 
 
 LOW_BIT_STATES: dict[str, LowBitState] = {
-    "adamw8bit": LowBitState("AdamW8bit", value_bytes=1, block=256),
-    "adamw4bit": LowBitState("AdamW4bit", value_bytes=0.5, block=128),
+    "adamw8bit": LowBitState("AdamW8bit", value_bytes=1, block=256, hf_optim="adamw_torch_8bit"),
+    "adamw4bit": LowBitState("AdamW4bit", value_bytes=0.5, block=128, hf_optim="adamw_torch_4bit"),
 }
 """Optimizer knob value -> its quantized state. The block sizes are torchao's defaults, and the
 builder passes them to torchao explicitly (`block_size`), so a torchao default change cannot make
-the estimate stale."""
+the estimate stale. The builder reads `torchao_class`, the exports `hf_optim`."""
 
 LOW_BIT_SCALE_BYTES = 4
 """Each block's scale is fp32 (`torch.zeros(n // block_size)` in torchao's `OptimState*.zeros`)."""
@@ -119,6 +120,40 @@ once, `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`, updated in place and
 `for-loop` (`_single_tensor_adam`) two the size of one parameter, in turn, `exp_avg_sq.sqrt()` and
 its quotient by `bias_correction2_sqrt`, so the largest parameter sizes them. Each in the
 parameter's own dtype."""
+
+
+ADAMW_KWARGS: dict[str, dict[str, bool]] = {
+    "fused": {"fused": True},
+    "foreach": {"foreach": True},
+    "for-loop": {"foreach": False},
+}
+"""`torch.optim.AdamW`'s arguments for each implementation `adamw_impl` resolves: the builder
+passes them, the exports' comments name them."""
+
+HF_ADAMW_OPTIM: dict[str, str | None] = {
+    "fused": "adamw_torch_fused",
+    "foreach": "adamw_torch",
+    "for-loop": None,
+}
+"""HF `TrainingArguments.optim` of each `ADAMW_INTERMEDIATES` implementation (transformers 5's
+`OptimizerNames`: `adamw_torch_fused` passes `fused=True`, `adamw_torch` leaves torch its default,
+foreach on a GPU). None: Trainer has no for-loop choice."""
+
+HF_ADAMW_DEFAULT = "adamw_torch"
+"""Trainer's plain torch AdamW: what an export names where fused cannot run (params off the GPU)
+or the for-loop was measured (Trainer has none)."""
+
+
+def hf_optim(optimizer: str, impl: str | None, offload: str) -> str:
+    """HF `TrainingArguments.optim` for a run of `optimizer` stepping with `impl`
+    (`adamw_impl`): torchao's class for a low-bit AdamW (`LowBitState.hf_optim`), the fused
+    torch AdamW where the measured step was fused on GPU params, else Trainer's plain one."""
+    state = LOW_BIT_STATES.get(optimizer)
+    if state is not None:
+        return state.hf_optim
+    if offload != "none" or impl is None:
+        return HF_ADAMW_DEFAULT
+    return HF_ADAMW_OPTIM[impl] or HF_ADAMW_DEFAULT
 
 
 def adamw_impl(setting: str, optimizer: str, device: str, offload: str) -> str | None:

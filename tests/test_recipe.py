@@ -50,3 +50,29 @@ def test_the_builder_checkpoints_the_layers_the_estimate_counts(mode: str) -> No
     wrapped = tuple(i for i, layer in enumerate(layers) if "Checkpoint" in type(layer).__name__)
     assert wrapped == checkpointed_layers(mode, spec.layers)
     assert len(wrapped) == {"none": 0, "full": 5, "every-2": 3, "selective": 5}[mode]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "impl", "offload", "cls", "fused"),
+    [
+        ("adamw8bit", None, "none", "AdamW8bit", None),
+        ("adamw4bit", None, "optimizer", "AdamW4bit", None),
+        ("adamw", "fused", "none", "AdamW", True),
+        ("adamw", "foreach", "none", "AdamW", None),
+        ("adamw", "for-loop", "none", "AdamW", None),  # Trainer has no for-loop: its plain one
+        ("adamw", "fused", "optimizer", "AdamW", None),  # the host step: not Trainer's fused
+    ],
+)
+def test_the_hf_optim_name_builds_the_optimizer_autofit_builds(
+    optimizer: str, impl: str | None, offload: str, cls: str, fused: bool | None, tmp_path
+) -> None:
+    """`hf_optim` (what the TrainingArguments export writes) held to transformers itself: the
+    class and `fused` argument Trainer builds from the name are the ones the builder builds."""
+    from transformers import Trainer, TrainingArguments
+
+    from autofit.recipe import hf_optim
+
+    args = TrainingArguments(output_dir=str(tmp_path), optim=hf_optim(optimizer, impl, offload))
+    built, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    assert built.__name__ == cls
+    assert kwargs.get("fused") is fused

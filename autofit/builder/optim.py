@@ -8,16 +8,9 @@ import torch
 from torch import nn
 
 from autofit.config import Config
-from autofit.recipe import LOW_BIT_STATES, adamw_impl
+from autofit.recipe import ADAMW_KWARGS, LOW_BIT_STATES, adamw_impl
 
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
-
-ADAMW_KWARGS: dict[str, dict[str, bool]] = {
-    "fused": {"fused": True},
-    "foreach": {"foreach": True},
-    "for-loop": {"foreach": False},
-}
-"""torch.optim.AdamW's arguments for each implementation `autofit.recipe.adamw_impl` resolves."""
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:

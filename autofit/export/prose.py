@@ -16,7 +16,14 @@ from autofit.export.layout import (
 )
 from autofit.export.schema import MARKER, env_text
 from autofit.layout import Sharding, wrap_group_size
-from autofit.recipe import FP32, trained_embedding_modules, trained_token_ids
+from autofit.recipe import (
+    ADAMW_KWARGS,
+    FP32,
+    HF_ADAMW_DEFAULT,
+    HF_ADAMW_OPTIM,
+    trained_embedding_modules,
+    trained_token_ids,
+)
 from autofit.settings import ALL_LINEAR, trained_token_count
 from autofit.units import fmt_size
 
@@ -154,12 +161,14 @@ def adamw_notes(doc: dict[str, Any]) -> list[str]:
     impl = plan_layout(doc).adamw
     if doc["config"].get("optimizer_impl", "auto") == "auto" or impl is None:
         return []
-    what = {
-        "fused": "fused (torch.optim.AdamW(fused=True); HF Trainer optim adamw_torch_fused)",
-        "foreach": "foreach (torch.optim.AdamW(foreach=True); HF Trainer optim adamw_torch)",
-        "for-loop": "for-loop (torch.optim.AdamW(foreach=False); HF Trainer has no such optim: "
-        "its adamw_torch is foreach on a GPU)",
-    }[impl]
+    trainer = HF_ADAMW_OPTIM[impl]
+    torch_call = ", ".join(f"{k}={v}" for k, v in ADAMW_KWARGS[impl].items())
+    hf = (
+        f"HF Trainer optim {trainer}"
+        if trainer is not None
+        else f"HF Trainer has no such optim: its {HF_ADAMW_DEFAULT} is foreach on a GPU"
+    )
+    what = f"{impl} (torch.optim.AdamW({torch_call}); {hf})"
     return [f"# AdamW step: {what}; autofit.apply builds it (run.optimizer)."]
 
 

@@ -18,9 +18,7 @@ from autofit.export.layout import (
 )
 from autofit.export.prose import accelerate_notes, header
 from autofit.layout import Sharding
-from autofit.recipe import FP32
-
-TORCHAO_OPTIM = {"adamw8bit": "adamw_torch_8bit", "adamw4bit": "adamw_torch_4bit"}
+from autofit.recipe import FP32, hf_optim
 
 
 def render_autofit(doc: dict[str, Any], path: Path | None = None) -> str:
@@ -108,12 +106,7 @@ def render_accelerate(doc: dict[str, Any], side: Path, target: Path | None = Non
 
 def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     cfg = doc["config"]
-    impl = plan_layout(doc).adamw
-    optim = TORCHAO_OPTIM.get(cfg["optimizer"], "adamw_torch_fused")
-    if impl != "fused" or cfg["offload"] != "none":
-        # foreach: Trainer's adamw_torch is torch AdamW's default, foreach on a GPU (it has no
-        # for-loop choice: `adamw_notes`); fused AdamW needs params on the GPU
-        optim = TORCHAO_OPTIM.get(cfg["optimizer"], "adamw_torch")
+    optim = hf_optim(cfg["optimizer"], plan_layout(doc).adamw, cfg["offload"])
     args: dict[str, Any] = {
         "output_dir": "autofit-output",
         "per_device_train_batch_size": int(cfg["micro_batch"]),
