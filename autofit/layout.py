@@ -4,8 +4,10 @@ the builder, the estimator and the exports alike, as every step of torchtitan re
 `ParallelDims`.
 
 The rules it applies are written here, once (`resolve_wrap`, `sharding_for`, `mesh_shape`,
-`wrap_units`, `uses_autocast`), and in `autofit.recipe` (the dtypes, `adamw_impl`); a reader takes
-the resolved values from `Layout` instead of applying them again. Plain data, no torch.
+`wrap_units`, `uses_autocast`), in `autofit.recipe` (the dtypes, `adamw_impl`, which layers are
+checkpointed: `checkpointed_layers`) and in `autofit.settings` (which projections `lora_targets`
+names: `targeted`); a reader takes the resolved values from `Layout` instead of applying them
+again. Plain data, no torch.
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from autofit.recipe import COMPUTE_DTYPE, adamw_impl, fp32_trainable, reduce_dtype, trainable_dtype
+from autofit.recipe import (
+    COMPUTE_DTYPE,
+    FP32,
+    adamw_impl,
+    checkpointed_layers,
+    fp32_trainable,
+    reduce_dtype,
+    trainable_dtype,
+)
+from autofit.settings import targeted
 
 if TYPE_CHECKING:
     from autofit.config import Config
@@ -125,10 +136,23 @@ class Layout:
     compute_dtype: str  # matmuls: autocast's dtype, FSDP2's `param_dtype`
     reduce_dtype: str  # gradients reduced (and accumulated unsharded under FSDP2)
     adamw: str | None  # torch AdamW's implementation (`recipe.adamw_impl`); None: torchao's
+    # what is checkpointed, quantized and trained (decoder-layer projections named by their path
+    # inside a layer, `self_attn.q_proj`: every layer has the same, `builder.model`'s rule)
+    checkpointed: tuple[int, ...] = ()  # decoder layers checkpointed (`recipe.checkpointed_layers`)
+    selective: bool = False  # op-level: inside them, matmul and attention outputs are saved
+    quant: str | None = None  # how the frozen base projections are stored (`nf4`, `int8`)
+    quantized: tuple[str, ...] = ()  # the projections stored so: every one with `quant`
+    adapted: tuple[str, ...] = ()  # the projections with LoRA adapters (`settings.targeted`)
+    trains_all: bool = True  # a full fine-tune; else the adapters and `train_embeddings`' modules
 
     @property
     def fsdp(self) -> bool:
         return self.sharding is Sharding.FSDP2
+
+    @property
+    def fp32_trainable(self) -> bool:
+        """Trainable (master) params in fp32 (`recipe.fp32_trainable`)."""
+        return self.param_dtype == FP32
 
     @property
     def mesh(self) -> tuple[int, int]:
@@ -141,9 +165,13 @@ class Layout:
         cls, *, wrap: str, shard: str, n_gpus: int, gpus_per_node: int | None = None,
         n_layers: int = 0, precision: str = "bf16-mixed", optimizer: str = "adamw",
         offload: str = "none", optimizer_impl: str = "auto", device: str = "cuda",
+        checkpointing: str = "none", quant: str = "none", lora_rank: int = 0,
+        lora_targets: tuple[str, ...] | None = None, projections: tuple[str, ...] = (),
     ) -> Layout:  # fmt: skip
         """The layout of a run of these knob values on `n_gpus` GPUs, `gpus_per_node` a node
-        (default: one node), of a model of `n_layers` decoder layers (0: units not needed)."""
+        (default: one node), of a model of `n_layers` decoder layers (0: units and checkpointed
+        layers not needed) whose layers have `projections` (paths inside a layer; (): the
+        quantized and adapted ones not needed)."""
         n = max(n_gpus, 1)
         wrap = resolve_wrap(wrap, n, offload, shard)  # `auto`: what it stands for on n GPUs
         sharding = sharding_for(wrap, n)
@@ -152,20 +180,32 @@ class Layout:
             units = wrap_units(wrap, n_layers) if n_layers else ()
         else:
             replicas, degree, units = (n if sharding is Sharding.DDP else 1), 1, ()
+        lora = lora_rank > 0
+        stored = quant if quant != "none" else None
         return cls(
             sharding, replicas, degree, units, uses_autocast(precision, optimizer, sharding),
             trainable_dtype(precision, optimizer), COMPUTE_DTYPE, reduce_dtype(precision),
             adamw_impl(optimizer_impl, optimizer, device, offload),
+            checkpointed=checkpointed_layers(checkpointing, n_layers),
+            selective=checkpointing == "selective",
+            quant=stored,
+            quantized=projections if stored is not None else (),
+            adapted=tuple(p for p in projections if targeted(p, lora_targets)) if lora else (),
+            trains_all=not lora,
         )  # fmt: skip
 
 
 def layout_of(
     config: Config, n_gpus: int, gpus_per_node: int | None = None, n_layers: int = 0,
-    device: str = "cuda",
+    device: str = "cuda", projections: tuple[str, ...] = (),
 ) -> Layout:  # fmt: skip
-    """The layout of `config` on `n_gpus` GPUs (`Layout.of`)."""
+    """The layout of `config` on `n_gpus` GPUs (`Layout.of`), of a model of `n_layers` decoder
+    layers whose layers have `projections` (`autofit.builder.model.decoder_projections`'s paths,
+    `autofit.structure.Structure.projections`' names)."""
     return Layout.of(
         wrap=config.wrap, shard=config.shard, n_gpus=n_gpus, gpus_per_node=gpus_per_node,
         n_layers=n_layers, precision=config.precision, optimizer=config.optimizer,
         offload=config.offload, optimizer_impl=config.optimizer_impl, device=device,
+        checkpointing=config.checkpointing, quant=config.quant, lora_rank=config.lora_rank,
+        lora_targets=config.lora_targets, projections=projections,
     )  # fmt: skip

@@ -46,3 +46,34 @@ def test_the_adamw_step_resolves_where_its_parameters_live():
     assert Layout.of(wrap="layer", shard="all", n_gpus=8, optimizer_impl="foreach").adamw == (
         "foreach"
     )
+
+
+LLAMA_PROJECTIONS = (
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+)  # fmt: skip
+"""transformers' `LlamaDecoderLayer`: its seven `nn.Linear`s, in module order."""
+
+
+def test_what_is_checkpointed_quantized_and_trained_is_resolved_once():
+    # every-2 over 4 layers checkpoints 0 and 2 (torchtune's `ac_mode="selective", ac_option=2`:
+    # every other layer starting from the first); QLoRA on q and v: all seven projections NF4,
+    # adapters on two of them
+    cfg = Config(
+        checkpointing="every-2", quant="nf4", lora_rank=8, lora_targets=("q_proj", "v_proj")
+    )
+    layout = layout_of(cfg, 1, n_layers=4, projections=LLAMA_PROJECTIONS)
+    assert layout.checkpointed == (0, 2) and not layout.selective
+    assert layout.quant == "nf4" and layout.quantized == LLAMA_PROJECTIONS
+    assert layout.adapted == ("self_attn.q_proj", "self_attn.v_proj")
+    assert not layout.trains_all and layout.fp32_trainable  # bf16-mixed: fp32 adapters
+    # by path inside the layer too; a full fine-tune trains everything and adapts nothing
+    by_path = layout_of(
+        cfg.replace(lora_targets=("mlp.down_proj",)), 1, 4, 4, "cuda", LLAMA_PROJECTIONS
+    )
+    assert by_path.adapted == ("mlp.down_proj",)
+    full = layout_of(Config(checkpointing="selective", precision="bf16"), 1, n_layers=5)
+    assert full.checkpointed == (0, 1, 2, 3, 4) and full.selective
+    assert full.trains_all and full.quant is None and full.quantized == full.adapted == ()
+    assert not full.fp32_trainable  # pure bf16 with torch AdamW
+    assert layout_of(Config(checkpointing="every-2"), 1, n_layers=5).checkpointed == (0, 2, 4)

@@ -12,6 +12,8 @@ import torchao.optim
 
 from autofit.builder.checkpoint import apply_checkpointing
 from autofit.builder.model import decoder_layers
+from autofit.config import Config
+from autofit.layout import layout_of
 from autofit.models import PRESETS
 from autofit.recipe import LOW_BIT_STATES, checkpointed_layers, low_bit_quantizes
 
@@ -45,7 +47,8 @@ def test_the_builder_checkpoints_the_layers_the_estimate_counts(mode: str) -> No
     spec = dataclasses.replace(PRESETS["llama-debug"], layers=5)  # odd: every-2 wraps 3 of 5
     with torch.device("meta"):
         model = LlamaForCausalLM(spec.to_hf_config())
-    apply_checkpointing(model, mode)
+    layout = layout_of(Config(checkpointing=mode), 1, n_layers=spec.layers)
+    apply_checkpointing(model, layout.checkpointed, layout.selective)
     layers = decoder_layers(model)
     wrapped = tuple(i for i, layer in enumerate(layers) if "Checkpoint" in type(layer).__name__)
     assert wrapped == checkpointed_layers(mode, spec.layers)

@@ -34,6 +34,7 @@ from autofit.builder.model import (
     build_meta_model,
     decoder_layers,
     has_meta,
+    layer_projections,
     materialize,
     model_parts,
     trainable_copy,
@@ -138,13 +139,14 @@ class Applied:
         return fsdp_root(self.model) if self.sharding is Sharding.FSDP2 else None
 
 
-def cast_base(model: nn.Module, config: Config) -> None:
-    """Before LoRA: a LoRA base is frozen bf16; a full fine-tune is all in the train dtype."""
+def cast_base(model: nn.Module, config: Config, layout: Layout) -> None:
+    """Before LoRA: a LoRA base is frozen bf16; a full fine-tune (`Layout.trains_all`) is all in
+    the train dtype and trains."""
     dtype = base_dtype(config)
     for p in model.parameters():
         if p.is_floating_point():
             p.data = p.data.to(dtype)
-        p.requires_grad_(not config.is_lora)
+        p.requires_grad_(layout.trains_all)
 
 
 def cast_trainable(model: nn.Module, config: Config) -> None:
@@ -168,23 +170,35 @@ TOKEN_ORIGINALS = "trainable_tokens_original"
 """peft's buffers of the original values of trained token rows (`TrainableTokensLayer`)."""
 
 
-def adapt(model: nn.Module, config: Config, *, autocast: bool) -> nn.Module:
-    """The builder's steps before any weight exists: dtypes, LoRA (its targets and dropout), the
-    loss (`autofit.builder.loss`), and activation checkpointing; `autocast`: the run autocasts fp32
-    adapters (`keep_lora_inputs`). `prepare` runs them before sharding, and the one-layer trace
+def adapt(model: nn.Module, config: Config, layout: Layout) -> nn.Module:
+    """The builder's steps before any weight exists: dtypes, LoRA (on `Layout.adapted`, with
+    its dropout), the loss (`autofit.builder.loss`), and activation checkpointing
+    (`Layout.checkpointed`); under `Layout.autocast` the run autocasts fp32 adapters
+    (`keep_lora_inputs`). `prepare` runs them before sharding, and the one-layer trace
     (`autofit.builder.trace`) on the layers it measures."""
-    cast_base(model, config)
+    cast_base(model, config, layout)
     model = apply_lora(
-        model, config.lora_rank, config.alpha, config.lora_targets, config.lora_dropout,
+        model, config.lora_rank, config.alpha, layout.adapted, config.lora_dropout,
         config.train_embeddings,
     )  # fmt: skip
     cast_trainable(model, config)
-    if autocast:
+    if layout.autocast:
         keep_lora_inputs(model)
         embeddings_in_compute_dtype(model)
     apply_loss(model, config.loss)
-    apply_checkpointing(model, config.checkpointing)
+    apply_checkpointing(model, layout.checkpointed, layout.selective)
     return model
+
+
+def model_layout(
+    model: nn.Module, config: Config, world: int = 1, local_world: int | None = None,
+    device_type: str = "cuda",
+) -> Layout:  # fmt: skip
+    """`config`'s layout for this model on `world` ranks, `local_world` a node (default: one
+    node): its decoder layers and their projections read off the model (`layout_of`)."""
+    n_layers = len(decoder_layers(model))
+    projections = layer_projections(model)
+    return layout_of(config, world, local_world or world, n_layers, device_type, projections)
 
 
 def prepare(
@@ -203,9 +217,9 @@ def prepare(
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
     config = config.resolved(world)
-    layout = layout_of(config, world, local_world or world, len(decoder_layers(model)), device.type)
+    layout = model_layout(model, config, world, local_world, device.type)
     sharding = layout.sharding
-    model = adapt(model, config, autocast=layout.autocast)
+    model = adapt(model, config, layout)
     apply_compile(model, config)
     parts = model_parts(model)
 
@@ -213,10 +227,10 @@ def prepare(
         mesh = make_mesh(device.type, layout)
 
         def build_layers(layers: list[nn.Module]) -> None:
-            if config.quant == "none":
+            if layout.quant is None:
                 return  # left on meta: `fully_shard` first, so only shards are ever allocated
             for layer in layers:
-                quantize_layer(layer, config.quant, device, layout.shard)
+                quantize_layer(layer, layout.quant, layout.quantized, device, layout.shard)
                 materialize(layer, device)
 
         apply_fsdp(model, parts, config, mesh, layout, before_unit=build_layers)
@@ -225,7 +239,7 @@ def prepare(
     for layer in parts.layers:
         if not has_meta(layer):
             layer.to(device)  # a user's model may arrive on the host
-        quantize_layer(layer, config.quant, device)
+        quantize_layer(layer, layout.quant, layout.quantized, device)
         materialize(layer, device)
     materialize(model, device)
     model.to(device)
@@ -336,8 +350,9 @@ def apply(
     config = config.resolved(world)  # `wrap: auto`: the plain module on one rank, FSDP2 on several
     built, layout = prepare(model, config, dev, world, _local_world(config, world))
     optimizer = build_optimizer(
-        built, config, dev.type, keep_gradients=layout.sharding is Sharding.DDP, lr=lr
-    )
+        built, config, layout.adamw, dev.type, keep_gradients=layout.sharding is Sharding.DDP,
+        lr=lr,
+    )  # fmt: skip
     return Applied(model=built, optimizer=optimizer, config=config, layout=layout, device=dev)
 
 

@@ -10,6 +10,7 @@ storing their full-width outputs would cost as much as the base's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from autofit.builder.model import decoder_layers
-from autofit.recipe import checkpointed_layers, is_low_rank_expansion
+from autofit.recipe import is_low_rank_expansion
 
 aten = torch.ops.aten
 
@@ -53,16 +54,19 @@ def _selective_context() -> Any:
     return create_selective_checkpoint_contexts(_save_matmuls)
 
 
-def apply_checkpointing(model: nn.Module, mode: str) -> nn.Module:
-    """Wrap the decoder layers `autofit.recipe.checkpointed_layers` names, in place (`full`: all,
-    `every-2`: layers 0, 2, 4, ...)."""
-    if mode == "none":
+def apply_checkpointing(
+    model: nn.Module, checkpointed: Sequence[int], selective: bool
+) -> nn.Module:
+    """Wrap the decoder layers `checkpointed` (`Layout.checkpointed`, of
+    `autofit.recipe.checkpointed_layers`) in place, op-level (`selective`: `Layout.selective`) or
+    whole."""
+    if not checkpointed:
         return model
     layers = decoder_layers(model)
-    for i in checkpointed_layers(mode, len(layers)):
+    for i in checkpointed:
         layer = layers[i]
         kwargs: dict[str, Any] = {"preserve_rng_state": False}
-        if mode == "selective":
+        if selective:
             kwargs["context_fn"] = partial(_selective_context)
         layers[i] = checkpoint_wrapper(layer, **kwargs)
     return model

@@ -5,31 +5,31 @@ beside the frozen original (`modules_to_save`), or only some token rows of each
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from torch import nn
 
 from autofit.builder.model import decoder_layers, decoder_projections, model_parts
 from autofit.recipe import EMBEDDING_MODULE, HEAD_MODULE, embedding_peft_options
-from autofit.settings import targeted, trained_tokens_error
+from autofit.settings import trained_tokens_error
 
 
-def lora_target_modules(model: nn.Module, targets: tuple[str, ...] | None) -> list[str]:
-    """The full module names LoRA adapts: each decoder layer's projections
-    (`decoder_projections`, the rule the estimator counts by), all of them or those `targets`
-    names by leaf (`q_proj`) or by path inside the layer (`self_attn.q_proj`)."""
+def lora_target_modules(model: nn.Module, adapted: Collection[str]) -> list[str]:
+    """The full module names LoRA adapts: in each decoder layer, the projections `adapted` names
+    by their path inside the layer (`Layout.adapted`: those of `decoder_projections`, the rule
+    the estimator counts by, that `lora_targets` names, `autofit.settings.targeted`)."""
     prefix = next(name for name, mod in model.named_modules() if mod is decoder_layers(model))
     names, seen = [], set()
     for i, layer in enumerate(decoder_layers(model)):
         for name, _ in decoder_projections(layer):
-            leaf = name.rsplit(".", 1)[-1]
-            seen.add(leaf)
-            if targeted(name, targets):
+            seen.add(name.rsplit(".", 1)[-1])
+            if name in adapted:
                 names.append(f"{prefix}.{i}.{name}")
     if not names:
         raise ValueError(
-            f"lora_targets {list(targets or ())} names none of this model's projections; its "
-            f"decoder layers have: {', '.join(sorted(seen))}."
+            f"lora_targets names none of this model's projections; its decoder layers have: "
+            f"{', '.join(sorted(seen))}."
         )
     return names
 
@@ -69,12 +69,12 @@ def apply_lora(
     model: nn.Module,
     rank: int,
     alpha: int,
-    targets: tuple[str, ...] | None = None,
+    adapted: Collection[str],
     dropout: float = 0.0,
     train_embeddings: str = "none",
 ) -> nn.Module:
-    """Wrap `model` with peft LoRA of `rank` and `alpha` on the projections `targets` names
-    (None: every linear projection of the decoder layers, any family), with `dropout` on each
+    """Wrap `model` with peft LoRA of `rank` and `alpha` on the projections `adapted` (paths
+    inside each decoder layer: `Layout.adapted`, of `lora_targets`), with `dropout` on each
     adapter's input (peft keeps the dropped-out copy for backward), and the embeddings and head
     `train_embeddings` trains (`embedding_options`).
 
@@ -92,7 +92,7 @@ def apply_lora(
         r=rank,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=lora_target_modules(model, targets),
+        target_modules=lora_target_modules(model, adapted),
         bias="none",
         task_type="CAUSAL_LM",
         **embedding_options(model, train_embeddings),

@@ -56,6 +56,14 @@ def decoder_projections(layer: nn.Module) -> list[tuple[str, nn.Linear]]:
     return found
 
 
+def layer_projections(model: nn.Module) -> tuple[str, ...]:
+    """The paths of a decoder layer's projections (`decoder_projections` of the first layer;
+    every layer has the same): what `autofit.layout.Layout` resolves the quantized and adapted
+    ones from."""
+    layers = decoder_layers(model)
+    return tuple(name for name, _ in decoder_projections(layers[0])) if len(layers) else ()
+
+
 def _logical(name: str) -> str:
     """A module path without the wrappers the builder adds (activation checkpointing's)."""
     return ".".join(p for p in name.split(".") if p != "_checkpoint_wrapped_module")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from autofit.config import Config
-from autofit.recipe import ADAMW_KWARGS, LOW_BIT_STATES, adamw_impl
+from autofit.recipe import ADAMW_KWARGS, LOW_BIT_STATES
 
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
 
@@ -25,12 +25,14 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
 def build_optimizer(
     model: nn.Module,
     config: Config,
+    impl: str | None,
     device_type: str,
     *,
     keep_gradients: bool = False,
     lr: float = LR,
 ) -> torch.optim.Optimizer:
-    """Optimizer over the trainable parameters.
+    """Optimizer over the trainable parameters: torch AdamW stepping with `impl`
+    (`Layout.adamw`, of `autofit.recipe.adamw_impl`), or torchao's low-bit AdamW (`impl` None).
 
     `offload=optimizer` on CUDA uses torchao's `CPUOffloadOptimizer`, freeing device gradients
     once copied to the host (`offload_gradients`) unless gradients accumulate (`grad_accum > 1`,
@@ -46,7 +48,6 @@ def build_optimizer(
     kwargs: dict[str, object] = {"lr": lr, "weight_decay": 0.0}
     if config.optimizer in LOW_BIT_STATES:  # the block size the estimator counts, not a default
         kwargs["block_size"] = LOW_BIT_STATES[config.optimizer].block
-    impl = adamw_impl(config.optimizer_impl, config.optimizer, device_type, config.offload)
     if impl is not None:
         kwargs.update(ADAMW_KWARGS[impl])
     if config.offload == "optimizer" and device_type == "cuda":

@@ -12,6 +12,8 @@ bitsandbytes weights.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 
@@ -23,19 +25,26 @@ _FROZEN = TORCH_DTYPES[recipe.FROZEN_DTYPE]  # what a base weight is quantized f
 
 
 def quantize_layer(
-    layer: nn.Module, quant: str, device: torch.device | None = None, shards: int = 1
+    layer: nn.Module,
+    quant: str | None,
+    quantized: Collection[str],
+    device: torch.device | None = None,
+    shards: int = 1,
 ) -> nn.Module:
-    """Quantize the projection weights of one decoder layer in place (`decoder_projections`: the
-    layer's linear projections, the set the estimator counts), one projection at a time: a
-    projection still on meta is materialised (on `device`) just before it is quantized, so the
-    transient full-precision copy is one weight, not the layer. `shards`: the ranks FSDP2 will
-    shard each weight over (the mesh's `dp_shard` size; 1 when nothing shards it), which NF4's
-    blocks are sized for (`autofit.builder.nf4.nf4_block_sizes`)."""
-    if quant not in ("none", "nf4", "int8"):
+    """Store the projections `quantized` of one decoder layer (paths inside it,
+    `Layout.quantized`: every `decoder_projections` one, the set the estimator counts) as `quant`
+    (`Layout.quant`; None: leave them), in place, one projection at a time: a projection still on
+    meta is materialised (on `device`) just before it is quantized, so the transient
+    full-precision copy is one weight, not the layer. `shards`: the ranks FSDP2 will shard each
+    weight over (the mesh's `dp_shard` size; 1 when nothing shards it), which NF4's blocks are
+    sized for (`autofit.builder.nf4.nf4_block_sizes`)."""
+    if quant not in (None, "nf4", "int8"):
         raise ValueError(f"unknown quant {quant!r}")
-    if quant == "none":
+    if quant is None:
         return layer
     for name, mod in decoder_projections(layer):
+        if name not in quantized:
+            continue
         if mod.weight.is_meta:
             materialize(mod, device or torch.device("cpu"), prefix=name)
         if quant == "nf4":

@@ -381,7 +381,7 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
     micro-step computes in: bf16 everywhere (FSDP2 gathers in bf16, pure bf16 stores it: the
     `bf16` precision), or under autocast fp32 trainable weights beside a bf16 frozen base (the
     plain module and DDP under `bf16-mixed`)."""
-    from autofit.builder.apply import adapt
+    from autofit.builder.apply import adapt, model_layout
 
     config = Config(
         lora_rank=key.lora_rank,
@@ -391,6 +391,7 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
         lora_dropout=key.lora_dropout,
         loss=key.loss,
     )
-    model = adapt(model, config, autocast=key.autocast)
+    layout = model_layout(model, config)  # one GPU, the plain module: autocast under bf16-mixed
+    model = adapt(model, config, layout)
     model.train()
     return model

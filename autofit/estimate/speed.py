@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from autofit.estimate.memory import BF16, FP32
-from autofit.recipe import trained_embedding_modules
+from autofit.recipe import checkpointed_layers, trained_embedding_modules
 from autofit.settings import trained_token_count
 from autofit.structure import Structure
 
@@ -119,9 +119,13 @@ INT8_DEQUANT_KERNELS = 2
 COMPILE_TIME_SAVED = 1.0 - 5762 / 6667
 
 
-def _recompute_share(checkpointing: str) -> float:
-    """Share of the layers whose forward is re-run in backward: all (`full`), half (`every-2`)."""
-    return {"full": 1.0, "every-2": 0.5}.get(checkpointing, 0.0)
+def _recompute_share(checkpointing: str, layers: int) -> float:
+    """Share of the `layers` decoder layers whose whole forward is re-run in backward: the
+    checkpointed ones (`autofit.recipe.checkpointed_layers`, the builder's list: all with `full`,
+    0, 2, 4, ... with `every-2`), none with op-level `selective` (no matmul is recomputed)."""
+    if checkpointing == "selective" or layers <= 0:
+        return 0.0
+    return len(checkpointed_layers(checkpointing, layers)) / layers
 
 
 # ----- FLOP counts (for MFU and the 6N check) -----------------------------------------------------
@@ -160,7 +164,7 @@ def micro_step_flops(
         + ATTN_BACKWARD_RATIO * f["attention"]
         + 2.0 * f["lora"]
     )
-    return sum(f.values()) + backward + _recompute_share(checkpointing) * layer_fwd
+    return sum(f.values()) + backward + _recompute_share(checkpointing, s.layers) * layer_fwd
 
 
 # ----- a roofline per matmul ----------------------------------------------------------------------
@@ -338,7 +342,7 @@ def micro_step_times(
         root_mb_fwd += emb_fwd / mem_bw
         root_mb_bwd += emb_bwd / mem_bw
 
-    recompute = _recompute_share(checkpointing)
+    recompute = _recompute_share(checkpointing, s.layers)
     # `selective` re-runs the layers' pointwise ops (no matmuls) in backward
     recompute_mb = 1.0 if checkpointing == "selective" else recompute
     layers_mm = s.layers * (layer_fwd_mm * (1.0 + recompute) + layer_bwd_mm)
@@ -377,10 +381,10 @@ def compiled_compute_time(compute_s: float) -> float:
 
 
 # ----- dequantisation -----------------------------------------------------------------------------
-def dequant_passes(checkpointing: str) -> float:
-    """How often each quantized base weight is dequantized per micro-step: forward, backward
-    (input grad), and again in recomputation."""
-    return 2.0 + _recompute_share(checkpointing)
+def dequant_passes(checkpointing: str, layers: int) -> float:
+    """How often each quantized base weight of `layers` decoder layers is dequantized per
+    micro-step, on average: forward, backward (input grad), and again in recomputation."""
+    return 2.0 + _recompute_share(checkpointing, layers)
 
 
 @lru_cache(maxsize=1024)
@@ -398,4 +402,4 @@ def dequant_time(s: Structure, quant: str, checkpointing: str, mem_bw_gbs: float
     for p in s.projections:
         moved = p.weight_params * nbytes / (mem_bw_gbs * 1e9 * MEM_BW_EFFICIENCY)
         per_pass += max(moved, kernels * KERNEL_LAUNCH_S)
-    return dequant_passes(checkpointing) * s.layers * per_pass
+    return dequant_passes(checkpointing, s.layers) * s.layers * per_pass

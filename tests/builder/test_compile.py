@@ -12,7 +12,7 @@ import torch
 from torchao.quantization import NF4Tensor
 
 from autofit.builder import apply
-from autofit.builder.apply import Applied, adapt
+from autofit.builder.apply import Applied, adapt, model_layout
 from autofit.builder.compile import CompileStats, apply_compile, is_compiled
 from autofit.builder.model import build_meta_model, decoder_layers
 from autofit.config import Config
@@ -42,7 +42,8 @@ def names(model: torch.nn.Module) -> list[str]:
 def test_every_decoder_layer_is_compiled_in_place_and_names_stay() -> None:
     # every-2: layer 0 is a checkpoint wrapper, layer 1 the plain decoder layer
     cfg = Config(lora_rank=8, checkpointing="every-2")
-    model = adapt(build_meta_model(SPEC), cfg, autocast=False)
+    meta = build_meta_model(SPEC)
+    model = adapt(meta, cfg, model_layout(meta, cfg))
     before, keys = names(model), list(model.state_dict())
     apply_compile(model, cfg)
     assert not any(is_compiled(m) for m in model.modules())

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from autofit.builder import apply
-from autofit.builder.apply import adapt
+from autofit.builder.apply import adapt, model_layout
 from autofit.builder.model import build_meta_model, model_parts
 from autofit.config import Config
 from autofit.estimate.peak import Peaks
@@ -35,7 +35,8 @@ def trained(model: nn.Module) -> dict[str, nn.Parameter]:
 def test_the_builder_trains_as_many_parameters_as_the_estimate_counts(name, value):
     spec = PRESETS[name]
     config = Config(lora_rank=4, train_embeddings=value, seq_len=32)
-    model = adapt(build_meta_model(spec), config, autocast=False)  # the builder's steps, on meta
+    meta = build_meta_model(spec)
+    model = adapt(meta, config, model_layout(meta, config))  # the builder's steps, on meta
     built = sum(p.numel() for p in trained(model).values())
     assert built == Peaks(spec, 1, "cpu").of(config.resolved(1)).trainable
     if value != "none":  # and it is more than the adapters alone
@@ -47,7 +48,8 @@ def test_the_builder_trains_as_many_parameters_as_the_estimate_counts(name, valu
 def test_trained_weights_are_in_the_trainable_dtype_beside_frozen_bf16_originals(value):
     for precision, dtype in (("bf16-mixed", torch.float32), ("bf16", torch.bfloat16)):
         config = Config(lora_rank=4, train_embeddings=value, precision=precision)
-        model = adapt(build_meta_model(PRESETS["llama-debug"]), config, autocast=False)
+        meta = build_meta_model(PRESETS["llama-debug"])
+        model = adapt(meta, config, model_layout(meta, config))
         extra = {n: p for n, p in trained(model).items() if "lora_" not in n}
         assert len(extra) == 2, extra  # the embedding's and the (untied) head's
         assert all(p.dtype == dtype for p in extra.values())

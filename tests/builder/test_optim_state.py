@@ -18,6 +18,7 @@ from torch import nn
 from autofit.builder.optim import build_optimizer
 from autofit.config import Config
 from autofit.estimate.memory import optimizer_bytes_per_param
+from autofit.layout import layout_of
 
 BIG = 1024 * 1024  # a 1024 x 1024 fp32 parameter
 SMALL = 32 * 64  # 2048 values: under torchao's 4096 minimum
@@ -60,7 +61,8 @@ def test_optimizer_state_bytes_match_a_hand_count(name, eager_torchao_step):
     params = nn.ParameterDict(
         {"big": nn.Parameter(torch.randn(1024, 1024)), "small": nn.Parameter(torch.randn(32, 64))}
     )
-    optimizer = build_optimizer(params, Config(optimizer=name), "cpu")
+    config = Config(optimizer=name)
+    optimizer = build_optimizer(params, config, layout_of(config, 1, device="cpu").adamw, "cpu")
     for p in params.values():
         p.grad = torch.randn_like(p)
     before = {k: p.detach().clone() for k, p in params.items()}
@@ -94,6 +96,7 @@ def test_the_builder_gives_torch_adamw_the_implementation_chosen(
     # parameters each of them builds (the device type only picks what `auto` resolves to)
     param = nn.Parameter(torch.randn(8, 8))
     config = Config(optimizer_impl=impl, offload=offload, wrap="layer")
-    optimizer = build_optimizer(nn.ParameterList([param]), config, device)
+    impl = layout_of(config, 1, device=device).adamw  # what the builder's `apply` passes
+    optimizer = build_optimizer(nn.ParameterList([param]), config, impl, device)
     assert type(optimizer) is torch.optim.AdamW
     assert (optimizer.defaults["fused"], optimizer.defaults["foreach"]) == (fused, foreach)

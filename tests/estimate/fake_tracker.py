@@ -104,18 +104,18 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from autofit.builder.apply import cast_base, cast_trainable
+    from autofit.builder.apply import cast_base, cast_trainable, model_layout
     from autofit.builder.checkpoint import apply_checkpointing
     from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh
     from autofit.builder.lora import apply_lora
     from autofit.builder.model import build_meta_model, materialize, model_parts
     from autofit.builder.optim import build_optimizer
     from autofit.config import Config
-    from autofit.layout import layout_of
 
     spec = resolve_model(model)
     cfg = Config(**{"seq_len": 2048, **knobs}).resolved(world)
-    layout = layout_of(cfg, world, n_layers=spec.layers, device="cpu")  # one node
+    net = build_meta_model(spec)
+    layout = model_layout(net, cfg, world, device_type="cpu")  # one node
     if not layout.fsdp:
         raise ValueError(f"wrap={cfg.wrap} on {world} GPU(s) is not FSDP2: nothing to track")
     if dist.is_initialized():
@@ -125,16 +125,15 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     # The builder's steps before sharding run on the meta device outside the fake mode (peft's
     # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
     # builder's order (autofit/builder/apply.py `prepare`, unquantized: shard, then materialise).
-    net = build_meta_model(spec)
-    cast_base(net, cfg)
-    net = apply_lora(net, cfg.lora_rank, cfg.alpha)
+    cast_base(net, cfg, layout)
+    net = apply_lora(net, cfg.lora_rank, cfg.alpha, layout.adapted)
     cast_trainable(net, cfg)
-    apply_checkpointing(net, cfg.checkpointing)
+    apply_checkpointing(net, layout.checkpointed, layout.selective)
     parts = model_parts(net)
     with FakeTensorMode(allow_non_fake_inputs=True):
         apply_fsdp(net, parts, cfg, mesh, layout)
         materialize(net, torch.device("cpu"))
-        opt = build_optimizer(net, cfg, "cpu")
+        opt = build_optimizer(net, cfg, layout.adamw, "cpu")
         root = fsdp_root(net)
         batch = torch.randint(0, spec.vocab, (cfg.micro_batch, cfg.seq_len))
         tracker = peak_tracker_class()(root, opt)
