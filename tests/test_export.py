@@ -624,3 +624,35 @@ def test_the_adamw_implementation_reaches_every_export(one_gpu_plan, tmp_path, i
     for text in (side.read_text(), apath.read_text()):
         assert (note is None) == ("AdamW step:" not in text)
         assert note is None or note in text
+
+
+def test_a_malformed_plan_file_is_refused_naming_the_file_and_the_field(one_gpu_plan, tmp_path):
+    path = tmp_path / "plan.yaml"
+    one_gpu_plan.export("autofit", path)
+    good = yaml.safe_load(path.read_text())
+    cases = {
+        "no-config": ({k: v for k, v in good.items() if k != "config"}, "`config` is missing"),
+        "wrong-type": (
+            {**good, "hardware": {**good["hardware"], "n_gpus": "two"}},
+            "`hardware.n_gpus` is 'two': input should be a valid integer",
+        ),
+        "typo": (
+            {**good, "hardware": {**good["hardware"], "n_gpu": 2}},
+            "`hardware.n_gpu` is not a field of `hardware` (it has: description, n_gpus,",
+        ),
+    }
+    for name, (doc, words) in cases.items():
+        bad = tmp_path / f"{name}.yaml"
+        bad.write_text(yaml.safe_dump(doc))
+        with pytest.raises(AutofitError) as err:
+            load_plan(bad)
+        text = str(err.value)
+        assert text.startswith(f"{bad} is not a valid autofit plan: ") and words in text, text
+        assert "\n" not in text  # one paragraph
+    # a plan written before `nodes`, `gpus_per_node`, `study` and `trials` existed still loads
+    old = tmp_path / "old.yaml"
+    hardware = {k: v for k, v in good["hardware"].items() if k not in ("nodes", "gpus_per_node")}
+    drop = ("study", "trials", "decoder_layer", "model_spec")
+    old.write_text(yaml.safe_dump({**{k: v for k, v in good.items() if k not in drop},
+                                   "hardware": hardware}))  # fmt: skip
+    assert load_plan(old).best.config == load_plan(path).best.config

@@ -13,6 +13,7 @@ import yaml
 from autofit._version import __version__
 from autofit.config import Config
 from autofit.errors import AutofitError
+from autofit.export.plan_file import PlanFile
 from autofit.models import ModelSpec
 from autofit.recipe import embedding_peft_options
 from autofit.settings import ALL_LINEAR
@@ -35,7 +36,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
         )
     cfg = best.config
     trial = best.trial
-    return {
+    return PlanFile.written({
         "autofit_plan": SCHEMA,
         "autofit_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -80,7 +81,7 @@ def plan_document(plan: Any) -> dict[str, Any]:
             }
             for c in plan.trials
         ],
-    }
+    })  # fmt: skip
 
 
 def lora_section(cfg: Config, model: ModelSpec | None = None) -> dict[str, Any]:
@@ -151,32 +152,30 @@ def load_plan(path: str | Path) -> LoadedPlan:
             f"{p} is not an autofit plan (no `autofit_plan:` key). Pass the file written by "
             "`--format autofit`, or the `.autofit.yaml` file next to an accelerate/trainer export."
         )
-    if not isinstance(data.get("config"), dict):
-        raise AutofitError(f"{p}: the plan has no `config:` mapping with the winner's knobs.")
-    n_gpus = int((data.get("hardware") or {}).get("n_gpus") or 1)
+    plan = PlanFile.read(data, p)  # a field of the wrong type, or none: one paragraph
+    n_gpus = plan.hardware.n_gpus if plan.hardware is not None else 1
     # ConfigError names the bad knob; a hand-written `wrap: auto` is read as what it stands for on
     # the plan's GPUs, so the exports and `autofit.apply` never see it unresolved
-    config = Config.from_dict(data["config"], where=str(p)).resolved(n_gpus)
-    data["config"] = {**data["config"], "wrap": config.wrap}
+    config = Config.from_dict(plan.config, where=str(p)).resolved(n_gpus)
+    data["config"] = {**plan.config, "wrap": config.wrap}
     best = LoadedBest(
         config=config,
-        tokens_per_s=data.get("tokens_per_s"),
-        peak_bytes=data.get("peak_bytes"),
-        step_time_s=data.get("step_time_s"),
-        measured=bool(data.get("measured")),
-        verified=bool(data.get("verified")),
+        tokens_per_s=plan.tokens_per_s,
+        peak_bytes=plan.peak_bytes,  # type: ignore[arg-type]
+        step_time_s=plan.step_time_s,
+        measured=plan.measured,
+        verified=plan.verified,
     )
-    hw = data.get("hardware") or {}
     return LoadedPlan(
         best=best,
-        model=str(data.get("model", "")),
-        seq_len=int(data.get("seq_len") or config.seq_len),
-        global_batch=data.get("global_batch"),
-        n_gpus=int(hw.get("n_gpus") or 1),
-        env=dict(data["env"] if data.get("env") is not None else ALLOC_ENV),
-        reason=str(data.get("reason", "")),
+        model=plan.model,
+        seq_len=plan.seq_len or config.seq_len,
+        global_batch=plan.global_batch,
+        n_gpus=n_gpus,
+        env=dict(plan.env if plan.env is not None else ALLOC_ENV),
+        reason=plan.reason,
         path=p,
-        document=data,
+        document=data,  # as written: the exports of a loaded plan are those of the plan
     )
 
 
