@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from autofit.recipe import (
     COMPUTE_DTYPE,
     FP32,
+    FROZEN_DTYPE,
     adamw_impl,
     checkpointed_layers,
     fp32_trainable,
@@ -148,6 +149,12 @@ class Layout:
     @property
     def fsdp(self) -> bool:
         return self.sharding is Sharding.FSDP2
+
+    @property
+    def base_dtype(self) -> str:
+        """The base weights before any quantization: frozen in `recipe.FROZEN_DTYPE` under LoRA,
+        the trainable dtype in a full fine-tune."""
+        return self.param_dtype if self.trains_all else FROZEN_DTYPE
 
     @property
     def fp32_trainable(self) -> bool:

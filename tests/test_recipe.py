@@ -53,6 +53,12 @@ def test_the_builder_checkpoints_the_layers_the_estimate_counts(mode: str) -> No
     wrapped = tuple(i for i, layer in enumerate(layers) if "Checkpoint" in type(layer).__name__)
     assert wrapped == checkpointed_layers(mode, spec.layers)
     assert len(wrapped) == {"none": 0, "full": 5, "every-2": 3, "selective": 5}[mode]
+    # the step time re-runs the forward of exactly those layers (every-2 of 5: 3/5, not half);
+    # op-level `selective` re-runs no matmul
+    from autofit.estimate.speed import dequant_passes
+
+    rerun = 0 if mode == "selective" else len(wrapped)
+    assert dequant_passes(mode, spec.layers) == 2 + rerun / spec.layers
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from autofit.builder.batching import Inputs, collate
 from autofit.builder.checkpoint import apply_checkpointing
 from autofit.builder.compile import apply_compile
 from autofit.builder.ddp import apply_ddp
-from autofit.builder.dtypes import base_dtype, compute_dtype, train_dtype
+from autofit.builder.dtypes import TORCH_DTYPES, compute_dtype
 from autofit.builder.fsdp import apply_fsdp, fsdp_root, make_mesh
 from autofit.builder.lora import apply_lora
 from autofit.builder.loss import apply_loss
@@ -139,26 +139,26 @@ class Applied:
         return fsdp_root(self.model) if self.sharding is Sharding.FSDP2 else None
 
 
-def cast_base(model: nn.Module, config: Config, layout: Layout) -> None:
+def cast_base(model: nn.Module, layout: Layout) -> None:
     """Before LoRA: a LoRA base is frozen bf16; a full fine-tune (`Layout.trains_all`) is all in
-    the train dtype and trains."""
-    dtype = base_dtype(config)
+    the train dtype and trains (`Layout.base_dtype`)."""
+    dtype = TORCH_DTYPES[layout.base_dtype]
     for p in model.parameters():
         if p.is_floating_point():
             p.data = p.data.to(dtype)
         p.requires_grad_(layout.trains_all)
 
 
-def cast_trainable(model: nn.Module, config: Config) -> None:
+def cast_trainable(model: nn.Module, layout: Layout) -> None:
     """After LoRA: adapters, and the embedding and head weights `train_embeddings` trains, in the
     train dtype (peft creates them in the base weight's dtype, or casts its adapters to fp32);
     the original token rows peft keeps beside trained rows (for unmerging) in the frozen dtype,
-    as the weight they were read from."""
-    dtype = train_dtype(config)
+    as the weight they were read from (`Layout.param_dtype`, `Layout.base_dtype`)."""
+    dtype = TORCH_DTYPES[layout.param_dtype]
     for p in model.parameters():
         if p.requires_grad and p.dtype != dtype:
             p.data = p.data.to(dtype)
-    frozen = base_dtype(config)
+    frozen = TORCH_DTYPES[layout.base_dtype]
     for name, mod in model.named_modules():
         if name.rsplit(".", 1)[-1] == TOKEN_ORIGINALS:
             for key, buf in list(mod._buffers.items()):
@@ -176,12 +176,12 @@ def adapt(model: nn.Module, config: Config, layout: Layout) -> nn.Module:
     (`Layout.checkpointed`); under `Layout.autocast` the run autocasts fp32 adapters
     (`keep_lora_inputs`). `prepare` runs them before sharding, and the one-layer trace
     (`autofit.builder.trace`) on the layers it measures."""
-    cast_base(model, config, layout)
+    cast_base(model, layout)
     model = apply_lora(
         model, config.lora_rank, config.alpha, layout.adapted, config.lora_dropout,
         config.train_embeddings,
     )  # fmt: skip
-    cast_trainable(model, config)
+    cast_trainable(model, layout)
     if layout.autocast:
         keep_lora_inputs(model)
         embeddings_in_compute_dtype(model)

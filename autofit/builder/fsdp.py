@@ -28,7 +28,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from autofit.builder.dtypes import compute_dtype, reduce_dtype, train_dtype
+from autofit.builder.dtypes import TORCH_DTYPES
 from autofit.builder.model import ModelParts, trainable_copy
 from autofit.config import Config
 from autofit.layout import Layout
@@ -52,11 +52,15 @@ def make_mesh(device_type: str, layout: Layout) -> DeviceMesh:
     )
 
 
-def mp_policy(config: Config) -> MixedPrecisionPolicy:
-    """bf16 compute; reduce in fp32 under bf16-mixed. Pure bf16 params need no policy."""
-    if train_dtype(config) == compute_dtype():
+def mp_policy(layout: Layout) -> MixedPrecisionPolicy:
+    """Gather in the compute dtype, reduce in `Layout.reduce_dtype` (fp32 under bf16-mixed);
+    params already in the compute dtype (pure bf16) need no policy."""
+    if layout.param_dtype == layout.compute_dtype:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=compute_dtype(), reduce_dtype=reduce_dtype(config))
+    return MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPES[layout.compute_dtype],
+        reduce_dtype=TORCH_DTYPES[layout.reduce_dtype],
+    )
 
 
 def offload_policy(offload: str, device_type: str) -> OffloadPolicy:
@@ -82,7 +86,7 @@ def apply_fsdp(
     """
     kwargs = {
         "mesh": mesh,
-        "mp_policy": mp_policy(config),
+        "mp_policy": mp_policy(layout),
         "offload_policy": offload_policy(config.offload, mesh.device_type),
     }
 

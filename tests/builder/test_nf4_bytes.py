@@ -27,7 +27,7 @@ def storage_bytes(t: torch.Tensor) -> dict[str, int]:
 
 def test_nf4_weight_bytes_match_the_block_rule():
     torch.manual_seed(0)
-    layer = quantize_layer(OneProjection(), "nf4")  # the builder's path: `to_shardable_nf4`
+    layer = quantize_layer(OneProjection(), "nf4", {"q_proj"})  # the builder: `to_shardable_nf4`
     weight = layer.q_proj.weight
     assert isinstance(weight.data, NF4Tensor) and not weight.requires_grad
     inner = storage_bytes(weight.data)

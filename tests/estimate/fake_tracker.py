@@ -125,9 +125,9 @@ def trace(model: str | ModelSpec, world: int, knobs: dict) -> tuple:
     # The builder's steps before sharding run on the meta device outside the fake mode (peft's
     # adapter moves cannot swap fake tensors); sharding and materialising run inside it, in the
     # builder's order (autofit/builder/apply.py `prepare`, unquantized: shard, then materialise).
-    cast_base(net, cfg, layout)
+    cast_base(net, layout)
     net = apply_lora(net, cfg.lora_rank, cfg.alpha, layout.adapted)
-    cast_trainable(net, cfg)
+    cast_trainable(net, layout)
     apply_checkpointing(net, layout.checkpointed, layout.selective)
     parts = model_parts(net)
     with FakeTensorMode(allow_non_fake_inputs=True):
