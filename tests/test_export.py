@@ -656,3 +656,17 @@ def test_a_malformed_plan_file_is_refused_naming_the_file_and_the_field(one_gpu_
     old.write_text(yaml.safe_dump({**{k: v for k, v in good.items() if k not in drop},
                                    "hardware": hardware}))  # fmt: skip
     assert load_plan(old).best.config == load_plan(path).best.config
+
+
+def test_a_loaded_plans_layout_is_what_the_run_checkpoints_quantizes_and_trains(
+    one_gpu_plan, tmp_path
+):
+    from autofit.export.layout import plan_layout
+
+    path = tmp_path / "plan.yaml"
+    with winner(one_gpu_plan, checkpointing="every-2", quant="nf4", lora_rank=16):
+        one_gpu_plan.export("autofit", path)
+    layout = plan_layout(load_plan(path).document)
+    # Llama-2-7B's 32 decoder layers, every other one from the first: 0, 2, ..., 30
+    assert layout.checkpointed == (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+    assert layout.quant == "nf4" and not layout.trains_all

@@ -10,13 +10,19 @@ from autofit.layout import Layout, Sharding
 
 
 def plan_layout(doc: dict[str, Any]) -> Layout:
-    """The layout the measured run had (`Layout.of` the plan's knobs on its GPUs and nodes)."""
+    """The layout the measured run had (`Layout.of` the plan's knobs on its GPUs and nodes, of
+    its model's decoder layers where the plan names them: `model_spec`)."""
     cfg = doc["config"]
+    targets = cfg.get("lora_targets")
     return Layout.of(
         wrap=cfg["wrap"], shard=cfg.get("shard", "all"), n_gpus=int(doc["hardware"]["n_gpus"]),
         gpus_per_node=plan_nodes(doc)[1], precision=cfg.get("precision", "bf16-mixed"),
         optimizer=cfg.get("optimizer", "adamw"), offload=cfg.get("offload", "none"),
         optimizer_impl=cfg.get("optimizer_impl", "auto"),
+        n_layers=int((doc.get("model_spec") or {}).get("layers") or 0),
+        checkpointing=cfg.get("checkpointing", "none"), quant=cfg.get("quant", "none"),
+        lora_rank=int(cfg.get("lora_rank", 0)),
+        lora_targets=tuple(targets) if targets is not None else None,
     )  # fmt: skip
 
 

@@ -18,7 +18,6 @@ from autofit.export.schema import MARKER, env_text
 from autofit.layout import Sharding, wrap_group_size
 from autofit.recipe import (
     ADAMW_KWARGS,
-    FP32,
     HF_ADAMW_DEFAULT,
     HF_ADAMW_OPTIM,
     trained_embedding_modules,
@@ -38,8 +37,8 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
     gpus = f"{n} {unit} ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} {unit}"
     if cpu:
         gpus += " (gloo)"
-    sharding = plan_sharding(doc)
-    mixed = plan_layout(doc).param_dtype == FP32
+    layout = plan_layout(doc)
+    sharding, mixed = layout.sharding, layout.fp32_trainable
     if sharding is Sharding.NONE:
         lines = [
             f"# Measured path: the plain module on one {'CPU process' if cpu else 'GPU'} (no "
@@ -51,7 +50,7 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
             f"# Measured path: PyTorch DDP replicas on {gpus}, gradients all-reduced from DDP's "
             "buckets (gradient_as_bucket_view)."
         ]
-        if cfg.get("lora_rank", 0):
+        if not layout.trains_all:
             lines.append(
                 "# The frozen (quantized) base is held whole on each GPU, left out of DDP."
             )
@@ -132,9 +131,10 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
     ]
     if env_text(doc):  # CUDA allocator settings; none for a CPU plan
         lines.append(f"# Trials ran with {env_text(doc)}: set it for your run too.")
-    if cfg.get("quant", "none") != "none":
-        lines.append(f"# Base weights quantized to {cfg['quant']} (torchao), frozen.")
-    if cfg.get("lora_rank", 0):
+    layout = plan_layout(doc)
+    if layout.quant is not None:
+        lines.append(f"# Base weights quantized to {layout.quant} (torchao), frozen.")
+    if not layout.trains_all:
         lora = doc.get("lora") or {}
         targets = lora.get("target_modules", cfg.get("lora_targets") or ALL_LINEAR)
         where = (
@@ -288,7 +288,7 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
         )
     if cfg["optimizer"] != "adamw":
         notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
-    if plan_layout(doc).param_dtype != FP32:
+    if not plan_layout(doc).fp32_trainable:
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
     if cfg.get("compile"):
         notes.append(

@@ -18,7 +18,7 @@ from autofit.export.layout import (
 )
 from autofit.export.prose import accelerate_notes, header
 from autofit.layout import Sharding
-from autofit.recipe import FP32, hf_optim
+from autofit.recipe import hf_optim
 
 
 def render_autofit(doc: dict[str, Any], path: Path | None = None) -> str:
@@ -39,7 +39,7 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     nodes, _ = plan_nodes(doc)
     wrap = cfg["wrap"]
     sharding = plan_sharding(doc)
-    mixed = plan_layout(doc).param_dtype == FP32
+    mixed = plan_layout(doc).fp32_trainable
     base: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
