@@ -42,7 +42,10 @@ def main() -> None:
     args = parser.parse_args()
 
     accelerator = Accelerator()  # launch, process group, device, logging: nothing is prepared
-    plan = autofit.load_plan(args.plan)
+    try:
+        plan = autofit.load_plan(args.plan)
+    except autofit.AutofitError as exc:  # no plan file, or a malformed one: its paragraph
+        parser.exit(2, f"{exc}\n")
     cfg = plan.best.config
     accelerator.print(f"plan: {cfg.short()} (seq_len {cfg.seq_len}) for {plan.n_gpus} GPU(s)")
     if accelerator.num_processes != plan.n_gpus:

@@ -63,7 +63,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps")
     args = parser.parse_args()
 
-    plan = autofit.load_plan(args.plan)
+    try:
+        plan = autofit.load_plan(args.plan)
+    except autofit.AutofitError as exc:  # no plan file, or a malformed one: its paragraph
+        parser.exit(2, f"{exc}\n")
     cfg = plan.best.config
     rank, world = init_distributed(args.device, cfg.wrap)
     if rank == 0:

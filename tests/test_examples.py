@@ -40,3 +40,17 @@ def test_train_with_plan_trains_a_one_gpu_plan_without_torchrun(tmp_path):
     assert "sharding: none" in proc.stdout
     losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", proc.stdout)]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.3, proc.stdout
+
+
+def test_a_malformed_plan_is_one_paragraph_and_exit_2_from_the_example(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        "autofit_plan: 1\nhardware: {n_gpus: 1, gpu: rtx3090}\nconfig: {lora_rank: 8}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_with_plan.py"), "--plan", str(path)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"{path} is not a valid autofit plan: `hardware.gpu` is not a")
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
