@@ -2,9 +2,10 @@
 
 Plain data and arithmetic, no torch. `autofit.estimate` reads these to count bytes;
 `autofit.builder` reads the same names to cast, quantize, checkpoint and build the optimizer, so a
-measured trial and its estimate cannot drift apart. Two rules between knobs that both also read
-live with the knobs: which trainable params are fp32 (`autofit.config.fp32_trainable`) and how a
-`wrap` holds the model (`autofit.config.sharding_for`). The projections LoRA targets and
+measured trial and its estimate cannot drift apart. A run's values of these rules are resolved
+once into `autofit.layout.Layout` (its dtypes, AdamW step, checkpointed layers), which the
+builder and the exports read; how a `wrap` holds the model is `autofit.layout`'s own rule
+(`sharding_for`). The projections LoRA targets and
 quantization touches are read from the model itself (`autofit.builder.model.decoder_projections`,
 which `autofit.arch` counts by).
 """
@@ -40,7 +41,7 @@ COMPUTE_DTYPE = BF16
 
 def trainable_dtype(precision: str, optimizer: str) -> str:
     """Trainable (master) params and their sharded gradients: fp32 where
-    `autofit.config.fp32_trainable` says so (bf16-mixed, or a torchao low-bit AdamW), else bf16."""
+    `fp32_trainable` says so (bf16-mixed, or a torchao low-bit AdamW), else bf16."""
     return FP32 if fp32_trainable(precision, optimizer) else BF16
 
 
@@ -231,8 +232,9 @@ def embedding_peft_options(
 @lru_cache(maxsize=256)
 def checkpointed_layers(checkpointing: str, n_layers: int) -> tuple[int, ...]:
     """Indices of the decoder layers wrapped in activation checkpointing: every layer (`full`,
-    and op-level `selective`), layers 0, 2, 4, ... (`every-2`), or none. The builder wraps exactly
-    these and the estimator counts their saved inputs from the same list."""
+    and op-level `selective`), layers 0, 2, 4, ... (`every-2`), or none. A run's list is
+    `Layout.checkpointed`, which the builder wraps; the estimator's terms, memoised per knob
+    value, count their saved inputs and recomputed forwards from this same rule."""
     if checkpointing in ("full", "selective"):
         return tuple(range(n_layers))
     if checkpointing == "every-2":
