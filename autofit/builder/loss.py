@@ -145,32 +145,24 @@ def _accumulate(grad_w: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
         grad_w.addmm_(g.t().float(), h.float())
 
 
-def chunked_cross_entropy(
+def linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
     *,
+    kind: str = "chunked",
     divisor: torch.Tensor | None = None,
     scale: float = 1.0,
     softcap: float | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of `hidden @ weight.T` (rows x vocab) against `labels` (rows; positions
     labelled `IGNORE_INDEX` have none), or its sum over `divisor` when one is given (HF's
-    `num_items_in_batch`), without the logits of more than one chunk ever existing."""
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, divisor, scale, softcap)
-
-
-def fused_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    divisor: torch.Tensor | None = None,
-    scale: float = 1.0,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """The same loss with Liger's fused linear cross-entropy kernel (CUDA; on CPU only under
-    Triton's interpreter, `TRITON_INTERPRET=1`, which the tests use to check it without a GPU)."""
+    `num_items_in_batch`), without the logits of more than one chunk ever existing. `kind`:
+    `chunked` (pure torch) or `fused`, the same loss with Liger's fused linear cross-entropy
+    kernel (CUDA; on CPU only under Triton's interpreter, `TRITON_INTERPRET=1`, which the tests
+    use to check it without a GPU)."""
+    if kind == "chunked":
+        return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, divisor, scale, softcap)
     if hidden.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             f"loss=fused runs Liger's Triton kernel, which needs a CUDA GPU; this model is on "
@@ -192,9 +184,6 @@ def fused_cross_entropy(
     return loss if divisor is None else loss / divisor
 
 
-_LOSSES = {"chunked": chunked_cross_entropy, "fused": fused_cross_entropy}
-
-
 def causal_lm(model: nn.Module) -> nn.Module:
     """The HF causal LM inside `model` (under a peft wrapper, its base model)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -211,7 +200,7 @@ def apply_loss(model: nn.Module, kind: str) -> nn.Module:
     parameters and their names are untouched). `standard` leaves the model as it is."""
     if kind == "standard":
         return model
-    if kind not in _LOSSES:
+    if kind not in LOSS_KINDS:
         raise ValueError(f"loss={kind!r}; allowed: {', '.join(LOSS_KINDS)}")
     if kind == "fused" and not liger_installed():
         raise ValueError(
@@ -227,7 +216,7 @@ def apply_loss(model: nn.Module, kind: str) -> nn.Module:
         )
     head = lm.get_output_embeddings()
     scale, softcap = logit_transform(lm.config)
-    head.forward = types.MethodType(_head_forward(_LOSSES[kind], scale, softcap), head)
+    head.forward = types.MethodType(_head_forward(kind, scale, softcap), head)
     lm.forward = types.MethodType(_lm_forward(type(lm).forward), lm)
     return model
 
@@ -242,7 +231,7 @@ def _router_loss(lm: nn.Module) -> Any:
     return func if func is not None and all(hasattr(lm, a) for a in needed) else None
 
 
-def _head_forward(loss_fn: Any, scale: float, softcap: float | None) -> Any:
+def _head_forward(kind: str, scale: float, softcap: float | None) -> Any:
     def forward(
         head: nn.Linear,
         hidden: torch.Tensor,
@@ -254,8 +243,9 @@ def _head_forward(loss_fn: Any, scale: float, softcap: float | None) -> Any:
             return F.linear(hidden, head.weight, bias)
         if bias is not None:
             raise ValueError("loss=chunked/fused: an LM head with a bias is not supported")
-        return loss_fn(hidden, head.weight, labels, divisor=divisor, scale=scale,
-                       softcap=softcap)  # fmt: skip
+        return linear_cross_entropy(
+            hidden, head.weight, labels, kind=kind, divisor=divisor, scale=scale, softcap=softcap
+        )
 
     return forward
 

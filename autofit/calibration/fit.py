@@ -154,42 +154,55 @@ class _Problem:
                        lower=self.lower[keep])  # fmt: skip
 
 
+# Each side's measurement and term vector on an `Observation` (a trial that did not measure the
+# side is no row of its fit).
+_MEASURED = {"memory": ("peak_bytes", "memory"), "speed": ("step_time_s", "time")}
+
+
 def _problem(
     obs: Sequence[Observation],
     side: str,
     prior: Calibration,
     stored: bool,
 ) -> _Problem | None:
-    if side == "memory":
-        rows = [o for o in obs if o.peak_bytes]
-        if not rows:
-            return None
-        terms = np.array([o.memory for o in rows], dtype=float)
-        k = len(MEMORY_TERMS)
-        y = np.array([o.peak_bytes for o in rows], dtype=float)
-        lower = np.array([o.oom for o in rows])
-        lin = np.column_stack([terms[:, k:], np.ones(len(rows))])
-        factors = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in MEMORY_TERMS]
-        shares = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in OFFLOADED_TERMS]
-        modes = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in MEMORY_MODE_TERMS]
-        width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
-        measured = y[~lower] if (~lower).any() else y
-        scale = float(np.median(measured))
-        mu = [*np.log(np.maximum(factors, 1e-6)), *shares, *modes, prior.memory_constant]
-        sigma = [width] * k + [OFFLOADED_SIGMA] * len(shares) + [MODE_SIGMA] * len(modes)
-        sigma += [MEMORY_CONSTANT_SIGMA * scale]
-        nonneg = np.zeros(len(mu), dtype=bool)
-        nonneg[k : k + len(shares)] = True
-        return _Problem(terms[:, :k], lin, y, lower, np.array(mu), np.array(sigma), MEMORY_NOISE,
-                        nonneg)  # fmt: skip
-    rows = [o for o in obs if o.step_time_s]
+    """The fit of one side over the observations that measured it (None: none did)."""
+    measured, vector = _MEASURED[side]
+    rows = [o for o in obs if getattr(o, measured)]
     if not rows:
         return None
-    terms = np.array([o.time for o in rows], dtype=float)
+    terms = np.array([getattr(o, vector) for o in rows], dtype=float)
+    y = np.array([getattr(o, measured) for o in rows], dtype=float)
+    build = _memory_problem if side == "memory" else _speed_problem
+    return build(rows, terms, y, prior, stored)
+
+
+def _memory_problem(
+    rows: list[Observation], terms: np.ndarray, y: np.ndarray, prior: Calibration, stored: bool
+) -> _Problem:
+    k = len(MEMORY_TERMS)
+    lower = np.array([o.oom for o in rows])
+    lin = np.column_stack([terms[:, k:], np.ones(len(rows))])
+    factors = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in MEMORY_TERMS]
+    shares = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in OFFLOADED_TERMS]
+    modes = [prior.memory.get(t, NAPKIN_MEMORY[t]) for t in MEMORY_MODE_TERMS]
+    width = STORED_MEMORY_SIGMA if stored else NAPKIN_MEMORY_SIGMA
+    measured = y[~lower] if (~lower).any() else y
+    scale = float(np.median(measured))
+    mu = [*np.log(np.maximum(factors, 1e-6)), *shares, *modes, prior.memory_constant]
+    sigma = [width] * k + [OFFLOADED_SIGMA] * len(shares) + [MODE_SIGMA] * len(modes)
+    sigma += [MEMORY_CONSTANT_SIGMA * scale]
+    nonneg = np.zeros(len(mu), dtype=bool)
+    nonneg[k : k + len(shares)] = True
+    return _Problem(terms[:, :k], lin, y, lower, np.array(mu), np.array(sigma), MEMORY_NOISE,
+                    nonneg)  # fmt: skip
+
+
+def _speed_problem(
+    rows: list[Observation], terms: np.ndarray, y: np.ndarray, prior: Calibration, stored: bool
+) -> _Problem:
     ks = len(TIME_FACTOR_TERMS)
     micro = np.array([o.micro_steps for o in rows], dtype=float)
     lin = np.column_stack([terms[:, ks:], micro])
-    y = np.array([o.step_time_s for o in rows], dtype=float)
     factors = [prior.speed.get(t, 1.0) for t in TIME_FACTOR_TERMS]
     modes = [prior.speed.get(t, 0.0) for t in SPEED_MODE_TERMS]
     width = STORED_SPEED_SIGMA if stored else NAPKIN_SPEED_SIGMA

@@ -88,16 +88,11 @@ class CalibrationRecord(_Record):
     @classmethod
     def of(cls, cal: Calibration) -> CalibrationRecord:
         return cls(
-            source=cal.source,
-            n_trials=cal.n_trials,
+            **{k: getattr(cal, k) for k in _AS_IS},
             memory={k: round(v, 4) for k, v in cal.memory.items()},
             memory_constant_bytes=int(round(cal.memory_constant)),
             speed={k: round(v, 4) for k, v in cal.speed.items()},
             speed_constant_s=cal.speed_constant,
-            memory_band=cal.memory_band,
-            speed_band=cal.speed_band,
-            memory_error=cal.memory_error,
-            speed_error=cal.speed_error,
             memory_check=SideCheckRecord.of(cal.memory_check) if cal.memory_check else None,
             speed_check=SideCheckRecord.of(cal.speed_check) if cal.speed_check else None,
             notes=cal.notes,
@@ -114,19 +109,19 @@ class CalibrationRecord(_Record):
     def calibration(self) -> Calibration:
         """The calibration; a term the record lacks keeps the napkin's factor."""
         return Calibration(
+            **{k: getattr(self, k) for k in _AS_IS},
             memory={k: self.memory.get(k, v) for k, v in NAPKIN_MEMORY.items()},
             memory_constant=float(self.memory_constant_bytes),
             speed={k: self.speed.get(k, v) for k, v in NAPKIN_SPEED.items()},
             speed_constant=self.speed_constant_s,
-            memory_band=self.memory_band,
-            speed_band=self.speed_band,
-            source=self.source,
-            n_trials=self.n_trials,
-            memory_error=self.memory_error,
-            speed_error=self.speed_error,
             memory_check=self.memory_check.check("memory") if self.memory_check else None,
             speed_check=self.speed_check.check("speed") if self.speed_check else None,
         )
+
+
+# The fields a `CalibrationRecord` holds as the `Calibration` has them (same name, same value);
+# the factors, the constants and the checks are converted each way.
+_AS_IS = ("source", "n_trials", "memory_band", "speed_band", "memory_error", "speed_error")
 
 
 class StoredCalibration(_Record):

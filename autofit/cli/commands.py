@@ -12,17 +12,7 @@ from autofit import report
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.cli.app import app, emit_json, err, fail, interrupted, out, warnings_to_stderr
 from autofit.cli.data import data_flags, data_lengths, lengths_dict
-from autofit.cli.flags import (
-    DEVICE,
-    GPU_MEMORY,
-    GPUS,
-    INTER_NODE_BANDWIDTH,
-    JSON,
-    MODEL,
-    checked,
-    declared_flags,
-    renamed,
-)
+from autofit.cli.flags import JSON, checked, declared_flags, renamed, target_flags
 from autofit.errors import AutofitError
 from autofit.units import fmt_bytes
 
@@ -112,15 +102,9 @@ def models(json_out: bool = JSON) -> None:
 @app.command()
 @declared_flags()
 @data_flags
+@target_flags("model", "gpus", "gpu_memory", "inter_node_bandwidth", "device")
 def estimate(
-    declared: dict[str, Any],
-    data: dict[str, Any],
-    model: str = MODEL,
-    gpus: str = GPUS,
-    gpu_memory: str | None = GPU_MEMORY,
-    inter_node_bandwidth: str | None = INTER_NODE_BANDWIDTH,
-    device: str = DEVICE,
-    json_out: bool = JSON,
+    declared: dict[str, Any], data: dict[str, Any], target: dict[str, Any], json_out: bool = JSON
 ) -> None:
     """Napkin estimate of one config: peak memory per GPU with a breakdown, and step time."""
     try:
@@ -129,23 +113,18 @@ def estimate(
             from autofit.hardware import resolve_hardware
             from autofit.models import resolve_model
 
-            spec = resolve_model(model)
-            hw = resolve_hardware(
-                gpus, device=device, gpu_memory=gpu_memory,
-                inter_node_bandwidth=inter_node_bandwidth,
-            )  # fmt: skip
+            spec = resolve_model(target["model"])
+            hw = resolve_hardware(**{k: v for k, v in target.items() if k != "model"})
             hist = data_lengths(**data, progress=not json_out)  # after the cheap checks
-            est = autofit.estimate(
-                model, gpus, gpu_memory=gpu_memory, device=device,
-                inter_node_bandwidth=inter_node_bandwidth, lengths=hist, **knobs,
-            )  # fmt: skip
+            est = autofit.estimate(**target, lengths=hist, **knobs)
     except AutofitError as exc:
         fail(exc, json_out, "estimate")
     seq_len = est.config.seq_len
     if json_out:
         emit_json({**est.to_dict(), **lengths_dict(hist, seq_len)})
         return
-    report.estimate_report(out, spec, hw, est, device, requested_wrap=knobs.get("wrap", "auto"))
+    wrap = knobs.get("wrap", "auto")
+    report.estimate_report(out, spec, hw, est, target["device"], requested_wrap=wrap)
     if hist is not None:
         out.print(report.lengths_line(hist, seq_len), markup=False)
 
@@ -153,13 +132,11 @@ def estimate(
 @app.command()
 @declared_flags()
 @data_flags
+@target_flags("model", "gpus", "gpu_memory", "device")
 def trial(
     declared: dict[str, Any],
     data: dict[str, Any],
-    model: str = MODEL,
-    gpus: str = GPUS,
-    gpu_memory: str | None = GPU_MEMORY,
-    device: str = DEVICE,
+    target: dict[str, Any],
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps (after 1 warm-up)."),
     trial_timeout: float = typer.Option(
         TRIAL_TIMEOUT_S,
@@ -177,14 +154,10 @@ def trial(
     try:
         knobs = checked(declared)
         if not json_out:
-            err.print(
-                f"Running a trial of {escape(model)} on {escape(gpus)} ({escape(device)}) ..."
-            )
+            model, gpus, device = (escape(target[k]) for k in ("model", "gpus", "device"))
+            err.print(f"Running a trial of {model} on {gpus} ({device}) ...")
         with warnings_to_stderr():
-            result = autofit.trial(
-                model, gpus, device=device, gpu_memory=gpu_memory, steps=steps,
-                trial_timeout=timeout, **data, **knobs,
-            )  # fmt: skip
+            result = autofit.trial(**target, steps=steps, trial_timeout=timeout, **data, **knobs)
     except AutofitError as exc:
         fail(exc, json_out, "trial")
     except KeyboardInterrupt as exc:
@@ -198,10 +171,9 @@ def trial(
 
 
 @app.command()
+@target_flags("gpus", "device", "gpu_memory")
 def calibrate(
-    gpus: str = GPUS,
-    device: str = DEVICE,
-    gpu_memory: str | None = GPU_MEMORY,
+    target: dict[str, Any],
     steps: int = typer.Option(3, "--steps", help="Measured optimizer steps per trial."),
     trial_timeout: float = typer.Option(
         TRIAL_TIMEOUT_S, "--trial-timeout", help="Seconds one trial may run before it is killed."
@@ -219,7 +191,8 @@ def calibrate(
         if json_out:
             return
         if i == 0:  # the input was good: the sweep begins
-            err.print(f"Calibrating {gpus} ({device}): {n} short trials ...", markup=False)
+            where = f"{target['gpus']} ({target['device']})"
+            err.print(f"Calibrating {where}: {n} short trials ...", markup=False)
         err.print(f"[{i + 1}/{n}] {model} {cfg.short()} ...", markup=False, highlight=False)
 
     def finished(i: int, n: int, t: Any) -> None:
@@ -229,8 +202,8 @@ def calibrate(
     try:
         with warnings_to_stderr():
             result = autofit.calibrate(
-                gpus, device=device, gpu_memory=gpu_memory, steps=steps,
-                trial_timeout=trial_timeout, quick=quick, on_start=started, on_trial=finished,
+                **target, steps=steps, trial_timeout=trial_timeout, quick=quick,
+                on_start=started, on_trial=finished,
             )  # fmt: skip
     except AutofitError as exc:
         fail(exc, json_out, "calibrate")

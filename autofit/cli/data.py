@@ -3,13 +3,12 @@ for every command that takes them (`data_flags`). Torch-free."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
 
+from autofit.cli.flags import gathered, option
 from autofit.data import LengthHistogram
 from autofit.data.source import data_lengths
 
@@ -54,22 +53,12 @@ FLAGS = {
 def data_flags(command: _Command) -> _Command:
     """Give `command` the data flags (after its other options); it receives them as `data`, a
     dict of the four values (None where not given), the keywords of `autofit.plan`."""
+    flags = [option(name, flag, str | None) for name, flag in FLAGS.items()]
+    return gathered(command, "data", flags, _before_json)
 
-    @functools.wraps(command)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        given = {name: kwargs.pop(name) for name in FLAGS}
-        return command(*args, data=given, **kwargs)
 
-    own = [p for p in inspect.signature(command).parameters.values() if p.name != "data"]
-    flags = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                          annotation=str | None)
-        for name, option in FLAGS.items()
-    ]  # fmt: skip
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
-    at = next((i for i, p in enumerate(params) if p.name == "json_out"), len(params))
-    run.__signature__ = inspect.Signature(params[:at] + flags + params[at:])  # type: ignore[attr-defined]
-    return run  # type: ignore[return-value]
+def _before_json(names: list[str]) -> int:
+    return names.index("json_out") if "json_out" in names else len(names)
 
 
 def lengths_dict(hist: LengthHistogram | None, seq_len: int) -> dict[str, Any]:

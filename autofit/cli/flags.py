@@ -72,35 +72,68 @@ def _flag(d: Knob, note: str) -> Any:
     return typer.Option(None, d.flag, help=text + (f" {d.advice}" if d.advice else ""))
 
 
+def gathered(
+    command: _Command, into: str, flags: list[inspect.Parameter], at: Callable[[list[str]], int]
+) -> _Command:
+    """`command` with `flags` among its options, at the index `at` gives for the names of its own
+    (all keyword-only); it receives their values as one dict, its parameter `into`."""
+    names = [f.name for f in flags]
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in names}
+        return command(*args, **{into: given}, **kwargs)
+
+    params = inspect.signature(command).parameters.values()
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params if p.name != into]
+    i = at([p.name for p in own])
+    run.__signature__ = inspect.Signature(own[:i] + flags + own[i:])  # type: ignore[attr-defined]
+    return run  # type: ignore[return-value]
+
+
+def option(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    """A command's keyword-only parameter: its `typer.Option` and its type."""
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+# The options that say what a command is for, under the keywords of the `autofit` API.
+TARGET = {
+    p.name: p
+    for p in (
+        option("model", MODEL, str),
+        option("gpus", GPUS, str),
+        option("gpu_memory", GPU_MEMORY, str | None),
+        option("inter_node_bandwidth", INTER_NODE_BANDWIDTH, str | None),
+        option("device", DEVICE, str),
+    )
+}
+
+
+def target_flags(*names: str) -> Callable[[_Command], _Command]:
+    """Give a command the `TARGET` options `names`, in that order, before its own; it receives
+    them as `target`, a dict of their values (keywords of `autofit.estimate`, `trial`...)."""
+    return lambda command: gathered(command, "target", [TARGET[n] for n in names], lambda _: 0)
+
+
 def declared_flags(*, knobs: bool = True, note: str = ".") -> Callable[[_Command], _Command]:
     """Give a command one flag per declared knob (unless `knobs` is false) and setting
     (`autofit.config.DECLARED`), generated from the declaration, after its `--gpus` option. The
     command receives them as `declared`: the flags given, each checked (`ConfigError`, one
     paragraph) and normalised. `note` ends a setting's help (`{}` is its name)."""
+    chosen = [d for d in DECLARED.values() if knobs or not d.searched]
+    flags = [
+        option(
+            d.name, _flag(d, note), int | None if d.searched and d.choices is None else str | None
+        )
+        for d in chosen
+    ]
+    return lambda command: gathered(command, "declared", flags, _after_gpus)
 
-    def wrap(command: _Command) -> _Command:
-        chosen = [d for d in DECLARED.values() if knobs or not d.searched]
-        names = {d.name for d in chosen}
 
-        @functools.wraps(command)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            given = {name: kwargs.pop(name) for name in names}
-            return command(*args, declared=given, **kwargs)
-
-        flags = [
-            inspect.Parameter(
-                d.name, inspect.Parameter.KEYWORD_ONLY, default=_flag(d, note),
-                annotation=int | None if d.searched and d.choices is None else str | None,
-            )
-            for d in chosen
-        ]  # fmt: skip
-        own = [p for p in inspect.signature(command).parameters.values() if p.name != "declared"]
-        at = next((i + 1 for i, p in enumerate(own) if p.name == "gpus"), 0)
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
-        run.__signature__ = inspect.Signature(params[:at] + flags + params[at:])  # type: ignore[attr-defined]
-        return run  # type: ignore[return-value]
-
-    return wrap
+def _after_gpus(names: list[str]) -> int:
+    return names.index("gpus") + 1 if "gpus" in names else 0
 
 
 def checked(given: dict[str, Any]) -> dict[str, Any]:

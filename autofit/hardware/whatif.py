@@ -17,6 +17,16 @@ MAX_GPUS = 4096
 # Up to this many GPUs a preset lists every GPU pair with its link (`autofit hardware`, JSON);
 # above it the pair list (which grows with the square of the count) is left out: `link` says it.
 MAX_LISTED_PAIRS_GPUS = 64
+# The figures a preset's GPU carries as the preset states them (a `GPU` field each, same name).
+_FROM_PRESET = (
+    "memory_bytes",
+    "bf16_tflops",
+    "mem_bw_gbs",
+    "compute_capability",
+    "pcie_gen",
+    "pcie_width",
+    "pcie_bw_gbs",
+)
 
 
 def preset_hardware(count: int, name: str, nodes: int = 1) -> Hardware:
@@ -39,15 +49,9 @@ def preset_hardware(count: int, name: str, nodes: int = 1) -> Hardware:
         GPU(
             index=i,
             name=preset.full_name,
-            memory_bytes=preset.memory_bytes,
-            bf16_tflops=preset.bf16_tflops,
-            mem_bw_gbs=preset.mem_bw_gbs,
-            compute_capability=preset.compute_capability,
-            pcie_gen=preset.pcie_gen,
-            pcie_width=preset.pcie_width,
-            pcie_bw_gbs=preset.pcie_bw_gbs,
             nvlink_links=18 if preset.interconnect == "nvlink" else 0,
             preset=preset.name,
+            **{k: getattr(preset, k) for k in _FROM_PRESET},
         )
         for i in range(count)
     )

@@ -16,6 +16,8 @@ def _preset(name: str, description: str, *, extra: dict[str, Any] | None = None,
 
 _GEMMA2 = {"query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
            "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh"}  # fmt: skip
+# Every Llama 3 (3, 3.1, 3.2): the 128K tokenizer, RoPE base 500,000 and 8 KV heads (GQA).
+_LLAMA3 = dict(kv_heads=8, vocab=128256, rope_theta=500000.0)
 _TINY = dict(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=1024,
              max_position=1024)  # fmt: skip
 
@@ -37,26 +39,26 @@ PRESETS: dict[str, ModelSpec] = {
             intermediate=28672, vocab=32000, max_position=4096,
         ),
         _preset(
-            "llama-3-8b", "Meta-Llama-3-8B", hidden=4096, layers=32, heads=32, kv_heads=8,
-            intermediate=14336, vocab=128256, max_position=8192, rope_theta=500000.0,
+            "llama-3-8b", "Meta-Llama-3-8B", hidden=4096, layers=32, heads=32,
+            intermediate=14336, max_position=8192, **_LLAMA3,
         ),
         _preset(
-            "llama-3-70b", "Meta-Llama-3-70B", hidden=8192, layers=80, heads=64, kv_heads=8,
-            intermediate=28672, vocab=128256, max_position=8192, rope_theta=500000.0,
+            "llama-3-70b", "Meta-Llama-3-70B", hidden=8192, layers=80, heads=64,
+            intermediate=28672, max_position=8192, **_LLAMA3,
         ),
         _preset(
-            "llama-3.1-8b", "Llama-3.1-8B", hidden=4096, layers=32, heads=32, kv_heads=8,
-            intermediate=14336, vocab=128256, max_position=131072, rope_theta=500000.0,
+            "llama-3.1-8b", "Llama-3.1-8B", hidden=4096, layers=32, heads=32,
+            intermediate=14336, max_position=131072, **_LLAMA3,
         ),
         _preset(
-            "llama-3.2-1b", "Llama-3.2-1B", hidden=2048, layers=16, heads=32, kv_heads=8,
-            intermediate=8192, vocab=128256, max_position=131072, rope_theta=500000.0,
-            head_dim_override=64, tied_embeddings=True,
+            "llama-3.2-1b", "Llama-3.2-1B", hidden=2048, layers=16, heads=32,
+            intermediate=8192, max_position=131072, head_dim_override=64, tied_embeddings=True,
+            **_LLAMA3,
         ),
         _preset(
-            "llama-3.2-3b", "Llama-3.2-3B", hidden=3072, layers=28, heads=24, kv_heads=8,
-            intermediate=8192, vocab=128256, max_position=131072, rope_theta=500000.0,
-            head_dim_override=128, tied_embeddings=True,
+            "llama-3.2-3b", "Llama-3.2-3B", hidden=3072, layers=28, heads=24,
+            intermediate=8192, max_position=131072, head_dim_override=128, tied_embeddings=True,
+            **_LLAMA3,
         ),
         _preset(
             "qwen2.5-0.5b", "Qwen2.5-0.5B", hidden=896, layers=24, heads=14, kv_heads=2,

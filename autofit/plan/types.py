@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from autofit.arch import structure_of
 from autofit.config import Config
@@ -86,6 +86,25 @@ class Candidate:
         }
 
 
+_T = TypeVar("_T")
+
+
+class _OfRequest(Generic[_T]):
+    """A `Plan` attribute that is its request's, read through: `plan.model` is
+    `plan.request.model` (read-only)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, plan: Plan | None, owner: type | None = None) -> _T:
+        if plan is None:  # the class's attribute: the descriptor itself
+            return self  # type: ignore[return-value]
+        return getattr(plan.request, self.name)
+
+    def __set__(self, plan: Plan, value: Any) -> None:
+        raise AttributeError(f"a plan's {self.name} is its request's (`plan.request`)")
+
+
 @dataclass
 class Plan:
     """The outcome of planning: `best`, the evidence, and what was pruned and why."""
@@ -104,33 +123,14 @@ class Plan:
     # how measurements corrected the napkin (`autofit.search.calibrated.summary`); None: not used
     calibration: dict[str, Any] | None = None
 
-    @property
-    def model(self) -> ModelSpec:
-        return self.request.model
-
-    @property
-    def hardware(self) -> Hardware:
-        return self.request.hardware
-
-    @property
-    def space(self) -> Space:
-        return self.request.space
-
-    @property
-    def seq_len(self) -> int:
-        return self.request.seq_len
-
-    @property
-    def global_batch(self) -> int | None:
-        return self.request.global_batch
-
-    @property
-    def margin(self) -> float:
-        return self.request.margin
-
-    @property
-    def device(self) -> str:
-        return self.request.device
+    # what the plan is for, read through to its request
+    model = _OfRequest[ModelSpec]()
+    hardware = _OfRequest[Hardware]()
+    space = _OfRequest[Space]()
+    seq_len = _OfRequest[int]()
+    global_batch = _OfRequest[int | None]()
+    margin = _OfRequest[float]()
+    device = _OfRequest[str]()
 
     @property
     def capacity_bytes(self) -> int:

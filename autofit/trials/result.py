@@ -14,9 +14,6 @@ STATUSES = ("ok", "oom", "timeout", "error")
 class TrialResult:
     """Measured numbers of one trial (a few real training steps in fresh processes).
 
-    `peak_bytes` is the max over ranks of `torch.cuda.max_memory_reserved` on CUDA, and on CPU the
-    peak of live tensor storage counted by the dispatch-level tracker (`memory.TensorTracker`).
-    `host_peak_bytes` is the sum over ranks of each process's peak resident set (ru_maxrss).
     A config that is not the first of its launch (`run_trials`) reports the peaks of its own
     build and steps, but its processes already hold what the earlier ones left to the process
     (the C allocator's freed pages, one-time caches): its `host_peak_bytes` may be higher, and
@@ -24,31 +21,28 @@ class TrialResult:
     5.78 MB, alone and in a launch alike, from run to run). `peak_bytes` was the same for that
     config, but 0.56 MiB lower for a later FSDP2 config on CPU: compare the peaks of configs
     that are each first in a launch, or all later.
-    `build_peak_bytes` is the same measure while the model was built (before the first step), and
-    `device_peak_bytes` on CUDA the device-level use (`mem_get_info`: allocator plus CUDA context
-    and NCCL buffers) seen after each step. `sharding` is how the model was held: `none` (the plain
-    module on one GPU), `ddp` or `fsdp2`. `oom_of` says, for an `oom`, what ran out: `gpu` (the
-    device, or the capacity a CPU trial is held to) or `host` (RAM: a failed host or pinned
-    allocation, or a worker killed by the kernel's OOM killer).
-
-    A compiled run (`compile: true`) also reports `compile_s`, the seconds torch.compile spent
-    (dynamo's own measure, the slowest rank's; not in `step_time_s` or `tokens_per_s`), `graphs`
-    and `graph_breaks` (dynamo's counts of the graphs it compiled and the breaks between them),
-    and `recompiles` (graphs compiled again during measured steps; 0 in a sound run). All four
-    are None when the run was not compiled, and in records older than the knob.
     """
 
     status: str
+    """One of `STATUSES`."""
     config: dict[str, Any]
     model: str
     device: str = "cuda"
     nprocs: int = 1
     sharding: str | None = None
+    """How the model was held: `none` (the plain module on one GPU), `ddp` or `fsdp2`."""
     peak_bytes: int | None = None
+    """The max over ranks of `torch.cuda.max_memory_reserved` on CUDA; on CPU the peak of live
+    tensor storage counted by the dispatch-level tracker (`memory.TensorTracker`)."""
     build_peak_bytes: int | None = None
+    """The same measure as `peak_bytes` while the model was built (before the first step)."""
     device_peak_bytes: int | None = None
+    """On CUDA, the device-level use (`mem_get_info`: allocator plus CUDA context and NCCL
+    buffers) seen after each step."""
     peak_allocated_bytes: int | None = None
+    """The max over ranks of `torch.cuda.max_memory_allocated` (on CPU, `peak_bytes`)."""
     host_peak_bytes: int | None = None
+    """The sum over ranks of each process's peak resident set (ru_maxrss)."""
     tokens_per_s: float | None = None  # the whole run's: every rank (`nprocs`) together
     step_time_s: float | None = None
     losses: list[float] = field(default_factory=list)
@@ -56,10 +50,20 @@ class TrialResult:
     wall_s: float = 0.0
     capacity_bytes: int | None = None
     oom_of: str | None = None
+    """For an `oom`, what ran out: `gpu` (the device, or the capacity a CPU trial is held to) or
+    `host` (RAM: a failed host or pinned allocation, or a worker killed by the kernel's OOM
+    killer)."""
+    # A compiled run (`compile: true`) reports the next four; they are None when the run was not
+    # compiled, and in records older than the knob.
     compile_s: float | None = None
+    """The seconds torch.compile spent (dynamo's own measure, the slowest rank's; not in
+    `step_time_s` or `tokens_per_s`)."""
     graphs: int | None = None
+    """Dynamo's count of the graphs it compiled."""
     graph_breaks: int | None = None
+    """Dynamo's count of the breaks between them."""
     recompiles: int | None = None
+    """Graphs compiled again during measured steps (0 in a sound run)."""
 
     @property
     def ok(self) -> bool:

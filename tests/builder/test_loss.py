@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from autofit.builder.loss import apply_loss, chunked_cross_entropy, loss_chunk_tokens
+from autofit.builder.loss import apply_loss, linear_cross_entropy, loss_chunk_tokens
 from autofit.builder.model import build_meta_model, materialize
 from autofit.models import PRESETS
 
@@ -116,7 +116,7 @@ def test_only_one_chunk_of_logits_is_ever_live() -> None:
             if kind == "standard":
                 loss = torch.nn.functional.cross_entropy((h @ w.t()).float(), labels)
             else:
-                loss = chunked_cross_entropy(h, w, labels)
+                loss = linear_cross_entropy(h, w, labels)
             loss.backward()
         peaks[kind], losses[kind] = tracker.peak - base, loss.item()
         h.grad = None

@@ -88,12 +88,12 @@ def link_before(new: Block, block: Block) -> None:
 
 
 def link_after(new: Block, block: Block) -> None:
-    """Put `new` just after `block` in its segment's list of blocks."""
-    new.next = block.next
-    if new.next is not None:
-        new.next.prev = new
-    new.prev = block
-    block.next = new
+    """Put `new` just after `block` in its segment's list of blocks: before the block that
+    follows it, or last."""
+    if block.next is not None:
+        link_before(new, block.next)
+    else:
+        new.prev, new.next, block.next = block, None, new
 
 
 def unfree(pool: Pool, block: Block) -> None:

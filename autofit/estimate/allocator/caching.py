@@ -5,6 +5,7 @@ best fit, splitting, merging, new segments, the OOM path; expandable segments ar
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from dataclasses import fields
 
 from autofit.estimate.allocator.blocks import (
     K_LARGE_BUFFER,
@@ -23,6 +24,10 @@ from autofit.estimate.allocator.blocks import (
     unfree,
 )  # fmt: skip
 from autofit.estimate.allocator.expandable import ExpandableSegments
+
+# What a `Replay` reports of the allocator: each of its fields but the OOM event is the counter
+# of the same name here.
+_COUNTED = tuple(f.name for f in fields(Replay) if f.name != "oom_event")
 
 
 class CachingAllocator(ExpandableSegments):
@@ -169,16 +174,7 @@ class CachingAllocator(ExpandableSegments):
 
     def result(self, oom_event: int | None = None) -> Replay:
         """The statistics so far as a `Replay`."""
-        return Replay(
-            peak_allocated=self.peak_allocated,
-            peak_reserved=self.peak_reserved,
-            peak_requested=self.peak_requested,
-            segments=self.segments,
-            allocated=self.allocated,
-            reserved=self.reserved,
-            alloc_retries=self.alloc_retries,
-            oom_event=oom_event,
-        )
+        return Replay(oom_event=oom_event, **{k: getattr(self, k) for k in _COUNTED})
 
     # -- finding a cached block ----------------------------------------------------------------
 
