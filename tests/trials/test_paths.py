@@ -40,7 +40,7 @@ TRIALS = {
 
 # the processes each launch ran, seen from the first progress report of each: (the rank
 # processes' parent, sorted roles of this process's descendants)
-TREES: set[tuple[str, tuple[str, ...]]] = set()
+launch_trees: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def _look_at_the_tree(_event: object) -> None:
@@ -54,7 +54,7 @@ def _look_at_the_tree(_event: object) -> None:
                 roles.append("torchrun" if is_torchrun else "worker")
                 if not is_torchrun:
                     parents.add("planner" if proc.ppid() == me.pid else "torchrun")
-    TREES.add(("/".join(sorted(parents)), tuple(sorted(roles))))
+    launch_trees.add(("/".join(sorted(parents)), tuple(sorted(roles))))
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +77,9 @@ def test_one_gpu_runs_the_plain_module_and_replicas_run_ddp(trials) -> None:  # 
 def test_one_gpu_runs_without_torchrun_and_several_under_it(trials) -> None:  # type: ignore[no-untyped-def]
     """One GPU runs as `python train.py` does: the planner starts the one rank itself. Several
     run under torchrun, which starts a worker per rank (as `torchrun --nproc-per-node 2`)."""
-    assert TREES == {
-        ("planner", ("worker",)),  # llama-debug and llama-mini on one rank
-        ("torchrun", ("torchrun", "worker", "worker")),
-    }
+    one_rank = ("planner", ("worker",))  # llama-debug and llama-mini on one rank
+    two_ranks = ("torchrun", ("torchrun", "worker", "worker"))
+    assert launch_trees == {one_rank, two_ranks}
 
 
 def test_replicas_hold_the_base_once(trials) -> None:  # type: ignore[no-untyped-def]
