@@ -56,8 +56,9 @@ class _Births(TorchDispatchMode):
     def __init__(self, kept: set[StorageWeakRef], *, series: bool = False) -> None:
         super().__init__()
         self.kept = kept
+        # every storage an op has returned and that may still live -> the bytes it counts: its
+        # size, or 0 for a parameter's (an op's view of it) and a weight copy
         self.born: dict[StorageWeakRef, int] = {}
-        self.weight_copies: set[StorageWeakRef] = set()
         self.peak = 0
         self.series: list[int] | None = [] if series else None
         self.birth_op: dict[StorageWeakRef, int] = {}
@@ -67,19 +68,22 @@ class _Births(TorchDispatchMode):
         self._next_id = 0
 
     def live(self) -> int:
-        return sum(
-            nbytes
-            for ref, nbytes in self.born.items()
-            if not ref.expired() and ref not in self.kept and ref not in self.weight_copies
-        )
+        return sum(nbytes for ref, nbytes in self.born.items() if not ref.expired())
 
-    def _sweep(self) -> None:
-        """Forget the storages that died since the last look (logging their deaths)."""
-        gone = [ref for ref in self.born if ref.expired()]
+    def _sweep(self) -> int:
+        """Forget the storages that died since the last look (logging their deaths), in one
+        pass that also counts the bytes alive (`live()`), which it returns."""
+        live, gone = 0, []
+        for ref, nbytes in self.born.items():
+            if ref.expired():
+                gone.append(ref)
+            else:
+                live += nbytes
         for ref in gone:
             del self.born[ref]
             if self.series is not None and ref in self.ids:
                 self.log.append((self.ids.pop(ref), 0))
+        return live
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.series is not None:
@@ -95,8 +99,9 @@ class _Births(TorchDispatchMode):
                 storage = t.untyped_storage()
                 ref = StorageWeakRef(storage)
                 if ref not in self.born:
-                    self.born[ref] = storage.nbytes()
-                    if self.series is not None and ref not in self.kept:
+                    kept = ref in self.kept
+                    self.born[ref] = 0 if kept else storage.nbytes()
+                    if self.series is not None and not kept:
                         self.birth_op[ref] = len(self.series)
                         self.ids[ref] = self._next_id
                         self._next_id += 1
@@ -104,12 +109,8 @@ class _Births(TorchDispatchMode):
                         if copy_of_param:
                             self.copy_ids.add(self.ids[ref])
                 if copy_of_param:
-                    self.weight_copies.add(ref)
-        if self.series is None:
-            self.born = {ref: n for ref, n in self.born.items() if not ref.expired()}
-        else:
-            self._sweep()
-        live = self.live()
+                    self.born[ref] = 0  # a weight copy: counted from the weights
+        live = self._sweep()
         self.peak = max(self.peak, live)
         if self.series is not None:
             self.series.append(live)
@@ -392,6 +393,7 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
         loss=key.loss,
     )
     layout = model_layout(model, config)  # one GPU, the plain module: autocast under bf16-mixed
-    model = adapt(model, config, layout)
+    with torch.device("meta"):  # peft makes the adapters on the CPU, then moves them to meta
+        model = adapt(model, config, layout)
     model.train()
     return model

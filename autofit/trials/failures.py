@@ -1,13 +1,14 @@
 """Why a trial failed, read from what its processes left: the ranks' own reports (the exception
-each caught), torchrun's stderr (which worker died of which signal), and the kernel's OOM-kill
-count (a host out of RAM). `autofit.trials.launcher` calls `classify_failure` for a launch that
-wrote no result."""
+each caught), which worker died of which signal (torchrun's stderr, or a one-rank launch's own
+exit status), and the kernel's OOM-kill count (a host out of RAM). `autofit.trials.launcher`
+calls `classify_failure` for a launch that wrote no result."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,16 @@ def _rank_reports(workdir: Path) -> list[dict[str, Any]]:
     return reports
 
 
-def _killed_ranks(stderr: str, workdir: Path) -> dict[int, str]:
-    """Ranks that torchrun saw die of a signal, and which one (`SIGKILL`...)."""
+def _killed_ranks(stderr: str, workdir: Path, returncode: int | None) -> dict[int, str]:
+    """Ranks that died of a signal, and which one (`SIGKILL`...): those torchrun saw, or the one
+    worker of a one-rank launch (no torchrun: its own exit status says the signal)."""
     rank_of = worker_pids(workdir)
-    return {rank_of.get(int(pid), -1): name for _sig, name, pid in _KILLED.findall(stderr)}
+    killed = {rank_of.get(int(pid), -1): name for _sig, name, pid in _KILLED.findall(stderr)}
+    if not killed and returncode is not None and returncode < 0:
+        with contextlib.suppress(ValueError):
+            only = next(iter(rank_of.values())) if len(rank_of) == 1 else -1
+            killed[only] = signal.Signals(-returncode).name
+    return killed
 
 
 def classify_failure(
@@ -77,7 +84,7 @@ def classify_failure(
         result.status, result.oom_of = "oom", ooms[0].get("oom_of") or GPU
         result.message = ooms[0]["message"]
         return
-    killed = _killed_ranks(stderr, workdir)
+    killed = _killed_ranks(stderr, workdir, returncode)
     sigkilled = ""  # which worker died of SIGKILL not sent by the OOM killer
     if "SIGKILL" in killed.values():
         rank = next(r for r, name in killed.items() if name == "SIGKILL")
@@ -99,5 +106,5 @@ def classify_failure(
             result.message = _tail(stderr, 5)
             return
     result.status = "error"
-    head = errors[0] if errors else sigkilled or f"torchrun exited with code {returncode}"
+    head = errors[0] if errors else sigkilled or f"the trial exited with code {returncode}"
     result.message = f"{head}\n--- last lines of stderr ---\n{tail}"

@@ -1,8 +1,9 @@
 """Trial processes die with the planner that started them, however it dies.
 
-A trial is `planner -> torchrun -> workers`. torchrun starts each worker in a session of its own, so
-signals sent to the planner's or torchrun's process group do not reach the workers, and a planner
-killed with SIGKILL runs no clean-up at all. Three layers make sure nothing outlives it:
+A trial is `planner -> torchrun -> workers` (a one-rank trial: `planner -> worker`, as one GPU runs
+without torchrun). torchrun starts each worker in a session of its own, so signals sent to the
+planner's or torchrun's process group do not reach the workers, and a planner killed with SIGKILL
+runs no clean-up at all. Three layers make sure nothing outlives it:
 
 1. every trial process asks the kernel for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`, Linux);
 2. every trial process runs a watchdog thread that kills it when the planner process (named by pid
@@ -163,7 +164,19 @@ def _run_torchrun() -> None:
     import runpy
 
     sys.argv = ["torchrun", *sys.argv[1:]]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    # torchrun is done and its workers are gone: exit without the interpreter's teardown of torch
+    # (about half a second at every launch); a failure's traceback is printed as usual above
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

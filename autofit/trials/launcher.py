@@ -87,6 +87,11 @@ _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
                  "TORCHELASTIC_ERROR_FILE")  # fmt: skip
 
 
+# A one-rank launch's worker, started without torchrun: the ranks torchrun would set, and no
+# MASTER_ADDR/MASTER_PORT (its group of one meets in a store of its own: `rank.join_group`).
+ONE_RANK_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+
+
 def _env(nprocs: int, timeout_s: float) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
     env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -300,19 +305,26 @@ def _launch(
     settle = settle or (lambda _i: None)
     spec_path, out_path = workdir / "spec.json", workdir / "result.json"
     spec_path.write_text(json.dumps(payload))
-    if rendezvous is None:
-        where = ["--standalone", f"--nproc-per-node={nprocs}"]
+    worker = ["-m", WORKER_MODULE, "--spec", str(spec_path), "--out", str(out_path)]
+    env = _env(nprocs, timeout_s * len(results))
+    if rendezvous is None and nprocs == 1:
+        # one GPU runs as `python train.py` does, without torchrun: its start (importing torch
+        # once more) and its exit take seconds of every one-rank launch, for a group of one
+        cmd = [sys.executable, "-u", *worker]  # as torchrun starts a worker
+        env.update(ONE_RANK_ENV)
     else:
-        where = rendezvous.torchrun_args(nprocs)
-    cmd = [
-        sys.executable, guard.__file__,  # torchrun, guarded to die with this process
-        *where, "--max-restarts=0", "--monitor-interval=0.2",
-        "-m", WORKER_MODULE, "--spec", str(spec_path), "--out", str(out_path),
-    ]  # fmt: skip
+        where = (
+            ["--standalone", f"--nproc-per-node={nprocs}"]
+            if rendezvous is None
+            else rendezvous.torchrun_args(nprocs)
+        )
+        cmd = [
+            sys.executable, guard.__file__,  # torchrun, guarded to die with this process
+            *where, "--max-restarts=0", "--monitor-interval=0.2", *worker,
+        ]  # fmt: skip
     stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
     progress_path, last_progress = workdir / "progress.json", ""
     oom_kills = host_oom_kills()
-    total_s = timeout_s * len(results)
     ended = [time.monotonic()]  # when the launch started, then when each config's result came
 
     def collect() -> None:
@@ -327,9 +339,7 @@ def _launch(
             settle(len(ended) - 2)
 
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, env=_env(nprocs, total_s), start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
         timed_out, stopped = False, None
 
         def report_progress() -> None:

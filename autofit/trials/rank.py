@@ -159,13 +159,17 @@ def join_group(
 ) -> tuple[torch.device, int | None]:
     """Join the launch's process group, once for all its configs; returns this rank's device and
     the capacity its trials are held to (`gpu_memory`; on CUDA as `cap_cuda` sets it)."""
+    # a one-rank launch runs without torchrun (`launcher.ONE_RANK_ENV`): its group of one meets
+    # in a store of its own, with no port to find
+    alone = "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    where: dict[str, Any] = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=collective_timeout())
+        dist.init_process_group("nccl", device_id=device, timeout=collective_timeout(), **where)
         dist.barrier()  # the NCCL communicator and its buffers exist from here on
         return device, cap_cuda(gpu_memory, device)
-    dist.init_process_group("gloo", timeout=collective_timeout())
+    dist.init_process_group("gloo", timeout=collective_timeout(), **where)
     return torch.device("cpu"), gpu_memory
 
 

@@ -17,7 +17,8 @@ from autofit.config import Config
 from autofit.estimate import MEMORY_ERROR, estimate
 from autofit.hardware import cpu_hardware
 from autofit.models import resolve_model
-from autofit.trials import TrialResult, run_trial
+from autofit.trials import TrialResult
+from tests.batch import run_grouped
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +42,11 @@ def config(name: str) -> Config:
 
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
-    out = {}
-    for name, (model, ranks, _) in TRIALS.items():
-        result = run_trial(resolve_model(model), config(name), nprocs=ranks, device="cpu",
-                           steps=1, warmup=1, timeout_s=240)  # fmt: skip
+    named = {name: (model, ranks, config(name)) for name, (model, ranks, _) in TRIALS.items()}
+    out = run_grouped(named, device="cpu", steps=1, warmup=1, timeout_s=240)
+    for name, result in out.items():
         assert result.status == "ok", f"{name}: {result.message[-500:]}"
         assert result.losses[-1] < result.losses[0], name
-        out[name] = result
     return out
 
 

@@ -7,8 +7,10 @@ measured peak (the outside truth), within the tolerance docs/accuracy.md reports
 
 from __future__ import annotations
 
+import contextlib
 import json
 
+import psutil
 import pytest
 import torch
 
@@ -36,10 +38,29 @@ TRIALS = {
 }
 
 
+# the processes each launch ran, seen from the first progress report of each: (the rank
+# processes' parent, sorted roles of this process's descendants)
+launch_trees: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _look_at_the_tree(_event: object) -> None:
+    me = psutil.Process()
+    roles, parents = [], set()
+    for proc in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(proc.cmdline())
+            if "autofit.trials.worker" in cmd:
+                is_torchrun = "guard.py" in cmd
+                roles.append("torchrun" if is_torchrun else "worker")
+                if not is_torchrun:
+                    parents.add("planner" if proc.ppid() == me.pid else "torchrun")
+    launch_trees.add(("/".join(sorted(parents)), tuple(sorted(roles))))
+
+
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
     named = {name: (model, ranks, Config(**kn)) for name, (model, ranks, kn) in TRIALS.items()}
-    out = run_grouped(named, device="cpu", steps=2, timeout_s=300)
+    out = run_grouped(named, device="cpu", steps=2, timeout_s=300, on_progress=_look_at_the_tree)
     for name, result in out.items():
         assert result.status == "ok", f"{name}: {result.message}"
         assert result.losses[-1] < result.losses[0], name
@@ -51,6 +72,14 @@ def test_one_gpu_runs_the_plain_module_and_replicas_run_ddp(trials) -> None:  # 
     assert trials["debug-ddp"].sharding == "ddp"
     assert trials["mini-fsdp"].sharding == "fsdp2"
     assert trials["mini-nf4-1rank"].sharding == "fsdp2"
+
+
+def test_one_gpu_runs_without_torchrun_and_several_under_it(trials) -> None:  # type: ignore[no-untyped-def]
+    """One GPU runs as `python train.py` does: the planner starts the one rank itself. Several
+    run under torchrun, which starts a worker per rank (as `torchrun --nproc-per-node 2`)."""
+    one_rank = ("planner", ("worker",))  # llama-debug and llama-mini on one rank
+    two_ranks = ("torchrun", ("torchrun", "worker", "worker"))
+    assert launch_trees == {one_rank, two_ranks}
 
 
 def test_replicas_hold_the_base_once(trials) -> None:  # type: ignore[no-untyped-def]
