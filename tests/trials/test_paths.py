@@ -38,7 +38,7 @@ TRIALS = {
 }
 
 
-# the processes each launch ran, seen from the first progress report of each: (the rank
+# the processes each launch ran, seen from its progress reports: (the rank
 # processes' parent, sorted roles of this process's descendants)
 launch_trees: set[tuple[str, tuple[str, ...]]] = set()
 
@@ -54,7 +54,8 @@ def _look_at_the_tree(_event: object) -> None:
                 roles.append("torchrun" if is_torchrun else "worker")
                 if not is_torchrun:
                     parents.add("planner" if proc.ppid() == me.pid else "torchrun")
-    launch_trees.add(("/".join(sorted(parents)), tuple(sorted(roles))))
+    if roles:  # not the last report, read once the launch has ended
+        launch_trees.add(("/".join(sorted(parents)), tuple(sorted(roles))))
 
 
 @pytest.fixture(scope="module")
