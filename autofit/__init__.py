@@ -22,7 +22,7 @@ from autofit.arguments import (
 from autofit.checks import TRIAL_TIMEOUT_S, check_steps, check_trial_timeout
 from autofit.config import KNOBS, Config
 from autofit.data import LengthHistogram
-from autofit.data.source import data_lengths
+from autofit.data.source import DataKeywords, data_keywords, data_lengths
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
@@ -31,6 +31,7 @@ from autofit.rules import loss_unavailable
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import Unpack
 
     from autofit.builder import Applied
     from autofit.calibration.sweep import CalibrationRun
@@ -66,10 +67,6 @@ def estimate(
     inter_node_bandwidth: str | float | None = None,
     foreach_intermediates: int | None = None,
     expandable_segments: bool = True,
-    dataset: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    text_field: str | None = None,
-    lengths: str | Path | LengthHistogram | None = None,
     **knobs: Any,
 ) -> Estimate:
     """Napkin estimate of one config: `autofit.estimate("llama-7b", gpus="2xrtx3090",
@@ -89,13 +86,14 @@ def estimate(
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model
 
+    data = data_keywords("estimate", knobs, only=False)
     spec = resolve_model(model)
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
     config = config_of(knobs, spec, hw)
-    hist = data_lengths(dataset, tokenizer, text_field, lengths)  # last: it may take a while
+    hist = data_lengths(**data)  # last: it may take a while
     return _estimate(
         spec, hw, config, device=device, foreach_intermediates=foreach_intermediates,
         expandable_segments=expandable_segments, lengths=hist,
@@ -129,10 +127,7 @@ def plan(
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
-    dataset: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    text_field: str | None = None,
-    lengths: str | Path | LengthHistogram | None = None,
+    **data: Unpack[DataKeywords],
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
     otherwise an Optuna study runs real trials of the most promising candidates.
@@ -176,6 +171,7 @@ def plan(
     from autofit.request import PlanRequest
     from autofit.space_file import load_space
 
+    data = data_keywords("plan", data, only=True)
     check_plan_numbers(margin, trials, seq_len, global_batch)
     check_steps(steps)
     check_search_flags(timeout, node_rank)
@@ -195,9 +191,7 @@ def plan(
     check_space_embeddings(sp, spec)
 
     def read_data() -> LengthHistogram | None:  # last of the checks: it may take a while
-        return data_lengths(
-            dataset, tokenizer, text_field, lengths, base=sp.data, progress=console is not None
-        )
+        return data_lengths(base=sp.data, progress=console is not None, **data)
 
     if trials == 0:
         hist = read_data()
@@ -275,10 +269,6 @@ def trial(
     steps: int = 3,
     trial_timeout: float = TRIAL_TIMEOUT_S,
     timeout: float | None = None,
-    dataset: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    text_field: str | None = None,
-    lengths: str | Path | LengthHistogram | None = None,
     **knobs: Any,
 ) -> TrialResult:
     """Run one real trial (a few training steps in fresh processes, the model held as `wrap` and
@@ -299,6 +289,7 @@ def trial(
     from autofit.models import check_seq_len, resolve_model
     from autofit.trials import run_trial
 
+    data = data_keywords("trial", knobs, only=False)
     check_steps(steps)
     check_trial_timeout(trial_timeout)
     spec = resolve_model(model)
@@ -316,7 +307,7 @@ def trial(
             f"This trial cannot run here: {why}. Allowed here: loss=standard or loss=chunked "
             "(the same fused linear cross-entropy in pure torch)."
         )
-    hist = data_lengths(dataset, tokenizer, text_field, lengths)  # last: it may take a while
+    hist = data_lengths(**data)  # last: it may take a while
     return run_trial(
         spec, cfg, nprocs=hw.n_gpus, device=device,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), steps=steps,

@@ -45,6 +45,31 @@ def test_unknown_knob_is_a_config_error():
         autofit.estimate("llama-7b", gpus="1xrtx3090", micro_bach=4)
 
 
+def test_plan_refuses_an_unknown_keyword_as_python_does():
+    # `plan` takes the data keywords as `**data`: a keyword that is none of them is refused with
+    # the TypeError Python itself raises for a function without `**` (before anything runs)
+    def plan(model: str, *, dataset: str | None = None) -> None: ...
+
+    with pytest.raises(TypeError) as python:
+        plan("llama-7b", datset="train.jsonl")  # type: ignore[call-arg]
+    with pytest.raises(TypeError) as ours:
+        autofit.plan("llama-7b", gpus="2xrtx3090", trials=0, datset="train.jsonl")
+    assert str(ours.value) == str(python.value).split(".")[-1]
+    assert str(ours.value) == "plan() got an unexpected keyword argument 'datset'"
+
+
+def test_estimate_takes_the_data_keywords_beside_the_knobs(tmp_path):
+    # `lengths` is a data keyword, not a knob: the data's longest sequence (64 tokens) sets the
+    # peak, which is then the peak of 64-token sequences without data, below that of 128
+    (tmp_path / "lengths.txt").write_text("64\n" * 50 + "40\n" * 50)
+    given = autofit.estimate(
+        "llama-debug", "1xrtx3090", seq_len=128, lengths=tmp_path / "lengths.txt"
+    )
+    short = autofit.estimate("llama-debug", "1xrtx3090", seq_len=64)
+    full = autofit.estimate("llama-debug", "1xrtx3090", seq_len=128)
+    assert given.peak_allocated_bytes == short.peak_allocated_bytes < full.peak_allocated_bytes
+
+
 def test_errors_share_one_base_class():
     for exc in (autofit.ConfigError, autofit.ModelError, autofit.HardwareError, autofit.SpaceError):
         assert issubclass(exc, autofit.AutofitError)

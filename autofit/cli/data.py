@@ -10,7 +10,7 @@ import typer
 
 from autofit.cli.flags import gathered, option
 from autofit.data import LengthHistogram
-from autofit.data.source import data_lengths
+from autofit.data.source import DATA_KEYWORDS, data_lengths
 
 __all__ = ["FLAGS", "data_flags", "data_lengths", "lengths_dict"]
 
@@ -52,8 +52,9 @@ FLAGS = {
 
 def data_flags(command: _Command) -> _Command:
     """Give `command` the data flags (after its other options); it receives them as `data`, a
-    dict of the four values (None where not given), the keywords of `autofit.plan`."""
-    flags = [option(name, flag, str | None) for name, flag in FLAGS.items()]
+    dict of the four values (None where not given), the API's data keywords (`DataKeywords`, in
+    their order)."""
+    flags = [option(name, FLAGS[name], str | None) for name in DATA_KEYWORDS]
     return gathered(command, "data", flags, _before_json)
 
 

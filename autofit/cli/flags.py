@@ -98,6 +98,30 @@ def option(name: str, default: Any, annotation: Any) -> inspect.Parameter:
     )
 
 
+def flag(
+    name: str,
+    annotation: Any,
+    help: str,
+    default: Any = None,
+    *,
+    spelling: str = "",
+    **extra: Any,
+) -> inspect.Parameter:
+    """A command's option declared as one row of its table: the keyword it arrives under, its
+    type, its help and its default; its flag is the keyword spelled with dashes (`spelling` where
+    it is another word) and, left out (None), its type admits None. `extra`: typer's other
+    settings, e.g. `hidden`."""
+    spelling = spelling or "--" + name.replace("_", "-")
+    annotation = annotation | None if default is None else annotation
+    return option(name, typer.Option(default, spelling, help=help, **extra), annotation)
+
+
+def table_flags(table: list[inspect.Parameter]) -> Callable[[_Command], _Command]:
+    """Give a command the options of `table`, in its order, before its own; it receives them as
+    `options`, a dict of their values by keyword."""
+    return lambda command: gathered(command, "options", table, lambda _: 0)
+
+
 # The options that say what a command is for, under the keywords of the `autofit` API.
 TARGET = {
     p.name: p

@@ -13,93 +13,64 @@ from autofit import report
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.cli.app import app, emit_json, err, fail, interrupted, out, warnings_to_stderr
 from autofit.cli.data import data_flags
-from autofit.cli.flags import (
-    DEVICE,
-    GPU_MEMORY,
-    GPUS,
-    INTER_NODE_BANDWIDTH,
-    JSON,
-    MODEL,
-    declared_flags,
-    renamed,
-)
+from autofit.cli.flags import JSON, TARGET, declared_flags, flag, renamed, table_flags
 from autofit.errors import AutofitError, WriteError
+from autofit.request import DEFAULT_MARGIN, DEFAULT_TRIALS
+
+# The options of `autofit plan`, in the order its --help lists them (the settings follow --gpus,
+# the data flags come before --json): keyword, type, help, default (`flag`). `CLI_ONLY`: the
+# CLI's own and those `autofit.plan` takes under another name; the others are its keywords.
+PLAN = [
+    TARGET["model"],
+    TARGET["gpus"],
+    flag("seq_len", int, "Tokens per sequence (default: the space's, 2048)."),
+    flag("global_batch", int, "Sequences per optimizer step; grad_accum is derived from it."),
+    flag("space", str, "Search space: default, qlora, lora, full, or a .yaml path.", "default"),
+    flag("trials", int, f"Real trials (default {DEFAULT_TRIALS}; 0: none)."),
+    flag("no_trials", bool, "Estimates only: no GPU needed.", False),
+    flag("search_timeout", float,
+         "Seconds for the whole search: no new trial starts after it (default: no limit)."),
+    flag("timeout", float, "Old name of --search-timeout.", hidden=True),
+    flag("trial_timeout", float, "Seconds one trial may run before it is killed.",
+         TRIAL_TIMEOUT_S),
+    flag("steps", int, "Measured steps per trial.", 3),
+    flag("margin", float, "Headroom the winner must keep (0.05 = 5%).", DEFAULT_MARGIN),
+    TARGET["device"],
+    TARGET["gpu_memory"],
+    TARGET["inter_node_bandwidth"],
+    flag("storage", str, "Optuna storage URL (default: SQLite in the run folder)."),
+    flag("study", str, "Study name (default: derived from model, GPUs, space)."),
+    flag("run_dir", Path, "Folder for the study, plan and plot (default: ./autofit-runs/<study>)."),
+    flag("no_prune", bool, "Let trials run candidates the estimate rules out.", False),
+    flag("calibration", str,
+         "auto: start from this machine's stored calibration, correct the estimate with every "
+         "trial, store it (default); study: this study's trials alone; off: the napkin alone."),
+    flag("no_calibration", bool, "Ignore stored calibration and do not calibrate (= off).", False),
+    flag("node_rank", int,
+         "This node of several (0 chooses the trials, the others join them), where no "
+         "torchrun/SLURM launch says it; every node's planner needs the same --storage and "
+         "--study."),
+    flag("export_path", Path, "Write the winner to this file.", spelling="--export"),
+    flag("fmt", str, "autofit (default), accelerate, trainer", spelling="--format"),
+]  # fmt: skip
+CLI_ONLY = (
+    "trials", "no_trials", "search_timeout", "timeout", "no_prune", "calibration",
+    "no_calibration", "export_path", "fmt",
+)  # fmt: skip
 
 
 @app.command()
 @declared_flags(knobs=False, note="; replaces the space file's {}.")
 @data_flags
+@table_flags(PLAN)
 def plan(
-    declared: dict[str, Any],
-    data: dict[str, Any],
-    model: str = MODEL,
-    gpus: str = GPUS,
-    seq_len: int | None = typer.Option(
-        None, "--seq-len", help="Tokens per sequence (default: the space's, 2048)."
-    ),
-    global_batch: int | None = typer.Option(
-        None, "--global-batch", help="Sequences per optimizer step; grad_accum is derived from it."
-    ),
-    space: str = typer.Option(
-        "default", "--space", help="Search space: default, qlora, lora, full, or a .yaml path."
-    ),
-    trials: int | None = typer.Option(None, "--trials", help="Real trials (default 20; 0: none)."),
-    no_trials: bool = typer.Option(False, "--no-trials", help="Estimates only: no GPU needed."),
-    search_timeout: float | None = typer.Option(
-        None,
-        "--search-timeout",
-        help="Seconds for the whole search: no new trial starts after it (default: no limit).",
-    ),
-    timeout: float | None = typer.Option(
-        None, "--timeout", hidden=True, help="Old name of --search-timeout."
-    ),
-    trial_timeout: float = typer.Option(
-        TRIAL_TIMEOUT_S, "--trial-timeout", help="Seconds one trial may run before it is killed."
-    ),
-    steps: int = typer.Option(3, "--steps", help="Measured steps per trial."),
-    margin: float = typer.Option(
-        0.05, "--margin", help="Headroom the winner must keep (0.05 = 5%)."
-    ),
-    device: str = DEVICE,
-    gpu_memory: str | None = GPU_MEMORY,
-    inter_node_bandwidth: str | None = INTER_NODE_BANDWIDTH,
-    storage: str | None = typer.Option(
-        None, "--storage", help="Optuna storage URL (default: SQLite in the run folder)."
-    ),
-    study: str | None = typer.Option(
-        None, "--study", help="Study name (default: derived from model, GPUs, space)."
-    ),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        help="Folder for the study, plan and plot (default: ./autofit-runs/<study>).",
-    ),
-    no_prune: bool = typer.Option(
-        False, "--no-prune", help="Let trials run candidates the estimate rules out."
-    ),
-    calibration: str | None = typer.Option(
-        None,
-        "--calibration",
-        help="auto: start from this machine's stored calibration, correct the estimate with "
-        "every trial, store it (default); study: this study's trials alone; off: the napkin alone.",
-    ),
-    no_calibration: bool = typer.Option(
-        False, "--no-calibration", help="Ignore stored calibration and do not calibrate (= off)."
-    ),
-    node_rank: int | None = typer.Option(
-        None,
-        "--node-rank",
-        help="This node of several (0 chooses the trials, the others join them), where no "
-        "torchrun/SLURM launch says it; every node's planner needs the same --storage and --study.",
-    ),
-    export_path: Path | None = typer.Option(
-        None, "--export", help="Write the winner to this file."
-    ),
-    fmt: str | None = typer.Option(None, "--format", help="autofit (default), accelerate, trainer"),
-    json_out: bool = JSON,
+    declared: dict[str, Any], data: dict[str, Any], options: dict[str, Any], json_out: bool = JSON
 ) -> None:
     """Plan: estimate every candidate, prune what cannot fit, trial the best, pick the winner."""
-    timeout = renamed("--timeout", timeout, "--search-timeout", search_timeout, None)
+    kept = {name: value for name, value in options.items() if name not in CLI_ONLY}
+    timeout = renamed("--timeout", options["timeout"], "--search-timeout",
+                      options["search_timeout"], None)  # fmt: skip
+    export_path, no_prune = options["export_path"], options["no_prune"]
     unwritten = None
     try:
         from autofit.cli.checks import plan_flags
@@ -107,20 +78,18 @@ def plan(
         console = err if json_out else out
         with warnings_to_stderr():
             n_trials, calibration, fmt = plan_flags(
-                trials=trials, no_trials=no_trials, calibration=calibration,
-                no_calibration=no_calibration, fmt=fmt, export_path=export_path,
-                trial_only={"--search-timeout": timeout, "--storage": storage, "--study": study,
-                            "--run-dir": run_dir, "--node-rank": node_rank, "--no-prune": no_prune},
+                trials=options["trials"], no_trials=options["no_trials"],
+                calibration=options["calibration"], no_calibration=options["no_calibration"],
+                fmt=options["fmt"], export_path=export_path,
+                trial_only={"--search-timeout": timeout, "--storage": kept["storage"],
+                            "--study": kept["study"], "--run-dir": kept["run_dir"],
+                            "--node-rank": kept["node_rank"], "--no-prune": no_prune},
             )  # fmt: skip
             result = autofit.plan(
-                model, gpus, seq_len=seq_len, global_batch=global_batch, space=space,
-                trials=n_trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
-                margin=margin, device=device, gpu_memory=gpu_memory,
-                inter_node_bandwidth=inter_node_bandwidth, storage=storage,
-                study=study, run_dir=run_dir, prune=not no_prune,
+                **kept, trials=n_trials, timeout=timeout, prune=not no_prune,
+                calibration=calibration,
                 **{name: value for name, value in declared.items() if value is not None},
                 console=None if json_out else console,
-                calibration=calibration, node_rank=node_rank,
                 **data,
             )  # fmt: skip
         written: list[Path] = []

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from autofit.data.histogram import LengthHistogram
 from autofit.data.progress import stderr_bar
 from autofit.errors import DataError, SpaceError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 BOTH = (
     "--dataset and --lengths both say where the sequence lengths come from; give one: --dataset "
@@ -129,20 +132,43 @@ class DataSource:
             )
 
 
+class DataKeywords(TypedDict, total=False):
+    """The data keywords of `autofit.estimate`, `autofit.plan` and `autofit.trial` (the CLI's
+    `--dataset`, `--tokenizer`, `--text-field` and `--lengths`): a `dataset` (a local JSON
+    Lines, JSON, CSV or Parquet file, or a `datasets.save_to_disk` folder) counted with
+    `tokenizer` (a local tokenizer.json or model folder) in `text_field`, or `lengths` (a length
+    file, or a `LengthHistogram`)."""
+
+    dataset: str | Path | None
+    tokenizer: str | Path | None
+    text_field: str | None
+    lengths: str | Path | LengthHistogram | None
+
+
+DATA_KEYWORDS = tuple(DataKeywords.__annotations__)
+
+
+def data_keywords(function: str, keywords: dict[str, Any], *, only: bool) -> DataKeywords:
+    """The data keywords taken out of `keywords`, the `**` arguments of a call of `function`;
+    `only`: it takes no others (`autofit.plan`), and another is refused with the `TypeError`
+    Python raises for an unexpected keyword."""
+    if only:
+        for name in keywords:
+            if name not in DATA_KEYWORDS:
+                raise TypeError(f"{function}() got an unexpected keyword argument '{name}'")
+    return DataKeywords(**{name: keywords.pop(name) for name in DATA_KEYWORDS if name in keywords})
+
+
 def data_lengths(
-    dataset: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    text_field: str | None = None,
-    lengths: str | Path | LengthHistogram | None = None,
-    base: DataSource | None = None,
-    progress: bool = False,
+    base: DataSource | None = None, progress: bool = False, **data: Unpack[DataKeywords]
 ) -> LengthHistogram | None:
-    """The API's keywords (`autofit.plan`, `autofit.estimate`): the histogram they name, over
-    `base` (a space file's `dataset:`); `lengths` may be a `LengthHistogram` already."""
+    """The API's data keywords (`DataKeywords`): the histogram they name, over `base` (a space
+    file's `dataset:`); `lengths` may be a `LengthHistogram` already."""
+    lengths = data.get("lengths")
     if isinstance(lengths, LengthHistogram):
-        if dataset is not None:
+        if data.get("dataset") is not None:
             raise DataError(BOTH)
         return lengths
-    given = DataSource(*(None if v is None else str(v)
-                         for v in (dataset, tokenizer, text_field, lengths)))  # fmt: skip
+    given = DataSource(**{name: None if data.get(name) is None else str(data.get(name))
+                          for name in DATA_KEYWORDS})  # fmt: skip
     return given.over(base).read(progress)

@@ -67,23 +67,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autofit.estimate.allocator.blocks import (
-    K_LARGE_BUFFER,
-    K_MIN_BLOCK_SIZE,
-    K_MIN_LARGE_ALLOC,
-    K_ROUND_LARGE,
-    K_SMALL_BUFFER,
-    K_SMALL_SIZE,
-    AllocatorOutOfMemory,
-    Replay,
-)  # fmt: skip
+from autofit.estimate.allocator.blocks import K_LARGE_BUFFER, AllocatorOutOfMemory, Replay
 from autofit.estimate.allocator.caching import CachingAllocator
 
-__all__ = [
-    "K_LARGE_BUFFER", "K_MIN_BLOCK_SIZE", "K_MIN_LARGE_ALLOC", "K_ROUND_LARGE", "K_SMALL_BUFFER",
-    "K_SMALL_SIZE", "AllocatorOutOfMemory", "CachingAllocator", "Replay", "events_from_snapshot",
-    "replay",
-]  # fmt: skip
+__all__ = ["AllocatorOutOfMemory", "CachingAllocator", "Replay", "events_from_snapshot", "replay"]
 
 
 def replay(
