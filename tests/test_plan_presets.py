@@ -1,11 +1,12 @@
-"""`autofit plan --no-trials` for every preset on one consumer GPU and on an 8-GPU node: each
-family's structure is read and its layers traced (cached in the suite's AUTOFIT_CACHE_DIR), and
-the plan either picks a config or says why nothing fits.
+"""`autofit plan --no-trials` for every preset on one consumer GPU and on an 8-GPU node: the plan
+either picks a config or says why nothing fits.
 
-A small space keeps it to two layer traces per model (LoRA r16 without checkpointing, under
-FSDP2 in bf16 and on the plain module or DDP under autocast; quantization does not change a
-trace), plus the shorter sequence the advice tries for the models that fit nowhere on one card.
-Full fine-tunes and checkpointing policies are traced at the debug presets in tests/estimate."""
+A small space at the shipped spaces' sequence length (2048), LoRA r16 with and without
+checkpointing, reads each preset's structure and layer traces from the package
+(`autofit/arch/shipped`), as a user's first plan does; the models that fit nowhere on one card
+trace the shorter sequences the advice tries (cached in the suite's AUTOFIT_CACHE_DIR). Tracing
+itself is held to real tensors at the debug presets in tests/estimate, and the shipped files to a
+fresh trace in tests/test_shipped_traces.py."""
 
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ from autofit.models import PRESETS
 
 SPACE = """\
 description: a few configs of every preset (tests/test_plan_presets.py)
-seq_len: 256
+seq_len: 2048
 knobs:
   quant: [nf4, none]
   lora_rank: [16]
   micro_batch: [1]
   grad_accum: [1]
   wrap: [layer, none]
-  checkpointing: [none]
+  checkpointing: [none, full]
 """
 # Models that do not fit on one 24 GB card in this space (QLoRA is the smallest).
 TOO_BIG_FOR_ONE_4090 = {"llama-70b", "llama-3-70b", "mixtral-8x7b"}
