@@ -214,7 +214,7 @@ def test_seq_len_above_the_models_maximum_warns_on_stderr():
     quiet = run("estimate", "-m", "llama-debug", "-g", "2", "--device", "cpu", "--seq-len", "1024")
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
     with pytest.warns(AutofitWarning, match="maximum of 1024 positions"):
-        autofit.plan("llama-debug", "2xrtx3090", seq_len=4096, trials=0)
+        autofit.plan("llama-debug", "2xrtx3090", seq_len=4096, space=TINY_SPACE, trials=0)
 
 
 @pytest.mark.parametrize("command", ["plan", "trial"])
