@@ -29,6 +29,13 @@ from autofit.space_file import load_space
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for _name in ("COLUMNS", "LINES"):
         os.environ.pop(_name, None)
+# Each of the run's workers has a core of its own: torch's intra-op threads (one per core by
+# default) would make each worker and each trial it starts spin for the other's core. Memory is
+# counted per tensor storage, which threads do not change; the trials' speed is not asserted.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 # The run's workers (pytest-xdist) inherit the folder the first conftest made, so each
 # architecture is traced once per run; the process that made it removes it.
 _SHARED = "AUTOFIT_TEST_CACHE"
