@@ -163,11 +163,12 @@ def sqlite_path(url: str) -> Path | None:
     malformed URL (opening the storage says what is wrong with it)."""
     if not url.startswith("sqlite"):
         return None
-    try:
-        from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
+    try:
         database = make_url(url).database
-    except Exception:
+    except (ArgumentError, ValueError):  # not a URL sqlalchemy can parse; a port not a number
         return None
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
