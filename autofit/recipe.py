@@ -157,6 +157,13 @@ def hf_optim(optimizer: str, impl: str | None, offload: str) -> str:
     return HF_ADAMW_OPTIM[impl] or HF_ADAMW_DEFAULT
 
 
+HF_TRAINER_LOW_BIT_BLOCK = 256
+"""The `block_size` HF Trainer (transformers 5, `trainer_optimizer._get_torchao_optimizer`) passes
+to both torchao low-bit AdamWs. Its `optim_args` cannot change it: they reach torchao as strings,
+which its step refuses (`numel % block_size`). Where a `LowBitState.block` differs (4-bit: 128),
+a Trainer run of the export holds other optimizer state than was measured (`export.prose`)."""
+
+
 def adamw_impl(setting: str, optimizer: str, device: str, offload: str) -> str | None:
     """The implementation of torch's AdamW a run's step uses (a key of `ADAMW_INTERMEDIATES`), or
     None for torchao's low-bit AdamW, which has its own step. `auto` is fused where the

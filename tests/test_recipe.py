@@ -76,12 +76,15 @@ def test_the_hf_optim_name_builds_the_optimizer_autofit_builds(
     optimizer: str, impl: str | None, offload: str, cls: str, fused: bool | None, tmp_path
 ) -> None:
     """`hf_optim` (what the TrainingArguments export writes) held to transformers itself: the
-    class and `fused` argument Trainer builds from the name are the ones the builder builds."""
+    class and `fused` argument Trainer builds from the name are the ones the builder builds, and
+    the block size it gives a torchao class is `HF_TRAINER_LOW_BIT_BLOCK` (the export's note
+    says where that is not the measured one)."""
     from transformers import Trainer, TrainingArguments
 
-    from autofit.recipe import hf_optim
+    from autofit.recipe import HF_TRAINER_LOW_BIT_BLOCK, hf_optim
 
     args = TrainingArguments(output_dir=str(tmp_path), optim=hf_optim(optimizer, impl, offload))
     built, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     assert built.__name__ == cls
     assert kwargs.get("fused") is fused
+    assert kwargs.get("block_size") == (HF_TRAINER_LOW_BIT_BLOCK if cls != "AdamW" else None)

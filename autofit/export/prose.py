@@ -20,6 +20,8 @@ from autofit.recipe import (
     ADAMW_KWARGS,
     HF_ADAMW_DEFAULT,
     HF_ADAMW_OPTIM,
+    HF_TRAINER_LOW_BIT_BLOCK,
+    LOW_BIT_STATES,
     trained_embedding_modules,
     trained_token_ids,
 )
@@ -157,7 +159,17 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
 
 def adamw_notes(doc: dict[str, Any]) -> list[str]:
     """The AdamW implementation a plan measured, where it chose one (`optimizer_impl` not
-    `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and foreach only."""
+    `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and foreach only. For a
+    low-bit AdamW whose block size HF Trainer cannot build, what its run holds instead."""
+    state = LOW_BIT_STATES.get(doc["config"]["optimizer"])
+    if state is not None and state.block != HF_TRAINER_LOW_BIT_BLOCK:
+        return [
+            f"# Optimizer state: torchao {state.torchao_class}(block_size={state.block}) as "
+            f"measured; HF Trainer's {state.hf_optim} builds it with block_size="
+            f"{HF_TRAINER_LOW_BIT_BLOCK} (its optim_args cannot change that), fewer fp32 scales "
+            "than measured. To run what was measured, pass Trainer(optimizers=(run.optimizer, "
+            "None)) from autofit.apply."
+        ]
     impl = plan_layout(doc).adamw
     if doc["config"].get("optimizer_impl", "auto") == "auto" or impl is None:
         return []
