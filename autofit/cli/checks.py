@@ -58,7 +58,10 @@ def plan_flags(
         # a typo in the format or an unwritable path fails before any trial runs, not after
         fmt = check_export_target(fmt, export_path)
     check_search_flags(trial_only.get("--search-timeout"), trial_only.get("--node-rank"))
-    unused = [flag for flag, value in trial_only.items() if value not in (None, False)]
+    # given: a value, or a switch turned on (`--node-rank 0` is given, though 0 == False)
+    unused = [
+        flag for flag, value in trial_only.items() if value is not None and value is not False
+    ]
     if n_trials == 0 and unused:
         warnings.warn(
             f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used: "

@@ -125,6 +125,9 @@ def test_trial_only_flags_with_no_trials_are_named_not_used(tmp_path):
         " ".join(result.stderr.split())
     )
     assert list(tmp_path.iterdir()) == []
+    node0 = run(*PLAN, "--space", TINY_SPACE, "--seq-len", "64", "--node-rank", "0", "--json")
+    assert node0.exit_code == 0, node0.output
+    assert "warning: --node-rank is not used" in " ".join(node0.stderr.split())
 
 
 def test_a_folder_as_the_space_says_it_is_a_folder(tmp_path):
