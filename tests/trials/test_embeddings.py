@@ -17,7 +17,7 @@ from autofit.config import Config
 from autofit.estimate import MEMORY_ERROR, estimate
 from autofit.hardware import cpu_hardware
 from autofit.models import resolve_model
-from autofit.trials import TrialResult
+from autofit.trials import TrialResult, run_trial
 from tests.batch import run_grouped
 
 pytestmark = pytest.mark.slow
@@ -42,8 +42,17 @@ def config(name: str) -> Config:
 
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
+    # The plain module's trials share a launch (its peak is the same bytes alone or after
+    # another). An FSDP2 trial runs first in a launch of its own: run second in a launch after
+    # fsdp2, fsdp2-full once measured 16.56 MiB (12.6% above the estimate, 6.19 MiB above
+    # fsdp2, more than the hand count below allows; gloo's timing moves when the unsharded
+    # buffers are freed), where its launches of its own stay within the 10%.
+    kw = {"device": "cpu", "steps": 1, "warmup": 1, "timeout_s": 240}
     named = {name: (model, ranks, config(name)) for name, (model, ranks, _) in TRIALS.items()}
-    out = run_grouped(named, device="cpu", steps=1, warmup=1, timeout_s=240)
+    out = run_grouped({n: t for n, t in named.items() if t[1] == 1}, **kw)
+    for name, (model, ranks, cfg) in named.items():
+        if ranks > 1:
+            out[name] = run_trial(resolve_model(model), cfg, nprocs=ranks, **kw)
     for name, result in out.items():
         assert result.status == "ok", f"{name}: {result.message[-500:]}"
         assert result.losses[-1] < result.losses[0], name
