@@ -67,12 +67,9 @@ class _Births(TorchDispatchMode):
         self.copy_ids: set[int] = set()
         self._next_id = 0
 
-    def live(self) -> int:
-        return sum(nbytes for ref, nbytes in self.born.items() if not ref.expired())
-
-    def _sweep(self) -> int:
-        """Forget the storages that died since the last look (logging their deaths), in one
-        pass that also counts the bytes alive (`live()`), which it returns."""
+    def sweep(self) -> int:
+        """Forget the storages that died since the last look (logging their deaths), and return
+        the bytes alive, in one pass."""
         live, gone = 0, []
         for ref, nbytes in self.born.items():
             if ref.expired():
@@ -87,7 +84,7 @@ class _Births(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.series is not None:
-            self._sweep()  # deaths before this op (a Python name rebound between two ops)
+            self.sweep()  # deaths before this op (a Python name rebound between two ops)
         out = func(*args, **(kwargs or {}))
         copy_of_param = (
             func in _CASTS
@@ -110,7 +107,7 @@ class _Births(TorchDispatchMode):
                             self.copy_ids.add(self.ids[ref])
                 if copy_of_param:
                     self.born[ref] = 0  # a weight copy: counted from the weights
-        live = self._sweep()
+        live = self.sweep()
         self.peak = max(self.peak, live)
         if self.series is not None:
             self.series.append(live)
@@ -212,7 +209,7 @@ def _live_bytes(
         with births:
             with autocast, unpacked_sequences(), _stop_at_the_logits(model) as logits_grad:
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            end, forward_peak = births.live(), births.peak
+            end, forward_peak = births.sweep(), births.peak
             with contextlib.suppress(_LogitsGradReady):
                 loss.backward()
             if not logits_grad:  # pragma: no cover - every causal LM has an LM head
@@ -289,7 +286,7 @@ def traced_step(
                     loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                 loss.backward()
                 del loss
-                births._sweep()
+                births.sweep()
         finally:
             for handle in handles:
                 handle.remove()

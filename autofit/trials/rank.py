@@ -155,13 +155,13 @@ def train_step(
 
 
 def join_group(
-    device_type: str, local_rank: int, gpu_memory: int | None
+    device_type: str, local_rank: int, world: int, gpu_memory: int | None
 ) -> tuple[torch.device, int | None]:
     """Join the launch's process group, once for all its configs; returns this rank's device and
     the capacity its trials are held to (`gpu_memory`; on CUDA as `cap_cuda` sets it)."""
     # a one-rank launch runs without torchrun (`launcher.ONE_RANK_ENV`): its group of one meets
     # in a store of its own, with no port to find
-    alone = "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    alone = world == 1 and "MASTER_ADDR" not in os.environ
     where: dict[str, Any] = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = json.loads(Path(args.spec).read_text())
     progress = Progress(out.parent / PROGRESS_FILE if local_rank == 0 else None, spec["steps"])
     try:
-        device, capacity = join_group(spec["device"], local_rank, spec.get("gpu_memory"))
+        device, capacity = join_group(spec["device"], local_rank, world, spec.get("gpu_memory"))
         for index, config in enumerate(spec["configs"]):
             progress.config = index
             if index:
