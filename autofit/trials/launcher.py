@@ -104,7 +104,8 @@ def _env(nprocs: int, timeout_s: float) -> dict[str, str]:
 
 
 def _kill_tree(proc: subprocess.Popen[bytes], workdir: Path) -> None:
-    """SIGKILL torchrun's group, every descendant's group, and every worker that wrote a pid."""
+    """SIGKILL the launch's group (torchrun's, or a one-rank launch's worker's), every
+    descendant's group, and every worker that wrote a pid."""
     victims: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
         victims = psutil.Process(proc.pid).children(recursive=True)
