@@ -38,8 +38,9 @@ TRIALS = {
 }
 
 
-# the processes each launch ran, seen from its progress reports: (the rank
-# processes' parent, sorted roles of this process's descendants)
+# the processes each launch ran, seen from its progress reports: (the rank processes'
+# parents, sorted roles of this process's descendants). A report is a snapshot and may fall
+# while torchrun is still starting its workers, so a snapshot can show fewer than a launch runs.
 launch_trees: set[tuple[str, tuple[str, ...]]] = set()
 
 
@@ -80,7 +81,13 @@ def test_one_gpu_runs_without_torchrun_and_several_under_it(trials) -> None:  # 
     run under torchrun, which starts a worker per rank (as `torchrun --nproc-per-node 2`)."""
     one_rank = ("planner", ("worker",))  # llama-debug and llama-mini on one rank
     two_ranks = ("torchrun", ("torchrun", "worker", "worker"))
-    assert launch_trees == {one_rank, two_ranks}
+    assert one_rank in launch_trees
+    assert two_ranks in launch_trees
+    for parents, roles in launch_trees:
+        if "torchrun" in roles:  # torchrun's workers are its own, never the planner's
+            assert parents in ("", "torchrun") and roles.count("worker") <= 2, launch_trees
+        else:  # no torchrun: the planner's one worker
+            assert (parents, roles) == one_rank, launch_trees
 
 
 def test_replicas_hold_the_base_once(trials) -> None:  # type: ignore[no-untyped-def]
