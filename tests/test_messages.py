@@ -341,6 +341,18 @@ def test_a_gpu_plans_launch_command_keeps_the_allocator_setting(tmp_path):
     assert "accelerate_train.py" in note and "acc.autofit.yaml" in note
 
 
+def test_a_format_named_in_capitals_launches_as_its_export_was_written(tmp_path):
+    # `--format Accelerate` writes an Accelerate config (the format's case does not matter), so
+    # its launch line is `accelerate launch`, not torchrun pointing --plan at that config
+    plan = plan_estimates(PlanRequest.of(resolve_model("llama-7b"), resolve_hardware("2xrtx3090"),
+                          load_space("qlora")))  # fmt: skip
+    acc = tmp_path / "acc.yaml"
+    cmd = launch_command(plan, " Accelerate", acc)
+    assert "accelerate launch --config_file " + str(acc) in cmd and "torchrun" not in cmd
+    assert cmd == launch_command(plan, "accelerate", acc)
+    assert launch_note(plan, "Accelerate", acc) == launch_note(plan, "accelerate", acc)
+
+
 def test_the_cli_prints_the_launch_command_and_what_the_script_is(tmp_path):
     out = tmp_path / "plan.yaml"
     result = runner.invoke(app, ["plan", "-m", "llama-debug", "-g", "2", "--device", "cpu",

@@ -132,7 +132,7 @@ def export(
         from autofit.export import check_export_target
         from autofit.search import load_study_plan
 
-        check_export_target(fmt, output, "--output")
+        fmt = check_export_target(fmt, output, "--output")
         check_sqlite_exists(storage)  # opening a mistyped SQLite path would create an empty one
         result = load_study_plan(storage, study)
         written = result.export(fmt, output)
@@ -150,7 +150,6 @@ def _export_dict(result: Any, fmt: str, written: list[Path]) -> dict[str, Any]:
     """`autofit export --json`: the files written, the launch commands and the winner."""
     from autofit.export import launch_lines, launch_note
 
-    fmt = fmt.strip().lower()
     best = result.best
     return {
         "format": fmt,

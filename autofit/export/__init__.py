@@ -38,11 +38,12 @@ from autofit.export.schema import (
     FORMATS,
     LoadedBest,
     LoadedPlan,
+    check_format,
     load_plan,
     lora_section,
     plan_document,
 )
-from autofit.export.write import check_export_target, check_format, export_plan
+from autofit.export.write import check_export_target, export_plan
 
 __all__ = [
     "FORMATS",

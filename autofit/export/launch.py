@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.export.layout import hsdp_env, plan_nodes, plan_sharding
-from autofit.export.schema import env_text, plan_document, side_path
+from autofit.export.schema import check_format, env_text, plan_document, side_path
 from autofit.layout import Sharding
 
 # autofit cannot know the user's training script: launch commands name this placeholder, and
@@ -45,6 +45,7 @@ def launch_lines(
     script (the placeholder `<your_train.py>` unless named); the CUDA allocator setting is set
     only for a CUDA plan; a trainer export of an HSDP plan sets the `PARALLELISM_CONFIG_*`
     variables its Accelerator reads (`hsdp_env`)."""
+    format = check_format(format)
     doc = plan if isinstance(plan, dict) else plan_document(plan)
     n = int(doc["hardware"]["n_gpus"])
     nodes, per_node = plan_nodes(doc)
@@ -119,6 +120,7 @@ def example_script(format: str) -> Path | None:
 def launch_note(plan: Any, format: str, path: str | Path) -> str:
     """What `<your_train.py>` in `launch_command` stands for, and a command that runs the plan
     for a few steps with the example script shipped in autofit's sources (random weights)."""
+    format = check_format(format)
     doc = plan if isinstance(plan, dict) else plan_document(plan)
     name = EXAMPLE_SCRIPTS.get(format, "train_with_plan.py")
     text = (

@@ -19,6 +19,23 @@ from autofit.recipe import embedding_peft_options
 from autofit.settings import ALL_LINEAR
 
 FORMATS = ("autofit", "accelerate", "trainer")
+
+
+def check_format(format: str) -> str:
+    """`format` as the exports name it (case and spaces aside), or an error naming the allowed
+    ones."""
+    fmt = str(format).strip().lower()
+    if fmt not in FORMATS:
+        from autofit.errors import did_you_mean
+
+        raise AutofitError(
+            f"Unknown export format {format!r}.{did_you_mean(fmt, FORMATS)} Allowed formats: "
+            f"{', '.join(FORMATS)} (autofit: YAML plan for autofit.load_plan; accelerate: an "
+            "Accelerate config file (plain, DDP or FSDP2); trainer: TrainingArguments JSON)."
+        )
+    return fmt
+
+
 SCHEMA = 1
 MARKER = "written by autofit"
 ALLOC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}

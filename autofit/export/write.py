@@ -12,22 +12,8 @@ import yaml
 
 from autofit.errors import AutofitError, WriteError
 from autofit.export.render import render_accelerate, render_autofit, trainer_arguments
-from autofit.export.schema import FORMATS, MARKER, plan_document, side_path
+from autofit.export.schema import MARKER, check_format, plan_document, side_path
 from autofit.files import NotARegularFile, atomic_write, read_head
-
-
-def check_format(format: str) -> str:
-    fmt = str(format).strip().lower()
-    if fmt not in FORMATS:
-        from autofit.errors import did_you_mean
-
-        raise AutofitError(
-            f"Unknown export format {format!r}.{did_you_mean(fmt, FORMATS)} Allowed formats: "
-            f"{', '.join(FORMATS)} (autofit: YAML plan for autofit.load_plan; accelerate: an "
-            "Accelerate config file (plain, DDP or FSDP2); trainer: TrainingArguments JSON)."
-        )
-    return fmt
-
 
 WRITE_HINT = "Choose a file path in a folder you can write in."
 
