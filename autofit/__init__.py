@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
     from autofit.builder import Applied
     from autofit.calibration.sweep import CalibrationRun
+    from autofit.hardware import Hardware
+    from autofit.models import ModelSpec
     from autofit.trials import TrialResult
 
 __all__ = [
@@ -59,8 +61,8 @@ __all__ = [
 
 
 def estimate(
-    model: str,
-    gpus: str = "auto",
+    model: str | ModelSpec,
+    gpus: str | Hardware = "auto",
     *,
     gpu_memory: str | int | None = None,
     device: str = "cuda",
@@ -81,7 +83,9 @@ def estimate(
     two) and `expandable_segments=False` (the allocator's default mode; autofit sets
     `expandable_segments:True`). With the data (`dataset`, `tokenizer`, `text_field` or
     `lengths`, as `plan` takes them) the peak is the longest micro-batch's and tokens/s counts
-    useful tokens (`autofit.estimate.estimate_many`)."""
+    useful tokens (`autofit.estimate.estimate_many`). `model` and `gpus` may be a `ModelSpec`
+    and a `Hardware` already resolved (`autofit.models.resolve_model`,
+    `autofit.hardware.resolve_hardware`): they are taken as they are."""
     from autofit.estimate import estimate as _estimate
     from autofit.hardware import resolve_hardware
     from autofit.models import check_seq_len, resolve_model

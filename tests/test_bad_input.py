@@ -513,6 +513,22 @@ def test_bad_inter_node_bandwidth_is_refused(args, fragments):
         assert_clean_failure(result, *fragments)
 
 
+def test_a_bandwidth_on_one_node_is_named_unused_once():
+    result = run("estimate", "-m", "llama-debug", "-g", "1xh100-80gb",
+                 "--inter-node-bandwidth", "400Gb/s")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.count("--inter-node-bandwidth 400Gb/s is unused") == 1, result.output
+
+
+def test_estimate_checks_the_knobs_before_it_reads_the_data(tmp_path):
+    # counting a dataset's tokens may take minutes: a config no data can rescue is refused first
+    missing = tmp_path / "lengths.txt"
+    result = run("estimate", "-m", "llama-debug", "-g", "1xh100-80gb", "--quant", "nf4",
+                 "--lengths", str(missing))  # fmt: skip
+    assert_clean_failure(result, "quant=nf4", "LoRA")
+    assert str(missing) not in result.output
+
+
 def test_zero_nodes_are_refused():
     result = run("estimate", "-m", "llama-debug", "-g", "0x8xh100-80gb")
     assert_clean_failure(result, "node count", "at least 1")

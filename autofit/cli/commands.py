@@ -110,13 +110,17 @@ def estimate(
     try:
         knobs = checked(declared)
         with warnings_to_stderr():
+            from autofit.arguments import config_of
             from autofit.hardware import resolve_hardware
-            from autofit.models import resolve_model
+            from autofit.models import check_seq_len, resolve_model
 
             spec = resolve_model(target["model"])
             hw = resolve_hardware(**{k: v for k, v in target.items() if k != "model"})
-            hist = data_lengths(**data, progress=not json_out)  # after the cheap checks
-            est = autofit.estimate(**target, lengths=hist, **knobs)
+            check_seq_len(spec, knobs.get("seq_len"))  # the API's cheap checks, before the data
+            config_of(knobs, spec, hw)
+            hist = data_lengths(**data, progress=not json_out)
+            # the model and GPUs resolved once: the API takes them as they are
+            est = autofit.estimate(spec, hw, device=target["device"], lengths=hist, **knobs)
     except AutofitError as exc:
         fail(exc, json_out, "estimate")
     seq_len = est.config.seq_len
