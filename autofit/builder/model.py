@@ -57,11 +57,11 @@ def decoder_projections(layer: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 
 def layer_projections(model: nn.Module) -> tuple[str, ...]:
-    """The paths of a decoder layer's projections (`decoder_projections` of the first layer;
-    every layer has the same): what `autofit.layout.Layout` resolves the quantized and adapted
-    ones from."""
-    layers = decoder_layers(model)
-    return tuple(name for name, _ in decoder_projections(layers[0])) if len(layers) else ()
+    """The paths of the decoder layers' projections (`decoder_projections` of every layer, each
+    path once, in order: a model whose layers differ, dense and MoE layers mixed, has them all):
+    what `autofit.layout.Layout` resolves the quantized and adapted ones from."""
+    found = (name for layer in decoder_layers(model) for name, _ in decoder_projections(layer))
+    return tuple(dict.fromkeys(found))
 
 
 def _logical(name: str) -> str:

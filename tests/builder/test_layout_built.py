@@ -67,3 +67,32 @@ def test_the_built_model_is_the_layout(knobs, checkpointed, quantized, adapted):
         assert len(trained) == len(list(run.model.parameters()))
     else:  # the adapters only: A and B of each adapted projection of each layer
         assert len(trained) == 2 * len(adapted) * SPEC.layers
+
+
+def test_layers_that_differ_each_get_their_own_projections_adapted():
+    # Qwen2-MoE with `mlp_only_layers=[0]`: layer 0's MLP is dense, layer 1's a sparse MoE block
+    # with a shared expert. LoRA's default targets are every linear projection of every layer
+    # (peft's all-linear), so each layer is adapted on its own projections, written out here.
+    from transformers import AutoModelForCausalLM, Qwen2MoeConfig
+
+    from autofit.builder.apply import adapt, model_layout
+
+    cfg = Qwen2MoeConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0],
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+        config = Config(lora_rank=4)
+        model = adapt(model, config, model_layout(model, config))
+    attention = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
+    expected = [
+        attention | {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"},
+        attention | {"mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                     "mlp.shared_expert.down_proj", "mlp.shared_expert_gate"},
+    ]  # fmt: skip
+    for layer, want in zip(decoder_layers(model), expected, strict=True):
+        names = {n for n, _ in layer.named_modules()}
+        adapted = {n for n, _ in decoder_projections(layer) if f"{n}.lora_A" in names}
+        assert adapted == want
