@@ -178,9 +178,9 @@ class Layout:
         """The layout of a run of these knob values on `n_gpus` GPUs, `gpus_per_node` a node
         (default: one node), of a model of `n_layers` decoder layers (0: units and checkpointed
         layers not needed) whose layers have `projections` (paths inside a layer; (): the
-        quantized and adapted ones not needed)."""
+        quantized and adapted ones not needed). `wrap` is resolved (`Config.resolved`): `auto`
+        is refused (`sharding_for`), as by every term that reads the wrap."""
         n = max(n_gpus, 1)
-        wrap = resolve_wrap(wrap, n, offload, shard)  # `auto`: what it stands for on n GPUs
         sharding = sharding_for(wrap, n)
         if sharding is Sharding.FSDP2:
             replicas, degree = mesh_shape(shard, n, gpus_per_node or n)
@@ -208,7 +208,9 @@ def layout_of(
 ) -> Layout:  # fmt: skip
     """The layout of `config` on `n_gpus` GPUs (`Layout.of`), of a model of `n_layers` decoder
     layers whose layers have `projections` (`autofit.builder.model.decoder_projections`'s paths,
-    `autofit.structure.Structure.projections`' names)."""
+    `autofit.structure.Structure.projections`' names); `wrap: auto` is what it stands for on
+    `n_gpus` (`Config.resolved`)."""
+    config = config.resolved(n_gpus)
     return Layout.of(
         wrap=config.wrap, shard=config.shard, n_gpus=n_gpus, gpus_per_node=gpus_per_node,
         n_layers=n_layers, precision=config.precision, optimizer=config.optimizer,

@@ -4,6 +4,8 @@ it)."""
 
 from __future__ import annotations
 
+import pytest
+
 from autofit.config import Config
 from autofit.layout import Layout, Sharding, layout_of
 
@@ -77,3 +79,15 @@ def test_what_is_checkpointed_quantized_and_trained_is_resolved_once():
     assert full.trains_all and full.quant is None and full.quantized == full.adapted == ()
     assert not full.fp32_trainable  # pure bf16 with torch AdamW
     assert layout_of(Config(checkpointing="every-2"), 1, n_layers=5).checkpointed == (0, 2, 4)
+
+
+def test_wrap_auto_is_what_it_stands_for_and_never_read_unresolved():
+    # the default config on one GPU is the plain module, on two FSDP2, and with param offload
+    # FSDP2 even on one (offload needs it): the README's rule for `wrap: auto`
+    assert layout_of(Config(), 1).sharding is Sharding.NONE
+    assert layout_of(Config(), 2).sharding is Sharding.FSDP2
+    assert layout_of(Config(offload="params"), 1).sharding is Sharding.FSDP2
+    # a term handed `auto` itself (not the config) would resolve it without the offload and
+    # shard beside it: it is refused, not guessed
+    with pytest.raises(ValueError, match="unresolved"):
+        Layout.of(wrap="auto", shard="all", n_gpus=1, offload="params")

@@ -216,7 +216,6 @@ def prepare(
     node (default `world`: one node). Returns the model to call and its layout."""
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False  # a KV cache changes state between forward and recompute
-    config = config.resolved(world)
     layout = model_layout(model, config, world, local_world, device.type)
     sharding = layout.sharding
     model = adapt(model, config, layout)
