@@ -213,7 +213,7 @@ def _model_state(
         k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
         foreach_intermediates,
     )  # fmt: skip
-    autocast = st.layout.autocast  # type: ignore[union-attr]
+    autocast = st.layout.autocast
     g = gathered_at_moments(
         s, st.sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
         k.train_embeddings

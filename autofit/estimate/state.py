@@ -19,9 +19,6 @@ __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
 class States(NamedTuple):
     """Bytes per GPU a config holds whatever the moment (`states`), and how it is sharded."""
 
-    sharding: Sharding
-    sharding_name: str
-    shard: int
     trainable: int
     base: float  # frozen base weights
     weights: float  # trainable weights
@@ -31,8 +28,21 @@ class States(NamedTuple):
     accum: float  # gradients kept across micro-steps
     buckets: float  # DDP's all-reduce buckets
     host: float  # offloaded to one node's host, all its ranks
-    head_grad: float = 0.0  # a trained LM head's gradient, born in the loss's backward
-    layout: Layout | None = None  # how the run holds the model (`autofit.layout`)
+    head_grad: float  # a trained LM head's gradient, born in the loss's backward
+    layout: Layout  # how the run holds the model (`autofit.layout`)
+
+    @property
+    def sharding(self) -> Sharding:
+        return self.layout.sharding
+
+    @property
+    def sharding_name(self) -> str:
+        return str(self.layout.sharding)
+
+    @property
+    def shard(self) -> int:
+        """The ranks each sharded parameter is split over (`Layout.shard`)."""
+        return self.layout.shard
 
 
 def states(
@@ -105,9 +115,8 @@ def states(
         else mem.head_grad_bytes(s, lora, embeddings, precision, optimizer, sharding, offload)
     )
     return States(
-        sharding, str(sharding), shard, trainable, base, weights, grads, opt, opt_temp, accum,
-        buckets, host, head_grad, layout,
-    )  # fmt: skip
+        trainable, base, weights, grads, opt, opt_temp, accum, buckets, host, head_grad, layout
+    )
 
 
 class Gathered(NamedTuple):
