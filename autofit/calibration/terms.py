@@ -70,7 +70,4 @@ def time_terms(est: Estimate) -> tuple[float, ...]:
 def tokens(est: Estimate) -> float:
     """Tokens per optimizer step as the estimate's tokens/s counts them (useful tokens when the
     data's lengths are known)."""
-    if est.step_tokens:
-        return float(est.step_tokens)
-    c = est.config
-    return float(c.micro_batch * c.grad_accum * max(est.n_gpus, 1) * c.seq_len)
+    return float(est.step_tokens)

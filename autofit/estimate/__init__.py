@@ -216,14 +216,12 @@ def estimate_many(
     for config in configs:
         if config.wrap == AUTO_WRAP:  # the default: what it stands for on these GPUs
             config = config.resolved(n)
-        at_peak = at_step = config
-        tokens: float = config.micro_batch * config.grad_accum * n * config.seq_len
-        padding = 0.0
         if shapes is None:  # every sequence is seq_len: each batching is the same run
             at_peak = at_step = _unbatched(config)
+            useful, padding = config.seq_len, 0.0
         else:
             at_peak, at_step, useful, padding = shapes(config)
-            tokens = config.micro_batch * config.grad_accum * n * useful
+        tokens: float = config.micro_batch * config.grad_accum * n * useful
         at_peaks.append(at_peak)
         peak = peak_of(at_peak)
         key = _TIMED_KNOBS(at_step)
