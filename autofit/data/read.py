@@ -153,7 +153,7 @@ class _Reader:
         if isinstance(first, str):
             _same_type(values, where, str, "text", self.path, field)
             lengths = self.counter(field).count_texts(values)
-        elif isinstance(first, list) and first and all(isinstance(v, dict) for v in first):
+        elif isinstance(first, list) and any(map(_is_chat, values)):  # not by the first alone
             lengths = self.counter(field).count_chats(values, self.path, where)
         elif isinstance(first, list):
             _same_type(values, where, list, "list of token ids", self.path, field)
@@ -210,6 +210,11 @@ class _Reader:
             )
         keys = sorted(self.tally)
         return LengthHistogram(tuple(keys), tuple(self.tally[k] for k in keys), str(self.path))
+
+
+def _is_chat(value: Any) -> bool:
+    """A non-empty list of dicts: a chat's messages (a list of token ids holds none)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
 
 
 def _same_type(
