@@ -1,5 +1,6 @@
 """How the `batching` knob lays a dataset's sequences out in micro-batches: the one rule the
-trials run (`micro_batches`, `longest_micro_batch`) and the estimator counts (`data_shape`).
+trials run (`micro_batches`, `longest_micro_batch`; `pack_rows` for the tensors too) and the
+estimator counts (`data_shape`).
 
 - `padded`: `micro_batch` sequences in dataset order (random draws), each row padded to the
   longest of them (right padding, as HF's `DataCollatorWithPadding`);
@@ -17,6 +18,7 @@ Every sequence is truncated to `seq_len` first. Torch-free.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -72,7 +74,13 @@ def _grouped(lengths: list[int], micro_batch: int, rng: random.Random) -> list[M
     return out
 
 
-def _packed(lengths: list[int], micro_batch: int, seq_len: int) -> list[MicroBatch]:
+def pack_rows(
+    lengths: Iterable[int], seq_len: int
+) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """The `packed` rule: `lengths` concatenated in order into rows of `seq_len` tokens, a
+    sequence that does not fit the row's rest continuing, as a document of its own, at the start
+    of the next row (a length of 0 adds nothing). The full rows, each the lengths of its
+    documents, and the last row's documents if the lengths do not fill it (else empty)."""
     rows: list[tuple[int, ...]] = []
     row: list[int] = []
     room = seq_len
@@ -85,6 +93,12 @@ def _packed(lengths: list[int], micro_batch: int, seq_len: int) -> list[MicroBat
             if room == 0:
                 rows.append(tuple(row))
                 row, room = [], seq_len
+    return rows, tuple(row)
+
+
+def _packed(lengths: list[int], micro_batch: int, seq_len: int) -> list[MicroBatch]:
+    """Full rows only (a run's packed micro-batches are all `seq_len` wide)."""
+    rows, _ = pack_rows(lengths, seq_len)
     whole = len(rows) - len(rows) % micro_batch
     return [
         MicroBatch(tuple(rows[i : i + micro_batch]), seq_len) for i in range(0, whole, micro_batch)
