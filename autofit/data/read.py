@@ -203,8 +203,7 @@ class _Reader:
                 AutofitWarning,
                 stacklevel=3,
             )
-        keys = sorted(self.tally)
-        return LengthHistogram(tuple(keys), tuple(self.tally[k] for k in keys), str(self.path))
+        return LengthHistogram.of_tally(self.tally, str(self.path))
 
 
 def _is_chat(value: Any) -> bool:
