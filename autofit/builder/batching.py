@@ -27,7 +27,7 @@ import torch
 
 from autofit.builder.loss import IGNORE_INDEX
 from autofit.data import LengthHistogram
-from autofit.data.batching import BATCHINGS, longest_micro_batch, micro_batches, pack_rows
+from autofit.data.batching import check_batching, longest_micro_batch, micro_batches, pack_rows
 
 Inputs = dict[str, torch.Tensor]
 
@@ -83,8 +83,7 @@ def collate(
     of a HF causal LM (`Applied.loss` takes them). `grouped` batches are `padded` ones; the
     grouping is the order examples come in (a length-grouped sampler, HF's
     `LengthGroupedSampler`)."""
-    if batching not in BATCHINGS:
-        raise ValueError(f"batching={batching!r}; allowed: {', '.join(BATCHINGS)}")
+    check_batching(batching)
     if batching == "packed":
         rows = pack(examples, seq_len)
         if not rows:

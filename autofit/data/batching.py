@@ -31,6 +31,12 @@ SAMPLE_ROWS = 20_000
 """Rows a `data_shape` simulates for `grouped` (a fixed seed: the same answer each time)."""
 
 
+def check_batching(batching: str) -> None:
+    """`ValueError` for a `batching` that is none of `BATCHINGS`."""
+    if batching not in BATCHINGS:
+        raise ValueError(f"batching={batching!r}; allowed: {', '.join(BATCHINGS)}")
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """One micro-batch's layout: `rows[i]` the lengths of the documents row i holds (one each
@@ -110,8 +116,7 @@ def micro_batches(
     rng: random.Random,
 ) -> list[MicroBatch]:  # fmt: skip
     """`count` micro-batches as a run over data with these lengths meets them, in order."""
-    if batching not in BATCHINGS:
-        raise ValueError(f"batching={batching!r}; allowed: {', '.join(BATCHINGS)}")
+    check_batching(batching)
     out: list[MicroBatch] = []
     while len(out) < count:
         if batching == "packed":
