@@ -172,10 +172,10 @@ def data_shape(hist: LengthHistogram, batching: str, micro_batch: int, seq_len: 
 @lru_cache(maxsize=1024)
 def _data_shape(hist: LengthHistogram, batching: str, micro_batch: int, seq_len: int) -> DataShape:
     peak = longest_micro_batch(hist, batching, micro_batch, seq_len).width
-    clipped = hist.clipped(seq_len)
-    mean_len = clipped.tokens() / clipped.examples
     if batching == "packed":
         return DataShape(peak, float(seq_len), float(seq_len))
+    clipped = hist.clipped(seq_len)
+    mean_len = clipped.tokens() / clipped.examples
     if batching == "padded":
         total, below = clipped.examples, 0
         expected = 0.0  # E[max of micro_batch draws] = sum over n of n * P(max == n)
