@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
+from autofit.data.batching import BATCHINGS
 from autofit.errors import ConfigError
 from autofit.layout import AUTO_WRAP, resolve_wrap
 from autofit.rules import rule_violation
@@ -167,7 +168,7 @@ class Config:
         "micro-batches (HF Trainer's group_by_length); packed = sequences concatenated into rows "
         "of seq_len, attention and loss kept inside each document; searched only with the "
         "data's lengths (without them every sequence is seq_len and the three are one)",
-        choices=("padded", "grouped", "packed"),
+        choices=BATCHINGS,
         label=lambda c: c.batching if c.batching != "padded" else None,
     )  # fmt: skip
     seq_len: int = knob(

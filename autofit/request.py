@@ -15,7 +15,6 @@ Torch-free: it holds only plain data types.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -132,7 +131,7 @@ class PlanRequest:
             "calibration": self.calibration,
             "budget": _plain(self.budget),
             "study": _plain(self.study),
-            "lengths": json.loads(self.lengths.to_json()) if self.lengths is not None else None,
+            "lengths": self.lengths.to_dict() if self.lengths is not None else None,
         }
 
     @classmethod
@@ -151,9 +150,7 @@ class PlanRequest:
             calibration=data.get("calibration", "auto"),
             budget=_section(SearchBudget, data.get("budget")),
             study=_section(StudyPlace, data.get("study")),
-            lengths=LengthHistogram.from_json(json.dumps(data["lengths"]))
-            if data.get("lengths")
-            else None,
+            lengths=LengthHistogram.from_dict(data["lengths"]) if data.get("lengths") else None,
         )
 
 

@@ -6,7 +6,7 @@ well under a minute)
 Writes a JSON Lines file of `examples` (default 1,000,000) short synthetic records, {"text": "w12
 w7 ..."} of 5 to 120 words from a 5,000-word vocabulary, and a word-level tokenizer built in code
 with `tokenizers` (whitespace pre-tokenizer, one token per word, saved as tokenizer.json), then
-times `autofit.data.read_lengths` over them (the reader, JSON parsing and batch encoding
+times `autofit.data.read.read_lengths` over them (the reader, JSON parsing and batch encoding
 together; the files written beforehand are not timed), with the CPU seconds of all its threads
 beside the wall time (on a shared machine the wall time is the neighbours' too: idle, it is about
 the CPU time over the cores), and checks the histogram against the word counts the generator

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from itertools import islice
 
 import torch
 
 from autofit.builder.loss import IGNORE_INDEX
 from autofit.data import LengthHistogram
-from autofit.data.batching import BATCHINGS, longest_micro_batch, micro_batches
+from autofit.data.batching import check_batching, longest_micro_batch, micro_batches, pack_rows
 
 Inputs = dict[str, torch.Tensor]
 
@@ -67,20 +68,12 @@ def packed_rows(rows: Sequence[Sequence[Sequence[int]]], seq_len: int, pad_id: i
 
 
 def pack(examples: Sequence[Sequence[int]], seq_len: int) -> list[list[list[int]]]:
-    """`examples` concatenated in order into rows of `seq_len` tokens: each row's documents (a
-    document that does not fit a row's rest continues as its own document in the next row)."""
-    rows: list[list[list[int]]] = [[]]
-    room = seq_len
-    for example in examples:
-        rest = list(example)
-        while rest:
-            if room == 0:
-                rows.append([])
-                room = seq_len
-            rows[-1].append(rest[:room])
-            room -= len(rows[-1][-1])
-            rest = rest[len(rows[-1][-1]) :]
-    return rows if rows[0] else []
+    """`examples` concatenated in order into rows of `seq_len` tokens (`pack_rows`, the rule the
+    trials and the estimate count): each row's documents, the last row's too if it is not full."""
+    docs = [list(e) for e in examples]
+    full, last = pack_rows((len(d) for d in docs), seq_len)
+    tokens = (token for doc in docs for token in doc)
+    return [[list(islice(tokens, n)) for n in row] for row in (*full, last) if row]
 
 
 def collate(
@@ -90,8 +83,7 @@ def collate(
     of a HF causal LM (`Applied.loss` takes them). `grouped` batches are `padded` ones; the
     grouping is the order examples come in (a length-grouped sampler, HF's
     `LengthGroupedSampler`)."""
-    if batching not in BATCHINGS:
-        raise ValueError(f"batching={batching!r}; allowed: {', '.join(BATCHINGS)}")
+    check_batching(batching)
     if batching == "packed":
         rows = pack(examples, seq_len)
         if not rows:

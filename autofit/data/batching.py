@@ -1,5 +1,6 @@
 """How the `batching` knob lays a dataset's sequences out in micro-batches: the one rule the
-trials run (`micro_batches`, `longest_micro_batch`) and the estimator counts (`data_shape`).
+trials run (`micro_batches`, `longest_micro_batch`; `pack_rows` for the tensors too) and the
+estimator counts (`data_shape`).
 
 - `padded`: `micro_batch` sequences in dataset order (random draws), each row padded to the
   longest of them (right padding, as HF's `DataCollatorWithPadding`);
@@ -17,6 +18,7 @@ Every sequence is truncated to `seq_len` first. Torch-free.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -27,6 +29,12 @@ GROUP_MEGABATCH = 50
 """Micro-batches per mega-batch of HF's `LengthGroupedSampler` (`mega_batch_mult` = 50)."""
 SAMPLE_ROWS = 20_000
 """Rows a `data_shape` simulates for `grouped` (a fixed seed: the same answer each time)."""
+
+
+def check_batching(batching: str) -> None:
+    """`ValueError` for a `batching` that is none of `BATCHINGS`."""
+    if batching not in BATCHINGS:
+        raise ValueError(f"batching={batching!r}; allowed: {', '.join(BATCHINGS)}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,13 @@ def _grouped(lengths: list[int], micro_batch: int, rng: random.Random) -> list[M
     return out
 
 
-def _packed(lengths: list[int], micro_batch: int, seq_len: int) -> list[MicroBatch]:
+def pack_rows(
+    lengths: Iterable[int], seq_len: int
+) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """The `packed` rule: `lengths` concatenated in order into rows of `seq_len` tokens, a
+    sequence that does not fit the row's rest continuing, as a document of its own, at the start
+    of the next row (a length of 0 adds nothing). The full rows, each the lengths of its
+    documents, and the last row's documents if the lengths do not fill it (else empty)."""
     rows: list[tuple[int, ...]] = []
     row: list[int] = []
     room = seq_len
@@ -85,6 +99,12 @@ def _packed(lengths: list[int], micro_batch: int, seq_len: int) -> list[MicroBat
             if room == 0:
                 rows.append(tuple(row))
                 row, room = [], seq_len
+    return rows, tuple(row)
+
+
+def _packed(lengths: list[int], micro_batch: int, seq_len: int) -> list[MicroBatch]:
+    """Full rows only (a run's packed micro-batches are all `seq_len` wide)."""
+    rows, _ = pack_rows(lengths, seq_len)
     whole = len(rows) - len(rows) % micro_batch
     return [
         MicroBatch(tuple(rows[i : i + micro_batch]), seq_len) for i in range(0, whole, micro_batch)
@@ -96,8 +116,7 @@ def micro_batches(
     rng: random.Random,
 ) -> list[MicroBatch]:  # fmt: skip
     """`count` micro-batches as a run over data with these lengths meets them, in order."""
-    if batching not in BATCHINGS:
-        raise ValueError(f"batching={batching!r}; allowed: {', '.join(BATCHINGS)}")
+    check_batching(batching)
     out: list[MicroBatch] = []
     while len(out) < count:
         if batching == "packed":
@@ -153,10 +172,10 @@ def data_shape(hist: LengthHistogram, batching: str, micro_batch: int, seq_len: 
 @lru_cache(maxsize=1024)
 def _data_shape(hist: LengthHistogram, batching: str, micro_batch: int, seq_len: int) -> DataShape:
     peak = longest_micro_batch(hist, batching, micro_batch, seq_len).width
-    clipped = hist.clipped(seq_len)
-    mean_len = clipped.tokens() / clipped.examples
     if batching == "packed":
         return DataShape(peak, float(seq_len), float(seq_len))
+    clipped = hist.clipped(seq_len)
+    mean_len = clipped.tokens() / clipped.examples
     if batching == "padded":
         total, below = clipped.examples, 0
         expected = 0.0  # E[max of micro_batch draws] = sum over n of n * P(max == n)

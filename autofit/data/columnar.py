@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from autofit.data.formats import BATCH
 from autofit.errors import DataError
 
 
@@ -105,7 +106,7 @@ def column_batches(path: Path, kind: str, field: str) -> Iterator[tuple[Any, int
     if kind == "parquet":
         pf = _parquet(path)
         total = pf.metadata.num_rows
-        batches: Iterator[Any] = pf.iter_batches(batch_size=10_000, columns=[field])
+        batches: Iterator[Any] = pf.iter_batches(batch_size=BATCH, columns=[field])
     else:
         total = -1
         batches = (b for p in arrow_files(path) for b in _batches_of(_open_arrow(p)))

@@ -1,11 +1,12 @@
 """A local dataset's records, in batches, whatever file holds them: JSON Lines, JSON (a list of
 records), CSV, Parquet, or a folder written by `datasets.save_to_disk` (Arrow IPC files).
 
-Each format yields `Batch`es: the records' values of one field (`Field`), with where each came
-from (`line 7`, `row 7`) for errors, and how far through the input the reader is (for the
-progress bar). Text files stream line by line; Parquet and Arrow read one column, a record batch
-at a time (pyarrow, the `autofit[data]` extra). Only a `.json` list is read whole (JSON has no
-streaming reader in the standard library). Torch-free.
+The text formats' readers (`jsonl_records`, `json_records`, `csv_records`) yield batches of
+records, each with where it came from (`line 7`, `record 7`) for errors, and how far through the
+input the reader is (for the progress bar). Text files stream line by line; only a `.json` list
+is read whole (JSON has no streaming reader in the standard library). Parquet and Arrow are read
+one column at a time (`autofit.data.columnar.column_batches`: one field's Arrow array a record
+batch at a time, with pyarrow, the `autofit[data]` extra). Torch-free.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import io
 import json
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,17 +31,6 @@ ALLOWED = (
 )
 # the fields a record's text may be found in, in the order they are looked for
 INPUT_IDS, MESSAGES, TEXT = "input_ids", "messages", "text"
-
-
-@dataclass
-class Batch:
-    """The values of one field of some records, `where[i]` naming record i for errors; `done`
-    and `total` say how far through the input (bytes or rows; `total` None: unknown)."""
-
-    values: list[Any]
-    where: list[str]
-    done: int
-    total: int | None
 
 
 def dataset_files(path: Path) -> list[tuple[Path, str]]:

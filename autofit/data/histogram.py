@@ -7,7 +7,7 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,11 @@ class LengthHistogram:
     @classmethod
     def of(cls, lengths: Iterable[int], source: str = "") -> LengthHistogram:
         """From one length per example."""
-        tally = Counter(int(n) for n in lengths)
+        return cls.of_tally(Counter(int(n) for n in lengths), source)
+
+    @classmethod
+    def of_tally(cls, tally: Mapping[int, int], source: str = "") -> LengthHistogram:
+        """From how many examples hold each length (`{length: count}`, e.g. a `Counter`)."""
         keys = tuple(sorted(tally))
         return cls(keys, tuple(tally[k] for k in keys), source)
 
@@ -53,8 +57,7 @@ class LengthHistogram:
         tally: Counter[int] = Counter()
         for n, c in self._pairs():
             tally[min(n, seq_len)] += c
-        keys = tuple(sorted(tally))
-        return LengthHistogram(keys, tuple(tally[k] for k in keys), self.source)
+        return LengthHistogram.of_tally(tally, self.source)
 
     def quantile(self, q: float) -> int:
         """The smallest length that at least a share `q` (0..1) of the examples do not exceed."""

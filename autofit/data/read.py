@@ -51,7 +51,9 @@ def read_lengths(
     them to its `seq_len`."""
     path = Path(path).expanduser()
     files = dataset_files(path)
-    sizes = [_size(f) for f, _ in files]
+    shards = progress is not None and len(files) > 1
+    # shards are files (a save_to_disk folder is a dataset's only entry): their bytes
+    sizes = [file.stat().st_size for file, _ in files] if shards else [0] * len(files)
     reader = _Reader(tokenizer, text_field)
     before = 0
     for (file, kind), size in zip(files, sizes, strict=True):
@@ -59,7 +61,7 @@ def read_lengths(
         for done, total in _read_file(reader, file, kind):
             if progress is None:
                 continue
-            if len(files) == 1:  # the file's own units: bytes, or rows
+            if not shards:  # the file's own units: bytes, or rows
                 progress(done, total)
             else:  # shards: bytes of all, each shard's share by its own units
                 progress(before + (round(size * done / total) if total else 0), sum(sizes))
@@ -78,13 +80,6 @@ def _read_file(reader: _Reader, file: Path, kind: str) -> Iterator[tuple[int, in
         for column, first, done, total in column_batches(file, kind, reader.field):
             reader.add_column(column, first)
             yield done, total if total >= 0 else None
-
-
-def _size(path: Path) -> int:
-    """Bytes of a file, or of the files in a folder."""
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 class _Reader:
@@ -153,7 +148,7 @@ class _Reader:
         if isinstance(first, str):
             _same_type(values, where, str, "text", self.path, field)
             lengths = self.counter(field).count_texts(values)
-        elif isinstance(first, list) and first and all(isinstance(v, dict) for v in first):
+        elif isinstance(first, list) and any(map(_is_chat, values)):  # not by the first alone
             lengths = self.counter(field).count_chats(values, self.path, where)
         elif isinstance(first, list):
             _same_type(values, where, list, "list of token ids", self.path, field)
@@ -208,8 +203,12 @@ class _Reader:
                 AutofitWarning,
                 stacklevel=3,
             )
-        keys = sorted(self.tally)
-        return LengthHistogram(tuple(keys), tuple(self.tally[k] for k in keys), str(self.path))
+        return LengthHistogram.of_tally(self.tally, str(self.path))
+
+
+def _is_chat(value: Any) -> bool:
+    """A non-empty list of dicts: a chat's messages (a list of token ids holds none)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
 
 
 def _same_type(

@@ -16,7 +16,7 @@ from autofit.config import Config
 from autofit.data import LengthHistogram
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
-from autofit.estimate.data import shapes_of
+from autofit.estimate.data import shapes_of, with_checked
 from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
 from autofit.estimate.speed import TIME_KEYS
 from autofit.estimate.step import step_time, step_time_terms
@@ -263,9 +263,7 @@ def _unbatched(config: Config) -> Config:
     """`config` as it runs without the data's lengths: rows of `seq_len` tokens, one sequence
     each, whatever its `batching` (a packed row of one sequence is a padded row without padding:
     no mask is built)."""
-    if config.batching == "padded":
-        return config
-    return Config.of_checked_values({**config.__dict__, "batching": "padded"})
+    return with_checked(config, "batching", "padded")
 
 
 REPLAY_BUDGET_EVENTS = 17_000

@@ -20,6 +20,7 @@ not modelled (it would only be faster).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from autofit.config import Config
 from autofit.data import LengthHistogram
@@ -30,11 +31,13 @@ Shaped = tuple[Config, Config, float, float]
 padding share)."""
 
 
-def with_seq_len(config: Config, seq_len: int) -> Config:
-    """`config` with rows of `seq_len` tokens (its values already checked)."""
-    if seq_len == config.seq_len:
+def with_checked(config: Config, name: str, value: Any) -> Config:
+    """`config` with the knob `name` at `value`, a value its declaration allows (an estimate's
+    own: the rows' width, `padded`), not checked again (`Config.of_checked_values`); `config`
+    itself when it holds that value already."""
+    if value == config.__dict__[name]:
         return config
-    return Config.of_checked_values({**config.__dict__, "seq_len": seq_len})
+    return Config.of_checked_values({**config.__dict__, name: value})
 
 
 def shapes_of(lengths: LengthHistogram) -> Callable[[Config], Shaped]:
@@ -51,6 +54,7 @@ def shapes_of(lengths: LengthHistogram) -> Callable[[Config], Shaped]:
                 shape.padding_share,
             )  # fmt: skip
         peak_len, width, useful, padding = known
-        return with_seq_len(config, peak_len), with_seq_len(config, width), useful, padding
+        at_peak = with_checked(config, "seq_len", peak_len)
+        return at_peak, with_checked(config, "seq_len", width), useful, padding
 
     return shaped

@@ -158,3 +158,26 @@ def test_a_chat_the_template_refuses_or_that_is_no_chat(tmp_path):
     result = plan("--dataset", data, "--tokenizer", folder)
     fragments = ('"messages" must be a non-empty list', 'got a message {"role": "x"}')
     assert_clean_failure(result, f"{data}, line 1", *fragments)
+
+
+def test_an_empty_chat_is_refused_whichever_record_comes_first(tmp_path):
+    """An empty `messages` list is no chat, before a real chat as after one: a record's kind is
+    not read from the first record alone (an empty list first used to count the chat as its
+    number of messages, 2, and drop the empty one with a warning)."""
+    from autofit.data.read import read_lengths
+    from autofit.errors import DataError
+    from tests.data.words import model_folder
+
+    folder = model_folder(tmp_path / "model")
+    chat = [{"role": "user", "content": "a b c"}, {"role": "assistant", "content": "d"}]
+    for name, records, line in (
+        ("empty-first.jsonl", [[], chat], 1),
+        ("chat-first.jsonl", [chat, []], 2),
+    ):
+        data = jsonl(tmp_path, "".join(json.dumps({"messages": m}) + "\n" for m in records), name)
+        with pytest.raises(DataError) as caught:
+            read_lengths(data, tokenizer=folder)
+        assert str(caught.value) == (
+            f'{data}, line {line}: "messages" must be a non-empty list of {{"role": ..., '
+            '"content": "..."} objects (a chat); got an empty list.'
+        )
