@@ -286,18 +286,19 @@ def _histogram_json(text: str, path: Path) -> LengthHistogram:
     try:
         data = json.loads(text)
         if "lengths" in data and "counts" in data:
-            return LengthHistogram(
+            hist = LengthHistogram(
                 tuple(_count(n) for n in data["lengths"]),
                 tuple(_count(n) for n in data["counts"]),
                 str(data.get("source") or path),
             )
-        pairs = sorted((_count(k), _count(v)) for k, v in data.items())
-        if not pairs:
-            problem = "it holds no lengths"
         else:
-            return LengthHistogram(
+            pairs = sorted((_count(k), _count(v)) for k, v in data.items())
+            hist = LengthHistogram(
                 tuple(k for k, _ in pairs), tuple(v for _, v in pairs), str(path)
             )
+        if hist.lengths:
+            return hist
+        problem = "it holds no lengths"
     except json.JSONDecodeError as exc:
         problem = f"line {exc.lineno}: not valid JSON ({exc.msg})"
     except (ValueError, TypeError, AttributeError) as exc:

@@ -117,6 +117,9 @@ def test_a_bad_length_file(tmp_path):
     assert_clean_failure(plan("--lengths", bad), f"{bad}, line 3: 'forty' is not a token count")
     bad = jsonl(tmp_path, '{"512": 0}', "hist.json")
     assert_clean_failure(plan("--lengths", bad), f"The length file {bad}", "0 is not a whole")
+    for empty in ("{}", '{"lengths": [], "counts": []}'):  # both forms, nothing in them
+        bad = jsonl(tmp_path, empty, "hist.json")
+        assert_clean_failure(plan("--lengths", bad), f"The length file {bad}: it holds no lengths")
 
 
 def test_json_output(tmp_path, tok):
