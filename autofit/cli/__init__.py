@@ -35,7 +35,3 @@ def main(argv: list[str] | None = None) -> None:
         err.print("Aborted.")
         code = 1
     sys.exit(code if isinstance(code, int) else 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

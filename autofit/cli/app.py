@@ -8,8 +8,8 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console, ConsoleDimensions
@@ -19,8 +19,6 @@ import autofit
 from autofit import interrupt
 from autofit.errors import AutofitError
 from autofit.interrupt import stop_signals_interrupt
-
-_Command = TypeVar("_Command", bound=Callable[..., Any])
 
 app = typer.Typer(
     add_completion=False,

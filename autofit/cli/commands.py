@@ -11,8 +11,9 @@ import autofit
 from autofit import report
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.cli.app import app, emit_json, err, fail, interrupted, out, warnings_to_stderr
-from autofit.cli.data import data_flags, data_lengths, lengths_dict
+from autofit.cli.data import data_flags, lengths_dict
 from autofit.cli.flags import JSON, checked, declared_flags, renamed, target_flags
+from autofit.data.source import data_lengths
 from autofit.errors import AutofitError
 from autofit.units import fmt_bytes
 

@@ -3,18 +3,15 @@ for every command that takes them (`data_flags`). Torch-free."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 
-from autofit.cli.flags import gathered, option
+from autofit.cli.flags import _Command, gathered, option
 from autofit.data import LengthHistogram
-from autofit.data.source import DATA_KEYWORDS, data_lengths
+from autofit.data.source import DATA_KEYWORDS
 
-__all__ = ["FLAGS", "data_flags", "data_lengths", "lengths_dict"]
-
-_Command = TypeVar("_Command", bound=Callable[..., Any])
+__all__ = ["FLAGS", "data_flags", "lengths_dict"]
 
 FLAGS = {
     "dataset": typer.Option(
