@@ -1,12 +1,13 @@
 """The knobs of a fine-tuning run, each declared once, and the rules between them.
 
 A knob is something the search varies; a setting is the user's choice, the same for every
-candidate of a plan (the LoRA alpha, targets, dropout and trained embeddings). Both are fields of
-`Config`, and each field's declaration (`knob(...)`, `setting(...)`: default, allowed values or
-least value, help, and its part of `Config.short()`'s label) is the only place that says so.
-`KNOBS`, `KNOB_HELP`, `LORA_SETTINGS`, `SETTING_HELP` and `DECLARED` are read off it; the CLI
-flags of every command (`autofit.cli`), the space file's schema (`autofit.space`), validation,
-the labels, the exports and the README's knob table (which a test compares) all read those.
+candidate of a plan (the LoRA alpha, targets, dropout and trained embeddings, and how torch
+AdamW runs its step). Both are fields of `Config`, and each field's declaration (`knob(...)`,
+`setting(...)`: default, allowed values or least value, help, and its part of `Config.short()`'s
+label) is the only place that says so. `KNOBS`, `KNOB_HELP`, `LORA_SETTINGS`, `SETTING_HELP` and
+`DECLARED` are read off it; the CLI flags of every command (`autofit.cli`), the space file's
+schema (`autofit.space_file`), validation, the labels, the exports and the README's knob table
+(which a test compares) all read those.
 Adding a knob is one field here plus its builder and estimator terms.
 """
 
@@ -383,6 +384,12 @@ def coerce_knob(name: str, value: Any, where: str = "") -> Any:
         raise ConfigError(knob_error(name, value, where)) from None
 
 
+def coerce_declared(name: str, value: Any) -> Any:
+    """One field's value checked and normalised by its declaration: a knob's by `coerce_knob`,
+    a setting's by `coerce_setting` (each a `ConfigError` naming the value and what is allowed)."""
+    return (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
+
+
 def _checked(name: str, value: Any) -> Any:
     """A field's value checked and normalised by its declaration (`coerce_knob`,
     `coerce_setting`), remembered per (name, type, value): a space makes a few hundred thousand
@@ -390,10 +397,10 @@ def _checked(name: str, value: Any) -> Any:
     try:
         return _checked_value(name, type(value), value)
     except TypeError:  # unhashable (a list of targets): checked every time
-        return (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
+        return coerce_declared(name, value)
 
 
 @lru_cache(maxsize=4096)
 def _checked_value(name: str, kind: type, value: Any) -> Any:
     # `kind` in the key: True == 1, yet a count may not be a boolean
-    return (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
+    return coerce_declared(name, value)

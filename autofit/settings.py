@@ -15,9 +15,9 @@ from typing import Any
 
 from autofit.errors import ConfigError
 
-# `train_embeddings` values: `none`, `full`, or `tokens:N` (the last N ids of the vocabulary).
 ADAPTER_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout")
 """The settings that configure LoRA's adapters: a full fine-tune has none to carry them."""
+# `train_embeddings` values: `none`, `full`, or `tokens:N` (the last N ids of the vocabulary).
 TRAIN_EMBEDDINGS = ("none", "full")
 TOKENS_PREFIX = "tokens:"
 

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 import typer
 
 from autofit.cli.app import err
-from autofit.config import DECLARED, Knob, coerce_knob
-from autofit.settings import coerce_setting
+from autofit.config import DECLARED, Knob, coerce_declared
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
@@ -161,10 +160,8 @@ def _after_gpus(names: list[str]) -> int:
 
 
 def checked(given: dict[str, Any]) -> dict[str, Any]:
-    """The flags given (`declared`), checked and normalised: knobs by `coerce_knob`, settings by
-    `coerce_setting` (each a `ConfigError` naming the flag's value and what is allowed)."""
+    """The flags given (`declared`), checked and normalised by their declarations
+    (`coerce_declared`: each a `ConfigError` naming the flag's value and what is allowed)."""
     return {
-        name: (coerce_knob if DECLARED[name].searched else coerce_setting)(name, value)
-        for name, value in given.items()
-        if value is not None
+        name: coerce_declared(name, value) for name, value in given.items() if value is not None
     }
