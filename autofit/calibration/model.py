@@ -92,17 +92,6 @@ class Observation:
     def informative(self) -> bool:
         return self.peak_bytes is not None or self.step_time_s is not None
 
-    def to_dict(self) -> dict[str, Any]:
-        from autofit.calibration.records import ObservationRecord
-
-        return ObservationRecord.of(self).model_dump(exclude={"id"})
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Observation:
-        from autofit.calibration.records import ObservationRecord
-
-        return ObservationRecord.model_validate(d).observation()
-
 
 NAPKIN_MEMORY = {
     **dict.fromkeys(MEMORY_TERMS, 1.0),

@@ -18,6 +18,7 @@ from autofit.calibration import (
     Observation,
     fit_calibration,
 )
+from autofit.calibration.records import ObservationRecord
 from autofit.config import Config
 from autofit.estimate import estimate
 from autofit.hardware import resolve_hardware
@@ -162,7 +163,7 @@ def test_observation_of_a_trial():
     assert oom.oom and oom.peak_bytes == est.usable_bytes and oom.step_time_s is None
     host = TrialResult("oom", cfg.to_dict(), "llama-debug", "cpu", 2, oom_of="host")
     assert not Observation.of(est, host).informative  # host RAM says nothing of GPU memory
-    assert Observation.from_dict(obs.to_dict()) == obs
+    assert ObservationRecord.of(obs).observation() == obs  # as the store writes and reads it
 
 
 def test_a_fitted_mode_share_never_makes_a_step_free():
