@@ -31,13 +31,12 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import platformdirs
 
-from autofit.arch.shipped import read_shipped
+from autofit.arch.shipped import arch_fields, installed_versions, read_shipped
 from autofit.files import atomic_write
 from autofit.models import ModelSpec
 from autofit.quiet import quiet_libraries
@@ -198,17 +197,12 @@ def cache_dir() -> Path:
 
 
 def _versions() -> str:
-    found = []
-    for dist in ("torch", "transformers", "peft"):
-        try:
-            found.append(f"{dist}={metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            found.append(f"{dist}=none")
-    return ";".join(found)
+    found = installed_versions().items()
+    return ";".join(f"{dist}={'none' if version is None else version}" for dist, version in found)
 
 
 def _cache_file(spec: ModelSpec) -> Path:
-    arch = {k: v for k, v in spec.to_dict().items() if k not in ("name", "description")}
+    arch = arch_fields(spec)
     text = json.dumps({"arch": arch, "versions": _versions(), "v": TRACE_VERSION}, sort_keys=True)
     return cache_dir() / f"arch-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
 

@@ -11,6 +11,7 @@ environment's is not read: the plan traces, as without it. This module imports n
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -20,29 +21,47 @@ from typing import Any
 
 from autofit.models import ModelSpec
 
-__all__ = ["SHIPPED_DIR", "arch_id", "made_with", "read_shipped", "shipped_path"]
+__all__ = [
+    "SHIPPED_DIR", "arch_fields", "arch_id", "installed_versions", "made_with", "read_shipped",
+    "shipped_path",
+]  # fmt: skip
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
 _DISTRIBUTIONS = ("torch", "transformers", "peft")
 
 
+def arch_fields(spec: ModelSpec) -> dict[str, Any]:
+    """What a trace depends on in `spec`: every field but its name and description."""
+    return {k: v for k, v in spec.to_dict().items() if k not in ("name", "description")}
+
+
 def arch_id(spec: ModelSpec) -> str:
-    """The hash of what a trace depends on in `spec`: every field but its name and description."""
-    arch = {k: v for k, v in spec.to_dict().items() if k not in ("name", "description")}
-    return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:20]
+    """The hash of `spec`'s `arch_fields`."""
+    return hashlib.sha256(json.dumps(arch_fields(spec), sort_keys=True).encode()).hexdigest()[:20]
+
+
+@functools.cache
+def installed_versions() -> dict[str, str | None]:
+    """The installed torch, transformers and peft versions a trace depends on (None: not
+    installed), looked up once per process."""
+    found: dict[str, str | None] = {}
+    for dist in _DISTRIBUTIONS:
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
 
 
 def made_with(trace_version: int) -> dict[str, Any]:
     """The versions a shipped trace is valid for: torch, transformers and peft as released (the
     local label of a build, `+cpu` or `+cu130`, dropped: traces run on CPU fake tensors, where
     every build runs the same kernels' shapes) and autofit's trace format (`TRACE_VERSION`)."""
-    found: dict[str, Any] = {}
-    for dist in _DISTRIBUTIONS:
-        try:
-            found[dist] = metadata.version(dist).split("+", 1)[0]
-        except metadata.PackageNotFoundError:
-            found[dist] = None
+    found: dict[str, Any] = {
+        dist: version.split("+", 1)[0] if version is not None else None
+        for dist, version in installed_versions().items()
+    }
     found["trace_version"] = trace_version
     return found
 
