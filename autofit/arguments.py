@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autofit.config import KNOBS, LORA_SETTINGS, Config
+from autofit.config import Config
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError, ConfigError, HardwareError
 
@@ -16,12 +16,10 @@ def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
     """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`), its
     `train_embeddings` checked against `spec`'s vocabulary, its `shard` against `hw`'s nodes, and
     no LoRA setting without LoRA."""
-    from autofit.config import coerce_knob
+    from autofit.config import check_known
     from autofit.rules import lora_settings_unused, shard_unavailable
 
-    unknown = set(knobs) - set(KNOBS) - set(LORA_SETTINGS)
-    if unknown:
-        coerce_knob(sorted(unknown)[0], None)  # raises a clear ConfigError
+    check_known(knobs)
     config = Config(**knobs)
     check_train_embeddings(config.train_embeddings, spec)
     problem = lora_settings_unused(config.settings(), [config.lora_rank])

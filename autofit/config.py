@@ -14,7 +14,7 @@ Adding a knob is one field here plus its builder and estimator terms.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -281,9 +281,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "") -> Config:
-        unknown = set(data) - set(KNOBS) - set(LORA_SETTINGS)
-        if unknown:
-            coerce_knob(sorted(unknown)[0], None, where)  # raises with a did-you-mean hint
+        check_known(data, where)
         values = {k: coerce_knob(k, v, where) for k, v in data.items() if k in KNOBS}
         for name in LORA_SETTINGS:
             if data.get(name) is not None:
@@ -382,6 +380,14 @@ def coerce_knob(name: str, value: Any, where: str = "") -> Any:
         return adapter.validate_python(value)
     except ValidationError:
         raise ConfigError(knob_error(name, value, where)) from None
+
+
+def check_known(names: Iterable[str], where: str = "") -> None:
+    """Every name a knob or a setting; else the `ConfigError` of the first unknown one (sorted),
+    with a did-you-mean hint (`coerce_knob`)."""
+    unknown = set(names) - set(KNOBS) - set(LORA_SETTINGS)
+    if unknown:
+        coerce_knob(sorted(unknown)[0], None, where)
 
 
 def coerce_declared(name: str, value: Any) -> Any:
