@@ -228,7 +228,7 @@ def _run(
         "warmup": warmup,
     }
     if lengths is not None:
-        payload["lengths"] = json.loads(lengths.to_json())
+        payload["lengths"] = lengths.to_dict()
     guard.sweep_orphans(WORKER_MODULE)
     guard.sweep_stale_workdirs()
     held = device_lock(device, per_node, on_wait) if lock else contextlib.nullcontext()
