@@ -169,27 +169,6 @@ def run_trials(
     """
     if rendezvous is not None and len(configs) != 1:
         raise ValueError("a trial across nodes runs one config (run_trial)")
-    return _run(model, list(configs), nprocs, device, gpu_memory, steps, warmup, timeout_s,
-                on_progress, on_wait, rendezvous, abort, lock, on_result, lengths)  # fmt: skip
-
-
-def _run(
-    model: str | ModelSpec,
-    configs: list[Config],
-    nprocs: int,
-    device: str,
-    gpu_memory: int | None,
-    steps: int,
-    warmup: int,
-    timeout_s: float,
-    on_progress: Callable[[dict[str, Any]], None] | None,
-    on_wait: Callable[[str, str], None] | None,
-    rendezvous: Rendezvous | None,
-    abort: Callable[[], str | None] | None,
-    lock: bool,
-    on_result: Callable[[int, TrialResult], None] | None = None,
-    lengths: LengthHistogram | None = None,
-) -> list[TrialResult]:
     start = time.monotonic()
     configs = [c.resolved(nprocs) for c in configs]  # `wrap: auto` as it runs on these devices
     results = [
