@@ -74,7 +74,9 @@ def winner_reason(
     """Why `best` won, against `others` (ranked best first): its speed beside the runner-up's,
     the first of `others` that differs in a knob of the recipe (`RECIPE_KNOBS`: the next row of
     the plan's table), and, when estimates tie (within `TIE_TOLERANCE`), that they do and how
-    the tie was broken (`TIE_BREAK`). Every tokens/s is the whole run's, all GPUs together."""
+    the tie was broken (the plainest config first, then the lower peak: the short form of
+    `TIE_BREAK`, which the plan's table prints whole). Every tokens/s is the whole run's, all GPUs
+    together."""
     what = "measured" if measured else "estimated"
     speed = fmt_tokens_per_s(best.tokens_per_s, hardware.n_gpus, device)
     if not others:
