@@ -12,11 +12,10 @@ fails, with the rank's error and traceback, which always show) unless the planne
 
 from __future__ import annotations
 
-import os
 import sys
 
 from autofit.quiet import quiet_libraries
-from autofit.trials.guard import guard_trial_process
+from autofit.trials.guard import exit_now, guard_trial_process
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,9 +26,7 @@ def main(argv: list[str] | None = None) -> None:
         run_rank(argv)
     # The results are written and the process group is gone: leave without the interpreter's
     # teardown, which takes 1-2 s with torch and transformers loaded, at every launch.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now(0)
 
 
 if __name__ == "__main__":
