@@ -32,8 +32,9 @@ def no_trial_may_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a trial ran although the input was refused up front")
 
-    # where every trial starts (`run_trial` and `run_trials`), whoever imported them by name
-    monkeypatch.setattr("autofit.trials.launcher._run", refuse)
+    # where every launch of a trial starts (`run_trial` and `run_trials`), whoever imported them
+    # by name
+    monkeypatch.setattr("autofit.trials.launcher._launch", refuse)
     monkeypatch.setattr("autofit.hardware.cpu_cores", lambda: 2)
     monkeypatch.chdir(tmp_path)
 

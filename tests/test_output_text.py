@@ -15,6 +15,7 @@ import autofit
 from autofit.calibration.model import NAPKIN_MEMORY, NAPKIN_SPEED, Calibration
 from autofit.calibration.sweep import CalibrationRun
 from autofit.cli import app
+from autofit.data import LengthHistogram
 from autofit.report import calibration_report, plan_table
 from autofit.report.ranked import shown_rows
 from tests.test_report_text import rendered
@@ -150,6 +151,26 @@ def test_estimate_advice_names_only_changes_the_estimate_says_fit():
         "llama-7b", "1xrtx3090", seq_len=512, loss="chunked"
     ).within_capacity
     assert "--loss chunked" not in flat
+
+
+def test_estimate_advice_on_the_datas_lengths_is_estimated_on_them(tmp_path):
+    # Llama-3.1-8B fully fine-tuned on one 22.5 GiB A10G at micro-batch 4 of seq_len 4096; the
+    # data's longest example is 1024 tokens, so its longest micro-batch holds a quarter of the
+    # activations of 4 x 4096: NF4 with LoRA fits on the data, not at 4 x 4096 tokens
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("256\n" * 9 + "1024\n")
+    knobs = {"seq_len": 4096, "micro_batch": 4, "lora_rank": 0, "checkpointing": "full"}
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in knobs.items()]
+    result = cli(
+        "estimate", "-m", "llama-3.1-8b", "-g", "1xa10g", *flags, "--lengths", str(lengths)
+    )
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.stdout.split())
+    assert "Next step, each of which fits by the estimate: --quant nf4 --lora-rank 16." in flat
+    data = LengthHistogram.of([256] * 9 + [1024])
+    nf4 = {**knobs, "quant": "nf4", "lora_rank": 16}
+    assert autofit.estimate("llama-3.1-8b", "1xa10g", lengths=data, **nf4).within_capacity
+    assert not autofit.estimate("llama-3.1-8b", "1xa10g", **nf4).within_capacity
 
 
 def test_at_one_mib_nothing_is_proposed_and_it_says_why():

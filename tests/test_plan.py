@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+import autofit
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.errors import HardwareError
 from autofit.hardware import GPU, Hardware, resolve_gpus
 from autofit.models import PRESETS
@@ -13,6 +17,7 @@ from autofit.plan import (
     PruneReason,
     estimate_space,
     plan_estimates,
+    prune_reason,
     rank_key,
     winner_reason,
 )
@@ -81,6 +86,31 @@ def test_nothing_fits_gives_advice_instead_of_a_winner():
     # NF4 holds Llama-2-70B's 69e9 weights in 0.5 B each plus scales: over 32 GiB, more than the
     # 24 GiB card, so a QLoRA space would not fit either and is not proposed
     assert "--space qlora" not in plan.advice
+
+
+def test_advice_on_the_datas_lengths_names_what_fits_on_them():
+    # Llama-3.1-8B fully fine-tuned on one 22.5 GiB A10G at micro-batch 4 of seq_len 4096: the
+    # nearest config offloads its 8e9 parameters' master weights, gradients and AdamW state
+    # (about 60 GiB) to the 64 GiB host, more than the host can give. NF4 with LoRA leaves
+    # little to offload, but at 4 x 4096 tokens its activations still overflow the card. The
+    # data's longest example is 1024 tokens, so its longest micro-batch is 4 x 1024: a quarter
+    # of the activations, and NF4 alone fits.
+    data = LengthHistogram((256, 1024), (9, 1))
+    full = load_space("full")
+    space = dataclasses.replace(full, knobs={**full.knobs, "micro_batch": (4,)})
+    hw = resolve_gpus("1xa10g")
+    request = PlanRequest.of(PRESETS["llama-3.1-8b"], hw, space, seq_len=4096, lengths=data)
+    plan = plan_estimates(request)
+    assert plan.best is None
+    nearest = Config(seq_len=4096, micro_batch=4, lora_rank=0, wrap="layer",
+                     checkpointing="full", offload="params", precision="bf16")  # fmt: skip
+    assert f"Nearest: '{nearest.short()}'" in plan.advice
+    assert "a space with quant nf4 (--space qlora)" in plan.advice
+    nf4 = nearest.replace(quant="nf4", lora_rank=16).to_dict()
+    on_data = autofit.estimate("llama-3.1-8b", "1xa10g", lengths=data, **nf4)
+    assert prune_reason(on_data, request.margin, hw) is None
+    as_if_seq_len = autofit.estimate("llama-3.1-8b", "1xa10g", **nf4)
+    assert prune_reason(as_if_seq_len, request.margin, hw) is not None
 
 
 def test_gpus_without_bf16_are_pruned_with_that_reason():

@@ -129,7 +129,7 @@ def estimate(
         emit_json({**est.to_dict(), **lengths_dict(hist, seq_len)})
         return
     wrap = knobs.get("wrap", "auto")
-    report.estimate_report(out, spec, hw, est, target["device"], requested_wrap=wrap)
+    report.estimate_report(out, spec, hw, est, target["device"], requested_wrap=wrap, lengths=hist)
     if hist is not None:
         out.print(report.lengths_line(hist, seq_len), markup=False)
 

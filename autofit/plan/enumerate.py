@@ -143,6 +143,6 @@ def plan_estimates(request: PlanRequest) -> Plan:
     else:
         plan.advice = infeasible_advice(
             r.model, r.hardware, r.space, rejected, r.seq_len, r.global_batch, r.margin,
-            r.device, skipped=pruned,
+            r.device, skipped=pruned, lengths=r.lengths,
         )  # fmt: skip
     return plan

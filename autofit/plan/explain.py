@@ -20,6 +20,7 @@ from autofit.space import Space
 from autofit.units import fmt_bytes, fmt_size, fmt_tokens_per_s
 
 if TYPE_CHECKING:
+    from autofit.data import LengthHistogram
     from autofit.plan.types import Candidate, Plan
     from autofit.request import PlanRequest
 
@@ -73,7 +74,9 @@ def winner_reason(
     """Why `best` won, against `others` (ranked best first): its speed beside the runner-up's,
     the first of `others` that differs in a knob of the recipe (`RECIPE_KNOBS`: the next row of
     the plan's table), and, when estimates tie (within `TIE_TOLERANCE`), that they do and how
-    the tie was broken (`TIE_BREAK`). Every tokens/s is the whole run's, all GPUs together."""
+    the tie was broken (the plainest config first, then the lower peak: the short form of
+    `TIE_BREAK`, which the plan's table prints whole). Every tokens/s is the whole run's, all GPUs
+    together."""
     what = "measured" if measured else "estimated"
     speed = fmt_tokens_per_s(best.tokens_per_s, hardware.n_gpus, device)
     if not others:
@@ -210,10 +213,12 @@ def infeasible_advice(
     margin: float,
     device: str,
     skipped: Counter[str] | None = None,
+    lengths: LengthHistogram | None = None,
 ) -> str:
     """Nothing fits: name the nearest candidate, what dominates its memory, and what would help.
     `rejected`: the candidates ruled out by memory; `skipped`: combinations the space's rules
-    (and --global-batch) skipped, by reason, for when there is no candidate at all."""
+    (and --global-batch) skipped, by reason, for when there is no candidate at all; `lengths`:
+    the data's sequence lengths, which every change is estimated on (as the candidates were)."""
     gpu = hardware.smallest_gpu
     if not gpu.bf16:
         return (
@@ -256,19 +261,19 @@ def infeasible_advice(
     if host_bound:
         need = est.host_bytes / HOST_RAM_USABLE
         tips.append(f"a host with at least {fmt_bytes(need)} of RAM")
-    n = more_gpus_that_fit(model, hardware, nearest.config, device, fits)
+    n = more_gpus_that_fit(model, hardware, nearest.config, device, fits, lengths)
     if n is not None:
         tips.append(f"{n} GPUs of this kind")
     seq = seq_len
     while seq > 128:
         seq //= 2
         cfg = nearest.config.replace(seq_len=seq)
-        if fits(estimate(model, hardware, cfg, device=device), hardware):
+        if fits(estimate(model, hardware, cfg, device=device, lengths=lengths), hardware):
             tips.append(f"--seq-len {seq}")
             break
     knobs = space.knobs
     # the changes the space lacks (what it holds was estimated already), each checked
-    fitting, together = fitting_changes(model, hardware, nearest.config, device, fits)
+    fitting, together = fitting_changes(model, hardware, nearest.config, device, fits, lengths)
     tips += [
         f"a space with {c.space}"
         for c in fitting

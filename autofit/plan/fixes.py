@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.estimate import Estimate, estimate, estimate_many
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
@@ -62,16 +63,17 @@ def changes_for(cfg: Config) -> list[Change]:
 
 
 def fitting_changes(
-    model: ModelSpec, hardware: Hardware, cfg: Config, device: str, fits: Fits
-) -> tuple[list[Change], Change | None]:
+    model: ModelSpec, hardware: Hardware, cfg: Config, device: str, fits: Fits,
+    lengths: LengthHistogram | None = None,
+) -> tuple[list[Change], Change | None]:  # fmt: skip
     """The changes of `changes_for` that make `cfg` fit by the estimate, each alone (of the
     micro-batches, the largest that fits); and, when none does alone, all of them together if
-    that fits (else None)."""
+    that fits (else None). `lengths`: the data's sequence lengths the estimates read."""
     changes = changes_for(cfg)
     configs = [cfg.replace(**c.knobs) for c in changes]
     fitting, smaller = [], False
-    for change, est in zip(changes, estimate_many(model, hardware, configs, device=device),
-                           strict=True):  # fmt: skip
+    ests = estimate_many(model, hardware, configs, device=device, lengths=lengths)
+    for change, est in zip(changes, ests, strict=True):
         if not fits(est, hardware):
             continue
         if "micro_batch" in change.knobs:
@@ -84,21 +86,23 @@ def fitting_changes(
     knobs: dict[str, Any] = {}
     for change in changes:  # the smallest micro-batch and param offload come last of their kind
         knobs.update(change.knobs)
-    if fits(estimate(model, hardware, cfg.replace(**knobs), device=device), hardware):
+    together = cfg.replace(**knobs)
+    if fits(estimate(model, hardware, together, device=device, lengths=lengths), hardware):
         return [], Change(knobs)
     return [], None
 
 
 def more_gpus_that_fit(
-    model: ModelSpec, hardware: Hardware, cfg: Config, device: str, fits: Fits
-) -> int | None:
+    model: ModelSpec, hardware: Hardware, cfg: Config, device: str, fits: Fits,
+    lengths: LengthHistogram | None = None,
+) -> int | None:  # fmt: skip
     """The fewest GPUs of this kind (a multiple of today's, up to 64x) on which `cfg` fits by the
-    estimate, or None."""
+    estimate (on the data's `lengths`, when known), or None."""
     gpus = hardware.gpus
     for k in MORE_GPUS:
         n = len(gpus) * k
         more = replace(hardware, gpus=tuple(replace(gpus[0], index=i) for i in range(n)))
-        if fits(estimate(model, more, cfg, device=device), more):
+        if fits(estimate(model, more, cfg, device=device, lengths=lengths), more):
             return n
     return None
 

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autofit.arch import structure_of
+from autofit.data import LengthHistogram
 from autofit.estimate import Estimate
 from autofit.hardware import Hardware
 from autofit.layout import AUTO_WRAP
@@ -62,9 +63,10 @@ def estimate_report(
     est: Estimate,
     device: str = "cuda",
     requested_wrap: str | None = None,
+    lengths: LengthHistogram | None = None,
 ) -> None:
     """`autofit estimate`'s report; `requested_wrap`: the wrap asked for (`auto` when none was
-    named), shown beside the one it became."""
+    named), shown beside the one it became; `lengths`: the data's, which `est` was made on."""
     cfg = est.config
     console.print(
         f"[bold]{model.name}[/] ({fmt_count(structure_of(model).n_params)} params) on "
@@ -115,12 +117,19 @@ def estimate_report(
             highlight=False,
         )
     if not est.within_capacity:
-        console.print(next_step(model, hw, est, device), markup=False, highlight=False)
+        console.print(next_step(model, hw, est, device, lengths), markup=False, highlight=False)
 
 
-def next_step(model: ModelSpec, hw: Hardware, est: Estimate, device: str) -> str:
+def next_step(
+    model: ModelSpec,
+    hw: Hardware,
+    est: Estimate,
+    device: str,
+    lengths: LengthHistogram | None = None,
+) -> str:
     """What would make an estimate that does not fit fit: only the changes the estimate says
-    fit (`autofit.plan.fixes`), or that nothing does."""
+    fit (`autofit.plan.fixes`, estimated on the data's `lengths` as `est` was), or that nothing
+    does."""
     from autofit.plan.fixes import fitting_changes, more_gpus_that_fit, too_small
 
     cfg = est.config
@@ -131,11 +140,11 @@ def next_step(model: ModelSpec, hw: Hardware, est: Estimate, device: str) -> str
     def fits(e: Estimate, _: Hardware) -> bool:
         return e.within_capacity
 
-    fitting, together = fitting_changes(model, hw, cfg, device, fits)
+    fitting, together = fitting_changes(model, hw, cfg, device, fits, lengths)
     tips = [c.flags for c in fitting]
     if together is not None:
         tips.append(f"all of {together.flags}")
-    n = more_gpus_that_fit(model, hw, cfg, device, fits)
+    n = more_gpus_that_fit(model, hw, cfg, device, fits, lengths)
     if n is not None:
         tips.append(f"{n} GPUs of this kind")
     if not tips:

@@ -96,5 +96,5 @@ def no_winner_advice(
 def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str:
     return infeasible_advice(
         s.model, s.hardware, s.space, rejected, s.seq_len, s.global_batch, s.margin, s.device,
-        skipped=cands.counts,
+        skipped=cands.counts, lengths=s.lengths,
     )  # fmt: skip

@@ -65,6 +65,13 @@ _ADDED_KNOBS = ("loss", "compile", "shard", "batching")
 study name it had before they existed."""
 
 
+def runs_of(space: Space, hardware: Hardware, data: bool) -> dict[str, tuple[Any, ...]]:
+    """The space's values that make different runs on `hardware` (`Space.knobs_on`: on one node
+    `shard: all` alone, `wrap: auto` as what it stands for on these GPUs, and `batching` only
+    with the data's lengths): what names a study and what a resumed study must match."""
+    return space.knobs_on(hardware.nodes, hardware.n_gpus, data=data)
+
+
 def default_study_name(
     model: ModelSpec,
     hardware: Hardware,
@@ -95,9 +102,7 @@ def default_study_name(
         "device": device,
         "space": {  # the values that make different runs here: on one node, `shard: all` alone
             k: list(v)
-            for k, v in space.knobs_on(
-                hardware.nodes, hardware.n_gpus, data=lengths is not None
-            ).items()
+            for k, v in runs_of(space, hardware, lengths is not None).items()
             if not (k in _ADDED_KNOBS and v == (getattr(Config(), k),))
         },
         "seq_len": seq_len,
@@ -220,8 +225,8 @@ def check_metadata(study: optuna.Study, request: PlanRequest) -> None:
         )
     # the values that make different runs here (a space stored before `batching` existed lists
     # none, which is the one value it has without the data's lengths)
-    nodes, data = request.hardware.nodes, request.lengths is not None
-    if old.space.knobs_on(nodes, data=data) != request.space.knobs_on(nodes, data=data):
+    hardware, data = request.hardware, request.lengths is not None
+    if runs_of(old.space, hardware, data) != runs_of(request.space, hardware, data):
         raise AutofitError(
             f"Study {study.study_name!r} was made for a different search space. Drop --study, "
             "or pass a new --study name."

@@ -1,8 +1,9 @@
 """Real trials: a few training steps of one config in fresh processes, measured.
 
-`run_trial` launches one (torchrun under a guard, `launcher.py`), `run_trials` several configs of
-one model in one launch; each rank runs `worker.py`, which sets the model up with
-`autofit.builder` exactly as `autofit.apply` does for a user.
+`run_trial` launches one (`launcher.py`: one rank as a plain process, several under torchrun,
+every process guarded), `run_trials` several configs of one model in one launch; each rank
+runs `worker.py`, which sets the model up with `autofit.builder` exactly as `autofit.apply` does
+for a user.
 `TrialResult` is what comes back. Importing this package does not import torch; only the worker
 does.
 """

@@ -39,6 +39,7 @@ import optuna
 
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
 from autofit.models import ModelSpec, resolve_model
 from autofit.trials.channel import (
@@ -151,6 +152,8 @@ class Cluster(Channel):
             "model": asdict(spec), "config": config.to_dict(),
             **{k: kwargs[k] for k in ("device", "gpu_memory", "steps", "warmup") if k in kwargs},
         }  # fmt: skip
+        if kwargs.get("lengths") is not None:  # every node's ranks draw the same batches
+            payload["lengths"] = kwargs["lengths"].to_dict()
         with reserved_port() as port:  # held until this node's torchrun is done with it
             endpoint = f"{endpoint_host()}:{port}"
             self._put("launch", self.session, value={
@@ -290,6 +293,7 @@ class Cluster(Channel):
         self._put("ack", self.session, seq, self.node_rank, value=self._me())
         leader = self._attrs().get(f"beat:{self.session}:0") or {}
         payload = launch["payload"]
+        lengths = payload.get("lengths")
         rdzv = Rendezvous(self.nodes, launch["endpoint"], launch["run_id"], False,
                           launch["join_timeout"])  # fmt: skip
         result = self.launch(
@@ -298,6 +302,7 @@ class Cluster(Channel):
             gpu_memory=payload.get("gpu_memory"), steps=payload.get("steps", 3),
             warmup=payload.get("warmup", 1), timeout_s=launch["timeout_s"], rendezvous=rdzv,
             abort=self._watch(seq),
+            lengths=LengthHistogram.from_dict(lengths) if lengths is not None else None,
             lock=leader.get("host") != hostname(),  # on node 0's host, its part holds the lock
         )  # fmt: skip
         self._report(seq, result)

@@ -1,4 +1,5 @@
-"""Launch trials as `torchrun` subprocess (one process per device) and read their JSON results.
+"""Launch trials as subprocesses (one process per device: a plain `python` process for one rank,
+`torchrun` for several) and read their JSON results.
 
 `run_trial` runs one config; `run_trials` runs several configs of one model on the same devices in
 one launch, one after the other (the processes' start and imports, most of a small trial's time,
@@ -12,7 +13,9 @@ The caller always survives: an OOM on any rank is status `oom` (of the GPU or of
 past `timeout_s` is killed with every process it started and is `timeout`, anything else is
 `error` with the first rank's error and the last lines of stderr. Trials on one host take turns on
 their devices (`devlock`), and every process of a trial dies with the caller however the caller
-dies (`guard`). torchrun picks its own free port (`--standalone`), so there is no port race.
+dies (`guard`). A launch of several ranks on one node lets torchrun pick its own free port
+(`--standalone`), and a one-rank worker meets in a store of its own (`rank.join_group`), so there
+is no port race.
 
 A trial that spans nodes (`rendezvous`) starts this node's part: torchrun joins the others through
 the c10d rendezvous node 0 hosts (`autofit.trials.cluster` says who starts what, and when).
@@ -169,27 +172,6 @@ def run_trials(
     """
     if rendezvous is not None and len(configs) != 1:
         raise ValueError("a trial across nodes runs one config (run_trial)")
-    return _run(model, list(configs), nprocs, device, gpu_memory, steps, warmup, timeout_s,
-                on_progress, on_wait, rendezvous, abort, lock, on_result, lengths)  # fmt: skip
-
-
-def _run(
-    model: str | ModelSpec,
-    configs: list[Config],
-    nprocs: int,
-    device: str,
-    gpu_memory: int | None,
-    steps: int,
-    warmup: int,
-    timeout_s: float,
-    on_progress: Callable[[dict[str, Any]], None] | None,
-    on_wait: Callable[[str, str], None] | None,
-    rendezvous: Rendezvous | None,
-    abort: Callable[[], str | None] | None,
-    lock: bool,
-    on_result: Callable[[int, TrialResult], None] | None = None,
-    lengths: LengthHistogram | None = None,
-) -> list[TrialResult]:
     start = time.monotonic()
     configs = [c.resolved(nprocs) for c in configs]  # `wrap: auto` as it runs on these devices
     results = [
@@ -228,7 +210,7 @@ def _run(
         "warmup": warmup,
     }
     if lengths is not None:
-        payload["lengths"] = json.loads(lengths.to_json())
+        payload["lengths"] = lengths.to_dict()
     guard.sweep_orphans(WORKER_MODULE)
     guard.sweep_stale_workdirs()
     held = device_lock(device, per_node, on_wait) if lock else contextlib.nullcontext()
@@ -299,10 +281,10 @@ def _launch(
     abort: Callable[[], str | None] | None = None,
     settle: Callable[[int], None] | None = None,
 ) -> int:
-    """Run torchrun for this node's `nprocs` ranks (all of them without `rendezvous`) over the
-    payload's configs; fill in `results` (one per config, `settle(i)` told as each is final) and
-    return how many are settled: all of them, or those before the first that failed and that one
-    (the rest must run again)."""
+    """Start this node's `nprocs` ranks (all of them without `rendezvous`: one rank as a plain
+    process, several under torchrun) over the payload's configs; fill in `results` (one per
+    config, `settle(i)` told as each is final) and return how many are settled: all of them, or
+    those before the first that failed and that one (the rest must run again)."""
     settle = settle or (lambda _i: None)
     spec_path, out_path = workdir / "spec.json", workdir / "result.json"
     spec_path.write_text(json.dumps(payload))

@@ -111,7 +111,7 @@ def step_batches(
         batch = synthetic_batch(spec, config, rank, device)
         tokens = config.micro_batch * config.grad_accum * config.seq_len
         return [([batch] * config.grad_accum, tokens)] * steps
-    hist = LengthHistogram.from_json(json.dumps(lengths))
+    hist = LengthHistogram.from_dict(lengths)
     drawn = drawn_micro_batches(
         hist, config.batching, config.micro_batch, config.seq_len, spec.vocab,
         steps * config.grad_accum, seed=1234 + rank, longest_at=longest_step * config.grad_accum,
@@ -268,7 +268,7 @@ def run(
     measured = times[warmup:] or times
     step_time = statistics.median(measured)
     tokens_per_s = config.micro_batch * config.grad_accum * config.seq_len * world / step_time
-    if spec.get("lengths"):  # useful tokens (padding excluded) of the measured steps, all ranks
+    if lengths:  # useful tokens (padding excluded) of the measured steps, all ranks
         useful = [n for _, n in plan[warmup:]] if times[warmup:] else [n for _, n in plan]
         useful_t = torch.tensor([float(sum(useful))], dtype=torch.float64, device=device)
         dist.all_reduce(useful_t, op=dist.ReduceOp.SUM)

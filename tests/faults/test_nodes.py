@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.search import study as st
 from autofit.trials.channel import PREFIX
 from autofit.trials.cluster import Cluster, NodeLost
@@ -186,6 +187,29 @@ def test_node_0_announces_each_launch_and_the_other_node_joins_its_rendezvous(
             {(2, 2, 1, 256 << 20)},
             {(2, 2, 3, 256 << 20)},
         )
+
+
+def test_every_node_draws_its_batches_from_the_same_lengths(tmp_path: Path) -> None:
+    """A trial on data: node 0's ranks draw their micro-batches from the lengths (one extra
+    warm-up step, one more all_reduce), so every other node's ranks must too, or their
+    collectives do not match."""
+    storage, _study = _channel(tmp_path)
+    calls: list[dict] = []  # type: ignore[type-arg]
+    leader = Cluster(storage, "c", 2, 0, launch=_fake_launch(calls))
+    follower = Cluster(storage, "c", 2, 1, launch=_fake_launch(calls))
+    leader.lead(gpus_per_node=1)
+    thread = threading.Thread(target=follower.follow, args=(lambda s, r: None, lambda p: []))
+    thread.start()
+    data = LengthHistogram((12, 32, 50), (9, 3, 1), "data.jsonl")
+    result = leader.run_trial("llama-debug", Config(), nprocs=2, device="cpu", steps=1,
+                              timeout_s=30, lengths=data)  # fmt: skip
+    leader.finish()
+    thread.join(timeout=10)
+    assert result.ok and not thread.is_alive()
+    assert sorted((c["rdzv"].is_host, c.get("lengths")) for c in calls) == [
+        (False, data),
+        (True, data),
+    ]
 
 
 def test_a_node_that_never_joins_stops_the_search(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy
 
 from autofit.errors import AutofitError
+from autofit.hardware import resolve_hardware
 from autofit.models import resolve_model
 from autofit.report.run_folder import write_run_folder
 from autofit.search import driver, load_study_plan, search
@@ -254,6 +255,21 @@ def test_default_study_name_is_stable_and_names_the_setting(search_kwargs):
     c = st.default_study_name(kw["model"], kw["hardware"], kw["space"], 128, None, "cpu")
     assert a == b != c
     assert a.startswith("llama-debug-2xcpu-gloo-tiny_space-s64-")
+
+
+def test_a_space_listing_what_wrap_auto_stands_for_resumes_the_same_study(fake, search_kwargs):
+    # on one GPU `wrap: auto` is the plain module, `wrap: none` (layout.resolve_wrap, README's
+    # knob table): the two spaces make the same runs, so they name and resume the same study
+    one = resolve_hardware("1", device="cpu", gpu_memory=112 * MiB)
+    kw = {**search_kwargs, "hardware": one, "gpu_memory": 112 * MiB}
+    space = kw["space"]
+    auto, plain = (replace(space, knobs={**space.knobs, "wrap": (w,)}) for w in ("auto", "none"))
+    first = search(run_trial=fake, **{**kw, "space": auto})
+    calls = len(fake.calls)
+    again = search(run_trial=fake, **{**kw, "space": plain})
+    assert again.study_name == first.study_name and again.storage == first.storage
+    assert again.best.config == first.best.config and first.best.config.wrap == "none"
+    assert len(fake.calls) == calls  # its trials were measured already
 
 
 class Turns:
