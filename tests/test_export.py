@@ -626,6 +626,37 @@ def test_the_adamw_implementation_reaches_every_export(one_gpu_plan, tmp_path, i
         assert note is None or note in text
 
 
+def test_a_cpu_plans_trainer_export_names_the_for_loop_adamw_the_trial_stepped(tmp_path):
+    # A CPU trial's AdamW (`optimizer_impl: auto`) is torch's for-loop: its builder passes
+    # foreach=False and no fused. HF Trainer has no for-loop name; its adamw_torch leaves torch
+    # its default, the for-loop on CPU tensors. adamw_torch_fused (fused=True) is not what ran.
+    import torch
+    from transformers import Trainer
+
+    from autofit.builder.apply import build_for_trial
+    from autofit.layout import layout_of
+
+    spec = resolve_model("llama-debug")
+    plan = plan_estimates(PlanRequest.of(
+        spec, resolve_hardware("1", device="cpu", gpu_memory="1GiB"), load_space("qlora"),
+        seq_len=64, global_batch=4, device="cpu",
+    ))  # fmt: skip
+    with winner(plan, wrap="none", quant="none", lora_rank=8, optimizer="adamw") as best:
+        tpath, side = export_plan(plan, "trainer", tmp_path / "args.json")
+        apath, _ = export_plan(plan, "accelerate", tmp_path / "acc.yaml")
+    assert best.optimizer_impl == "auto"
+    assert layout_of(best, 1, device="cpu").adamw == "for-loop"
+    stepped = build_for_trial(spec, best, torch.device("cpu")).optimizer.param_groups[0]
+    assert stepped["foreach"] is False and not stepped["fused"]
+    assert json.loads(tpath.read_text())["optim"] == "adamw_torch"
+    _, kwargs = Trainer.get_optimizer_cls_and_kwargs(_training_arguments(tpath))
+    assert "fused" not in kwargs and "foreach" not in kwargs  # torch's default: for-loop on CPU
+    with winner(plan, wrap="none", quant="none", lora_rank=8, optimizer_impl="fused"):
+        export_plan(plan, "trainer", tmp_path / "fused.json")
+    assert json.loads((tmp_path / "fused.json").read_text())["optim"] == "adamw_torch_fused"
+    assert "AdamW step:" not in side.read_text() + apath.read_text()  # auto: nothing chosen
+
+
 @pytest.mark.parametrize(("optimizer", "noted"), [("adamw4bit", True), ("adamw8bit", False)])
 def test_a_low_bit_adamw_trainer_cannot_build_as_measured_is_said(
     one_gpu_plan, tmp_path, optimizer, noted
