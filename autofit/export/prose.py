@@ -9,6 +9,7 @@ from typing import Any
 from autofit._version import __version__
 from autofit.export.layout import (
     accelerate_hsdp,
+    plan_device,
     plan_layout,
     plan_mesh,
     plan_nodes,
@@ -26,7 +27,7 @@ from autofit.recipe import (
     trained_token_ids,
 )
 from autofit.settings import ALL_LINEAR, trained_token_count
-from autofit.units import fmt_size
+from autofit.units import all_together, device_noun, fmt_size
 
 
 def measured_path(doc: dict[str, Any]) -> list[str]:
@@ -34,16 +35,16 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
     cfg = doc["config"]
     n = int(doc["hardware"]["n_gpus"])
     nodes, per_node = plan_nodes(doc)
-    cpu = doc["hardware"].get("device") == "cpu"
-    unit = "CPU processes" if cpu else "GPUs"
+    device = plan_device(doc)
+    unit = device_noun(device, n)
     gpus = f"{n} {unit} ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} {unit}"
-    if cpu:
+    if device == "cpu":
         gpus += " (gloo)"
     layout = plan_layout(doc)
     sharding, mixed = layout.sharding, layout.fp32_trainable
     if sharding is Sharding.NONE:
         lines = [
-            f"# Measured path: the plain module on one {'CPU process' if cpu else 'GPU'} (no "
+            f"# Measured path: the plain module on one {device_noun(device)} (no "
             "DDP, no FSDP), "
             + ("fp32 trainable params under bf16 autocast." if mixed else "all in bf16.")
         ]
@@ -54,7 +55,8 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
         ]
         if not layout.trains_all:
             lines.append(
-                "# The frozen (quantized) base is held whole on each GPU, left out of DDP."
+                f"# The frozen (quantized) base is held whole on each {device_noun(device)}, "
+                "left out of DDP."
             )
         if mixed:
             lines.append("# fp32 trainable params under bf16 autocast.")
@@ -78,13 +80,12 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
         if replicas > 1:
             lines = [
                 f"# Measured path: HSDP, FSDP2 on a 2-D (dp_replicate, dp_shard) mesh of {gpus}: "
-                f"each parameter sharded over the {shards} GPU{'s' if shards > 1 else ''} of a "
+                f"each parameter sharded over the {shards} {device_noun(device, shards)} of a "
                 f"node and replicated on each of the {replicas} nodes (gradients reduce-scattered "
                 f"in a node, then all-reduced across nodes), laid out as torchtitan: {units}."
             ]
         else:
-            where = gpus if n > 1 or cpu else "1 GPU"
-            lines = [f"# Measured path: FSDP2 on {where} laid out as torchtitan: {units}."]
+            lines = [f"# Measured path: FSDP2 on {gpus} laid out as torchtitan: {units}."]
         extra = []
         if cfg.get("train_embeddings", "none") == "full":
             extra.append(
@@ -107,18 +108,14 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
 def memory_and_speed(doc: dict[str, Any]) -> list[str]:
     """The winner's peak against the one capacity its plan held it to, and what its tokens/s
     (`tokens_per_s` below) count: the whole run, every GPU together."""
-    hw = doc["hardware"]
+    hw, device = doc["hardware"], plan_device(doc)
     n = int(hw["n_gpus"])
-    cpu = hw.get("device") == "cpu"
     usable = hw.get("usable_bytes")
     of = f" of {fmt_size(usable)} usable" if usable else ""
-    if n > 1:
-        speed = f"all {n} {'CPU processes' if cpu else 'GPUs'} together"
-    else:
-        speed = f"its one {'CPU process' if cpu else 'GPU'}"
+    speed = all_together(n, device) if n > 1 else f"its one {device_noun(device)}"
     return [
-        f"# Peak {fmt_size(doc.get('peak_bytes'))} reserved per GPU{of}; tokens_per_s is "
-        f"the whole run's, {speed}."
+        f"# Peak {fmt_size(doc.get('peak_bytes'))} reserved per {device_noun(device)}{of}; "
+        f"tokens_per_s is the whole run's, {speed}."
     ]
 
 
@@ -236,8 +233,9 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
     cfg = doc["config"]
     sharding = plan_sharding(doc)
     notes = [
-        f"# Per GPU: micro-batch {cfg['micro_batch']} x {cfg['grad_accum']} accumulation steps, "
-        f"seq_len {cfg['seq_len']} (set these in your script/dataloader).",
+        f"# Per {device_noun(plan_device(doc))}: micro-batch {cfg['micro_batch']} x "
+        f"{cfg['grad_accum']} accumulation steps, seq_len {cfg['seq_len']} (set these in your "
+        "script/dataloader).",
         f"# In the script `accelerate launch` runs: run = autofit.apply(model, autofit.load_plan("
         f"'{side.name}').best.config, device=accelerator.device), then train run.model with "
         "run.optimizer, run.autocast() and run.gradient_sync() (examples/accelerate_train.py).",

@@ -14,7 +14,7 @@ from autofit.models import ModelSpec
 from autofit.plan import Outcome
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
-from autofit.units import fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
+from autofit.units import device_noun, fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
 
 BREAKDOWN_LABELS = {
     "base_weights": "frozen base weights (storage width, scales incl.)",
@@ -50,8 +50,7 @@ def held_as(sharding: str, wrap: str, requested: str | None, n: int, device: str
     text = SHARDING_TEXT.get(sharding, sharding)
     if requested != AUTO_WRAP:
         return text
-    each = "CPU process" if device == "cpu" else "GPU"
-    on = f"one {each}" if n <= 1 else f"{n} {each}s"
+    on = f"one {device_noun(device)}" if n <= 1 else f"{n} {device_noun(device, n)}"
     return f"{text}; wrap: auto, which is {wrap} on {on}"
 
 
