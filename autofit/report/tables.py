@@ -132,10 +132,9 @@ def calibration_lines(plan: Plan) -> list[str]:
     }.get(cal.get("source", "none"), cal.get("source"))
     out = [f"Calibration: {source}"]
     if cal.get("source") != "none":
-        moved = [_term(k, v) for side in ("memory", "speed") for k, v in cal.get(side, {}).items()]
-        moved = [m for m in moved if m]
+        moved = ", ".join(m for side in ("memory", "speed") if (m := _factors(cal.get(side, {}))))
         if moved:
-            out[0] += "; moved from the napkin: " + ", ".join(moved)
+            out[0] += "; moved from the napkin: " + moved
         out[0] += (
             f"; error band memory {cal.get('memory_band', 0):.1%}, speed "
             f"{cal.get('speed_band', 0):.1%}"
