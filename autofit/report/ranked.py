@@ -29,9 +29,8 @@ class Column:
 
 
 def _base(cfg: Config) -> str:
-    if not cfg.is_lora:
-        return "full"
-    return f"{cfg.quant} r{cfg.lora_rank}" if cfg.quant != "none" else f"lora r{cfg.lora_rank}"
+    """The base cell: `quant`'s and `lora_rank`'s label parts, `full`, `lora r16`, `nf4 r64`."""
+    return " ".join(part for k in ("quant", "lora_rank") if (part := DECLARED[k].label(cfg)))
 
 
 KNOB_COLUMNS = (
