@@ -12,6 +12,7 @@ from autofit.hardware import Hardware
 from autofit.layout import AUTO_WRAP
 from autofit.models import ModelSpec
 from autofit.plan import Outcome
+from autofit.plan.fixes import MORE_GPUS, fitting_changes, more_gpus_that_fit, too_small
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
 from autofit.units import device_noun, fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
@@ -120,8 +121,6 @@ def estimate_report(
 def next_step(model: ModelSpec, hw: Hardware, est: Estimate, device: str) -> str:
     """What would make an estimate that does not fit fit: only the changes the estimate says
     fit (`autofit.plan.fixes`), or that nothing does."""
-    from autofit.plan.fixes import fitting_changes, more_gpus_that_fit, too_small
-
     cfg = est.config
     small = too_small(est, hw.describe())
     if small is not None:
@@ -141,7 +140,7 @@ def next_step(model: ModelSpec, hw: Hardware, est: Estimate, device: str) -> str
         return (
             "Next step: by the estimate nothing autofit could change fits here (the chunked "
             "loss, full recomputation, a smaller micro-batch, NF4, offload, alone or together, "
-            "or up to 64x the GPUs): plan for GPUs with more memory."
+            f"or up to {MORE_GPUS[-1]}x the GPUs): plan for GPUs with more memory."
         )
     return (
         "Next step, each of which fits by the estimate: "
