@@ -164,7 +164,7 @@ class Layout:
     @property
     def mesh(self) -> tuple[int, int]:
         """FSDP2's data-parallel mesh, (replicas, shard degree): torchtitan's `dp_replicate` x
-        `dp_shard` (`autofit.config.mesh_shape`); (1, 1) when the run is not FSDP2."""
+        `dp_shard` (`autofit.layout.mesh_shape`); (1, 1) when the run is not FSDP2."""
         return (self.replicas, self.shard) if self.fsdp else (1, 1)
 
     @classmethod

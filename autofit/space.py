@@ -84,9 +84,9 @@ class Space:
         self, nodes: int, n_gpus: int | None = None, data: bool = False
     ) -> dict[str, tuple[Any, ...]]:
         """The knob values that make different runs on `nodes` nodes: on one node `shard: node`
-        is the same mesh as `shard: all` (`autofit.config.mesh_shape`), so only `all` is kept.
+        is the same mesh as `shard: all` (`autofit.layout.mesh_shape`), so only `all` is kept.
         With `n_gpus`, `wrap: auto` is replaced by the values it stands for there
-        (`autofit.config.resolve_wrap` under each offload and shard of the space), each value
+        (`autofit.layout.resolve_wrap` under each offload and shard of the space), each value
         once: a space that lists `auto` beside what it resolves to makes no config twice.
         Without the data's lengths (`data`) every sequence is `seq_len` long, where every
         `batching` is the same run, so only its default is kept."""
@@ -152,7 +152,7 @@ class Space:
     ) -> tuple[list[Config], Counter[str]]:
         """Every valid config of the space that can run on `device` here, and the count of
         skipped combinations by reason (`loss: fused` needs CUDA and Liger installed:
-        `autofit.config.loss_unavailable`), with the values that differ on `nodes` nodes and
+        `autofit.rules.loss_unavailable`), with the values that differ on `nodes` nodes and
         with (`data`) or without the data's lengths (`knobs_on`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]

@@ -79,10 +79,25 @@ def fmt_size(n: float | None) -> str:
     return f"{n / scale:.1f} {name}"
 
 
+def device_noun(device: str, n: int = 1) -> str:
+    """What a run's ranks are, as every report names `n` of them: GPUs, or CPU processes on
+    `device` cpu (gloo), e.g. 'GPU', '2 GPUs' -> 'GPUs', 'CPU process', 'CPU processes'."""
+    one, many = ("CPU process", "CPU processes") if device == "cpu" else ("GPU", "GPUs")
+    return one if n == 1 else many
+
+
+def all_together(n: int, device: str) -> str:
+    """Whose tokens/s a run of `n` ranks reports: 'all 2 GPUs together' (the whole run's)."""
+    return f"all {n} {device_noun(device, n)} together"
+
+
+def whose_tokens(n: int, device: str) -> str:
+    """'on 1 GPU', or 'for all 2 GPUs together' (`all_together`): whose a tokens/s is."""
+    return f"on 1 {device_noun(device)}" if n <= 1 else f"for {all_together(n, device)}"
+
+
 def fmt_tokens_per_s(total: float, n: int, device: str = "cuda") -> str:
     """A run's tokens/s as every report words it: for all `n` GPUs (CPU processes on `device`
     cpu) together, and per GPU. Every tokens/s autofit reports is the whole run's."""
-    each, all_ = ("CPU process", "CPU processes") if device == "cpu" else ("GPU", "GPUs")
-    if n <= 1:
-        return f"{total:,.0f} tokens/s on 1 {each}"
-    return f"{total:,.0f} tokens/s for all {n} {all_} together ({total / n:,.0f} per {each})"
+    speed = f"{total:,.0f} tokens/s {whose_tokens(n, device)}"
+    return speed if n <= 1 else f"{speed} ({total / n:,.0f} per {device_noun(device)})"

@@ -24,7 +24,6 @@ import io
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +76,18 @@ def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]
     fresh = traced_entry(
         spec,
         [k for k in acts if k.text() not in old_acts],
-        [k for k in events if replace(k, loss="standard").text() not in old_events],
+        [k for k in events if k.text() not in old_events],
         structure=kept.get("structure"),
     )
-    wanted_events = {replace(k, loss="standard").text() for k in events}
+    wanted_events = {k.text() for k in events}  # `shipped_keys`' events: the standard loss
     return {
         "model": spec.name,
         "arch_id": arch_id(spec),
         "made_with": made_with(TRACE_VERSION),
         "structure": fresh["structure"],
         "activations": {
-            k.text(): old_acts.get(k.text()) or fresh["activations"][k.text()] for k in acts
+            t: old_acts[t] if t in old_acts else fresh["activations"][t]
+            for t in (k.text() for k in acts)
         },
         "events": {
             k: old_events[k] if k in old_events else fresh["events"][k]

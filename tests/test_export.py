@@ -37,6 +37,14 @@ def one_gpu_plan():
     return _qlora("1xrtx3090")
 
 
+def _cpu_plan(nprocs: int) -> Any:
+    """llama-debug QLoRA on `nprocs` CPU processes (gloo), from estimates."""
+    return plan_estimates(PlanRequest.of(
+        resolve_model("llama-debug"), resolve_hardware(str(nprocs), device="cpu",
+        gpu_memory="1GiB"), load_space("qlora"), seq_len=64, global_batch=4, device="cpu",
+    ))  # fmt: skip
+
+
 @contextlib.contextmanager
 def winner(plan: Any, **changes: Any) -> Iterator[Any]:
     """The plan with its winner's knobs changed, so each path is exported explicitly."""
@@ -624,6 +632,62 @@ def test_the_adamw_implementation_reaches_every_export(one_gpu_plan, tmp_path, i
     for text in (side.read_text(), apath.read_text()):
         assert (note is None) == ("AdamW step:" not in text)
         assert note is None or note in text
+
+
+def test_a_cpu_plans_trainer_export_names_the_for_loop_adamw_the_trial_stepped(tmp_path):
+    # A CPU trial's AdamW (`optimizer_impl: auto`) is torch's for-loop: its builder passes
+    # foreach=False and no fused. HF Trainer has no for-loop name; its adamw_torch leaves torch
+    # its default, the for-loop on CPU tensors. adamw_torch_fused (fused=True) is not what ran.
+    import torch
+    from transformers import Trainer
+
+    from autofit.builder.apply import build_for_trial
+    from autofit.layout import layout_of
+
+    spec, plan = resolve_model("llama-debug"), _cpu_plan(1)
+    with winner(plan, wrap="none", quant="none", lora_rank=8, optimizer="adamw") as best:
+        tpath, side = export_plan(plan, "trainer", tmp_path / "args.json")
+        apath, _ = export_plan(plan, "accelerate", tmp_path / "acc.yaml")
+    assert best.optimizer_impl == "auto"
+    assert layout_of(best, 1, device="cpu").adamw == "for-loop"
+    stepped = build_for_trial(spec, best, torch.device("cpu")).optimizer.param_groups[0]
+    assert stepped["foreach"] is False and not stepped["fused"]
+    assert json.loads(tpath.read_text())["optim"] == "adamw_torch"
+    _, kwargs = Trainer.get_optimizer_cls_and_kwargs(_training_arguments(tpath))
+    assert "fused" not in kwargs and "foreach" not in kwargs  # torch's default: for-loop on CPU
+    with winner(plan, wrap="none", quant="none", lora_rank=8, optimizer_impl="fused"):
+        export_plan(plan, "trainer", tmp_path / "fused.json")
+    assert json.loads((tmp_path / "fused.json").read_text())["optim"] == "adamw_torch_fused"
+    assert "AdamW step:" not in side.read_text() + apath.read_text()  # auto: nothing chosen
+
+
+@pytest.mark.parametrize(
+    ("nprocs", "knobs", "path"),
+    [
+        (1, {"wrap": "layer", "offload": "params"}, "FSDP2 on {where} laid out as torchtitan"),
+        (2, {"wrap": "none", "lora_rank": 8}, "PyTorch DDP replicas on {where}, gradients"),
+    ],
+)
+def test_a_cpu_plans_exports_name_its_cpu_processes_not_gpus(tmp_path, nprocs, knobs, path):
+    # The hardware's own name for what the trials ran on: "1 CPU process (gloo)", "2 CPU
+    # processes (gloo)". No export of a CPU plan says GPU, but for Accelerate's MULTI_GPU.
+    where = resolve_hardware(str(nprocs), device="cpu").describe()
+    plan = _cpu_plan(nprocs)
+    with winner(plan, **knobs):
+        written = [
+            *export_plan(plan, "accelerate", tmp_path / "acc.yaml"),
+            *export_plan(plan, "trainer", tmp_path / "args.json"),
+            *export_plan(plan, "autofit", tmp_path / "plan.yaml"),
+        ]
+    headers = [p.read_text() for p in written if p.suffix == ".yaml"]
+    assert len(headers) == 4  # the accelerate config, both side files, the autofit plan
+    for text in headers:
+        assert f"# Measured path: {path.format(where=where)}" in text, text
+        assert " reserved per CPU process of 1.0 GiB usable; " in text
+        assert "GPU" not in text.replace("MULTI_GPU", "")
+    assert "# Per CPU process: micro-batch" in headers[0]
+    if nprocs > 1:
+        assert "The frozen (quantized) base is held whole on each CPU process" in headers[0]
 
 
 @pytest.mark.parametrize(("optimizer", "noted"), [("adamw4bit", True), ("adamw8bit", False)])

@@ -18,6 +18,7 @@ from autofit.cli import app
 from autofit.data import LengthHistogram
 from autofit.report import calibration_report, plan_table
 from autofit.report.ranked import shown_rows
+from autofit.units import fmt_size
 from tests.test_report_text import rendered
 
 runner = CliRunner()
@@ -96,6 +97,46 @@ def test_tokens_per_s_says_it_is_every_gpu_together(readme_job):
     total, each = (int(g.replace(",", "")) for g in m.groups())
     assert total == round(plan.best.tokens_per_s)
     assert abs(2 * each - total) <= 1  # two GPUs share the run's tokens
+
+
+def test_a_cpu_plans_notes_name_cpu_processes_not_gpus():
+    # what a CPU plan's peaks and tokens/s are per and of: processes over gloo, as its hardware
+    # line says ("2 CPU processes (gloo)"), not GPUs
+    result = cli("plan", "--model", "llama-debug", "--gpus", "2", "--device", "cpu",
+                 "--no-trials", "--seq-len", "64", "--gpu-memory", "1GiB")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.stdout.split())
+    assert "on 2 CPU processes (gloo)" in flat
+    assert "tokens/s: all 2 CPU processes together; peak: reserved memory per CPU process." in flat
+    assert "Memory: 1.0 GiB usable per CPU process; " in flat
+
+
+@pytest.mark.parametrize(
+    ("device", "nprocs", "whose"),
+    [("cpu", 2, "for all 2 CPU processes together"), ("cuda", 1, "on 1 GPU")],
+)
+def test_a_calibration_sweep_line_says_whose_tokens_per_s(device, nprocs, whose):
+    # `autofit calibrate` prints one line a trial: its tokens/s are the whole run's, named as
+    # the plan and trial reports name them (it read "of all 2", and "of all 1" on one rank)
+    from autofit.calibration.sweep import SweepTrial
+    from autofit.config import Config
+    from autofit.estimate import estimate
+    from autofit.hardware import resolve_hardware
+    from autofit.models import resolve_model
+    from autofit.report import sweep_line
+    from autofit.trials.result import TrialResult
+
+    spec, cfg = resolve_model("llama-debug"), Config(seq_len=64)
+    hw = (
+        resolve_hardware(str(nprocs), device="cpu")
+        if device == "cpu"
+        else resolve_hardware("1xh100")
+    )
+    result = TrialResult(status="ok", config=cfg.to_dict(), model=spec.name, device=device,
+                         nprocs=nprocs, peak_bytes=3 * 2**20, tokens_per_s=12_800.0)  # fmt: skip
+    napkin = estimate(spec, hw, cfg, device=device)
+    line = sweep_line(SweepTrial(spec.name, cfg, napkin, result))
+    assert f"peak 3.0 MiB (napkin {fmt_size(napkin.peak_bytes)})  12,800 tokens/s {whose} " in line
 
 
 def test_a_narrower_terminal_still_gets_the_whole_table(readme_job):

@@ -150,3 +150,17 @@ def test_a_skipped_fused_loss_says_what_to_install(tmp_path):
     text = "\n".join(rendered(lambda console: plan_report(console, plan)))
     assert "1  loss=fused needs Liger: pip install 'autofit[liger]'" in text
     assert plan.best is not None and plan.best.config.loss == "standard"
+
+
+@pytest.mark.parametrize(
+    ("quant", "rank", "cell"),
+    [("none", 0, "full"), ("none", 16, "lora r16"), ("int8", 8, "int8 r8"), ("nf4", 64, "nf4 r64")],
+)
+def test_the_ranked_tables_base_cell_names_the_fine_tune(quant, rank, cell):
+    # the ranked table's `base` column: a full fine-tune, or LoRA of a rank on a bf16, int8 or
+    # nf4 base, as the config's label starts (`nf4 r64 mb8x4 ...`)
+    from autofit.report.ranked import KNOB_COLUMNS
+
+    (base,) = (c for c in KNOB_COLUMNS if c.header == "base")
+    config = Config(quant=quant, lora_rank=rank)
+    assert base.cell(config) == cell and config.short().startswith(f"{cell} mb1x1")

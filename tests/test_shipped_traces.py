@@ -74,6 +74,18 @@ def test_the_shipped_structure_of_each_family_is_the_meta_models(name):
     assert SHIP.read(shipped_path(spec))["structure"] == read_structure(spec).to_dict()
 
 
+def test_a_remade_entry_reuses_every_stored_trace_an_empty_one_too():
+    """`bench/ship_traces.py` without `--fresh` traces only the keys its file lacks: remade from
+    llama-debug's shipped file it is that file, and a trace stored empty is a stored trace,
+    reused as it is (it was read as missing, then looked up among the fresh ones: KeyError)."""
+    spec = PRESETS["llama-debug"]
+    shipped = SHIP.read(shipped_path(spec))
+    assert SHIP.entry(spec, shipped) == shipped
+    first = next(iter(shipped["activations"]))
+    emptied = {**shipped, "activations": {**shipped["activations"], first: {}}}
+    assert SHIP.entry(spec, emptied)["activations"] == emptied["activations"]
+
+
 def test_entries_made_with_other_versions_are_not_read():
     spec = PRESETS["llama-7b"]
     assert read_shipped(spec, TRACE_VERSION)["structure"]["layers"] == 32

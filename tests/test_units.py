@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from autofit.errors import AutofitError
-from autofit.units import GB, GiB, MiB, fmt_bytes, fmt_count, parse_size
+from autofit.units import (
+    GB,
+    GiB,
+    MiB,
+    all_together,
+    device_noun,
+    fmt_bytes,
+    fmt_count,
+    fmt_tokens_per_s,
+    parse_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -43,3 +53,15 @@ def test_fmt_bytes_and_fmt_count():
     assert fmt_count(6_738_415_616) == "6.74B"
     assert fmt_count(3_426_560) == "3.43M"
     assert fmt_count(12) == "12"
+
+
+def test_a_runs_ranks_are_gpus_or_cpu_processes_in_every_phrase():
+    # A CPU run's ranks are processes over gloo, never GPUs (`autofit --device cpu`).
+    assert [device_noun("cuda", n) for n in (1, 2)] == ["GPU", "GPUs"]
+    assert [device_noun("cpu", n) for n in (1, 4)] == ["CPU process", "CPU processes"]
+    assert all_together(2, "cuda") == "all 2 GPUs together"
+    assert all_together(4, "cpu") == "all 4 CPU processes together"
+    assert fmt_tokens_per_s(12_800, 2, "cpu") == (
+        "12,800 tokens/s for all 2 CPU processes together (6,400 per CPU process)"
+    )
+    assert fmt_tokens_per_s(9_000.4, 1) == "9,000 tokens/s on 1 GPU"

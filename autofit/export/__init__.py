@@ -2,7 +2,7 @@
 `transformers.TrainingArguments` JSON, each for the path the trials measured: the plain module on
 one GPU (`distributed_type: NO`), DDP replicas (`MULTI_GPU`) or FSDP2 laid out as torchtitan
 (`FSDP`, `fsdp_version: 2`), as `autofit.layout.sharding_for(wrap, n_gpus)` decides; across nodes
-with `shard: node`, HSDP on the mesh of `autofit.config.mesh_shape` (Accelerate's
+with `shard: node`, HSDP on the mesh of `autofit.layout.mesh_shape` (Accelerate's
 `parallelism_config`). `launch_lines` is the one rule for the commands that start training: one
 line on one node; on several, torchrun with c10d rendezvous on each node and the `srun` line that
 starts it on every node of a SLURM job.
@@ -14,9 +14,10 @@ allocator setting) goes into comments, and the `accelerate` and `trainer` export
 file `<name>.autofit.yaml`: the full plan, which `autofit.load_plan` reads so the training script
 can `autofit.apply` the rest.
 
-The rooms: `schema` (the plan document and `load_plan`), `layout` (the measured sharding and mesh),
-`prose` (the comment lines), `render` (the three formats), `launch` (launch commands), `write`
-(checks and atomic writes).
+The rooms: `schema` (the plan document and `load_plan`), `plan_file` (the plan file's pydantic
+model, written and read through), `layout` (the measured sharding, mesh and device), `prose` (the
+comment lines), `render` (the three formats), `launch` (launch commands), `write` (checks and
+atomic writes).
 """
 
 from autofit.export.launch import (

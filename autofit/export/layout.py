@@ -10,8 +10,8 @@ from autofit.layout import Layout, Sharding
 
 
 def plan_layout(doc: dict[str, Any]) -> Layout:
-    """The layout the measured run had (`Layout.of` the plan's knobs on its GPUs and nodes, of
-    its model's decoder layers where the plan names them: `model_spec`)."""
+    """The layout the measured run had (`Layout.of` the plan's knobs on its GPUs, nodes and
+    `plan_device`, of its model's decoder layers where the plan names them: `model_spec`)."""
     cfg = doc["config"]
     targets = cfg.get("lora_targets")
     return Layout.of(
@@ -19,11 +19,18 @@ def plan_layout(doc: dict[str, Any]) -> Layout:
         gpus_per_node=plan_nodes(doc)[1], precision=cfg.get("precision", "bf16-mixed"),
         optimizer=cfg.get("optimizer", "adamw"), offload=cfg.get("offload", "none"),
         optimizer_impl=cfg.get("optimizer_impl", "auto"),
+        device=plan_device(doc),
         n_layers=int((doc.get("model_spec") or {}).get("layers") or 0),
         checkpointing=cfg.get("checkpointing", "none"), quant=cfg.get("quant", "none"),
         lora_rank=int(cfg.get("lora_rank", 0)),
         lora_targets=tuple(targets) if targets is not None else None,
     )  # fmt: skip
+
+
+def plan_device(doc: dict[str, Any]) -> str:
+    """The device the plan's trials ran on: cuda, or cpu (gloo); cuda for a plan written before
+    `device`."""
+    return doc["hardware"].get("device") or "cuda"
 
 
 def plan_sharding(doc: dict[str, Any]) -> Sharding:

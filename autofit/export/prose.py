@@ -9,13 +9,12 @@ from typing import Any
 from autofit._version import __version__
 from autofit.export.layout import (
     accelerate_hsdp,
+    plan_device,
     plan_layout,
-    plan_mesh,
     plan_nodes,
-    plan_sharding,
 )
 from autofit.export.schema import MARKER, env_text
-from autofit.layout import Sharding, wrap_group_size
+from autofit.layout import Layout, Sharding, wrap_group_size
 from autofit.recipe import (
     ADAMW_KWARGS,
     HF_ADAMW_DEFAULT,
@@ -26,24 +25,24 @@ from autofit.recipe import (
     trained_token_ids,
 )
 from autofit.settings import ALL_LINEAR, trained_token_count
-from autofit.units import fmt_size
+from autofit.units import all_together, device_noun, fmt_size
 
 
-def measured_path(doc: dict[str, Any]) -> list[str]:
-    """Comment lines naming the path the trials measured, which `autofit.apply` builds."""
+def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
+    """Comment lines naming the path the trials measured (`layout`: `plan_layout(doc)`), which
+    `autofit.apply` builds."""
     cfg = doc["config"]
     n = int(doc["hardware"]["n_gpus"])
     nodes, per_node = plan_nodes(doc)
-    cpu = doc["hardware"].get("device") == "cpu"
-    unit = "CPU processes" if cpu else "GPUs"
+    device = plan_device(doc)
+    unit = device_noun(device, n)
     gpus = f"{n} {unit} ({nodes} nodes x {per_node})" if nodes > 1 else f"{n} {unit}"
-    if cpu:
+    if device == "cpu":
         gpus += " (gloo)"
-    layout = plan_layout(doc)
     sharding, mixed = layout.sharding, layout.fp32_trainable
     if sharding is Sharding.NONE:
         lines = [
-            f"# Measured path: the plain module on one {'CPU process' if cpu else 'GPU'} (no "
+            f"# Measured path: the plain module on one {device_noun(device)} (no "
             "DDP, no FSDP), "
             + ("fp32 trainable params under bf16 autocast." if mixed else "all in bf16.")
         ]
@@ -54,7 +53,8 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
         ]
         if not layout.trains_all:
             lines.append(
-                "# The frozen (quantized) base is held whole on each GPU, left out of DDP."
+                f"# The frozen (quantized) base is held whole on each {device_noun(device)}, "
+                "left out of DDP."
             )
         if mixed:
             lines.append("# fp32 trainable params under bf16 autocast.")
@@ -74,17 +74,16 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
         else:
             units = f"units of the token embeddings, {layers} and [final norm, LM head]; the root "
             units += "unit holds the rest"
-        replicas, shards = plan_mesh(doc) or (1, n)
+        replicas, shards = layout.mesh
         if replicas > 1:
             lines = [
                 f"# Measured path: HSDP, FSDP2 on a 2-D (dp_replicate, dp_shard) mesh of {gpus}: "
-                f"each parameter sharded over the {shards} GPU{'s' if shards > 1 else ''} of a "
+                f"each parameter sharded over the {shards} {device_noun(device, shards)} of a "
                 f"node and replicated on each of the {replicas} nodes (gradients reduce-scattered "
                 f"in a node, then all-reduced across nodes), laid out as torchtitan: {units}."
             ]
         else:
-            where = gpus if n > 1 or cpu else "1 GPU"
-            lines = [f"# Measured path: FSDP2 on {where} laid out as torchtitan: {units}."]
+            lines = [f"# Measured path: FSDP2 on {gpus} laid out as torchtitan: {units}."]
         extra = []
         if cfg.get("train_embeddings", "none") == "full":
             extra.append(
@@ -107,33 +106,28 @@ def measured_path(doc: dict[str, Any]) -> list[str]:
 def memory_and_speed(doc: dict[str, Any]) -> list[str]:
     """The winner's peak against the one capacity its plan held it to, and what its tokens/s
     (`tokens_per_s` below) count: the whole run, every GPU together."""
-    hw = doc["hardware"]
+    hw, device = doc["hardware"], plan_device(doc)
     n = int(hw["n_gpus"])
-    cpu = hw.get("device") == "cpu"
     usable = hw.get("usable_bytes")
     of = f" of {fmt_size(usable)} usable" if usable else ""
-    if n > 1:
-        speed = f"all {n} {'CPU processes' if cpu else 'GPUs'} together"
-    else:
-        speed = f"its one {'CPU process' if cpu else 'GPU'}"
+    speed = all_together(n, device) if n > 1 else f"its one {device_noun(device)}"
     return [
-        f"# Peak {fmt_size(doc.get('peak_bytes'))} reserved per GPU{of}; tokens_per_s is "
-        f"the whole run's, {speed}."
+        f"# Peak {fmt_size(doc.get('peak_bytes'))} reserved per {device_noun(device)}{of}; "
+        f"tokens_per_s is the whole run's, {speed}."
     ]
 
 
 def header(doc: dict[str, Any], what: str) -> list[str]:
-    cfg = doc["config"]
+    cfg, layout = doc["config"], plan_layout(doc)
     lines = [
         f"# {what}, {MARKER} {doc.get('autofit_version', __version__)} for {doc['model']} on "
         f"{doc['hardware']['description']}.",
         f"# Winner: {doc.get('label', '')}; {doc.get('reason', '')}".rstrip(),
         *memory_and_speed(doc),
-        *measured_path(doc),
+        *measured_path(doc, layout),
     ]
     if env_text(doc):  # CUDA allocator settings; none for a CPU plan
         lines.append(f"# Trials ran with {env_text(doc)}: set it for your run too.")
-    layout = plan_layout(doc)
     if layout.quant is not None:
         lines.append(f"# Base weights quantized to {layout.quant} (torchao), frozen.")
     if not layout.trains_all:
@@ -152,15 +146,16 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
         )
         lines += embedding_notes(doc)
     lines += loss_and_compile_notes(cfg)
-    lines += adamw_notes(doc)
+    lines += adamw_notes(doc, layout)
     lines += batching_notes(cfg)
     return lines
 
 
-def adamw_notes(doc: dict[str, Any]) -> list[str]:
-    """The AdamW implementation a plan measured, where it chose one (`optimizer_impl` not
-    `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and foreach only. For a
-    low-bit AdamW whose block size HF Trainer cannot build, what its run holds instead."""
+def adamw_notes(doc: dict[str, Any], layout: Layout) -> list[str]:
+    """The AdamW implementation a plan measured (`layout.adamw`), where it chose one
+    (`optimizer_impl` not `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and
+    foreach only. For a low-bit AdamW whose block size HF Trainer cannot build, what its run holds
+    instead."""
     state = LOW_BIT_STATES.get(doc["config"]["optimizer"])
     if state is not None and state.block != HF_TRAINER_LOW_BIT_BLOCK:
         return [
@@ -170,7 +165,7 @@ def adamw_notes(doc: dict[str, Any]) -> list[str]:
             "than measured. To run what was measured, pass Trainer(optimizers=(run.optimizer, "
             "None)) from autofit.apply."
         ]
-    impl = plan_layout(doc).adamw
+    impl = layout.adamw
     if doc["config"].get("optimizer_impl", "auto") == "auto" or impl is None:
         return []
     trainer = HF_ADAMW_OPTIM[impl]
@@ -233,11 +228,12 @@ def embedding_notes(doc: dict[str, Any]) -> list[str]:
 
 
 def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
-    cfg = doc["config"]
-    sharding = plan_sharding(doc)
+    cfg, layout = doc["config"], plan_layout(doc)
+    sharding = layout.sharding
     notes = [
-        f"# Per GPU: micro-batch {cfg['micro_batch']} x {cfg['grad_accum']} accumulation steps, "
-        f"seq_len {cfg['seq_len']} (set these in your script/dataloader).",
+        f"# Per {device_noun(plan_device(doc))}: micro-batch {cfg['micro_batch']} x "
+        f"{cfg['grad_accum']} accumulation steps, seq_len {cfg['seq_len']} (set these in your "
+        "script/dataloader).",
         f"# In the script `accelerate launch` runs: run = autofit.apply(model, autofit.load_plan("
         f"'{side.name}').best.config, device=accelerator.device), then train run.model with "
         "run.optimizer, run.autocast() and run.gradient_sync() (examples/accelerate_train.py).",
@@ -266,8 +262,7 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
             + " The Accelerator only launches, sets up the process group autofit.apply uses, "
             "and logs."
         )
-    mesh = plan_mesh(doc)
-    if mesh is not None and mesh[0] > 1:
+    if layout.mesh[0] > 1:
         notes.append(
             "# HSDP: autofit.apply builds the measured (dp_replicate, dp_shard) mesh itself from "
             "torchrun's LOCAL_WORLD_SIZE (accelerate launch runs torchrun)"
@@ -300,7 +295,7 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
         )
     if cfg["optimizer"] != "adamw":
         notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
-    if not plan_layout(doc).fp32_trainable:
+    if not layout.fp32_trainable:
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
     if cfg.get("compile"):
         notes.append(

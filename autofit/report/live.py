@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autofit.plan import Candidate, Outcome, trial_status
 from autofit.report.style import OUTCOME_STYLE
 from autofit.trials.result import TrialResult
-from autofit.units import fmt_size
+from autofit.units import all_together, device_noun, fmt_size
 
 if TYPE_CHECKING:
     from autofit.search.candidates import Candidates, Setting
@@ -52,14 +52,14 @@ class SearchDisplay:
     def intro(
         self, setting: Setting, cands: Candidates, name: str, url: str, folder: Path, done: int
     ) -> None:
-        s = setting
+        s, n = setting, setting.hardware.n_gpus
         skipped = sum(cands.counts.values())
         self.say(
             f"[bold]{escape(s.model.name)}[/] on {s.hardware.describe()}: {cands.considered:,} "
             "combinations, "
             f"{len(cands.trialable):,} may fit, {skipped:,} ruled out without a trial; headroom "
-            f"line {fmt_size(s.allowed_bytes)} per GPU"
-            + (f"; tokens/s: all {s.hardware.n_gpus} together." if s.hardware.n_gpus > 1 else ".")
+            f"line {fmt_size(s.allowed_bytes)} per {device_noun(s.device)}"
+            + (f"; tokens/s: {all_together(n, s.device)}." if n > 1 else ".")
         )
         self.say(calibration_line(cands, s.calibration))
         resumed = f", resuming with {done} trial(s) done" if done else ""

@@ -13,9 +13,10 @@ from autofit.hardware import Hardware
 from autofit.layout import AUTO_WRAP
 from autofit.models import ModelSpec
 from autofit.plan import Outcome
+from autofit.plan.fixes import MORE_GPUS, fitting_changes, more_gpus_that_fit, too_small
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
-from autofit.units import fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
+from autofit.units import device_noun, fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
 
 BREAKDOWN_LABELS = {
     "base_weights": "frozen base weights (storage width, scales incl.)",
@@ -51,8 +52,7 @@ def held_as(sharding: str, wrap: str, requested: str | None, n: int, device: str
     text = SHARDING_TEXT.get(sharding, sharding)
     if requested != AUTO_WRAP:
         return text
-    each = "CPU process" if device == "cpu" else "GPU"
-    on = f"one {each}" if n <= 1 else f"{n} {each}s"
+    on = f"one {device_noun(device)}" if n <= 1 else f"{n} {device_noun(device, n)}"
     return f"{text}; wrap: auto, which is {wrap} on {on}"
 
 
@@ -130,8 +130,6 @@ def next_step(
     """What would make an estimate that does not fit fit: only the changes the estimate says
     fit (`autofit.plan.fixes`, estimated on the data's `lengths` as `est` was), or that nothing
     does."""
-    from autofit.plan.fixes import fitting_changes, more_gpus_that_fit, too_small
-
     cfg = est.config
     small = too_small(est, hw.describe())
     if small is not None:
@@ -151,7 +149,7 @@ def next_step(
         return (
             "Next step: by the estimate nothing autofit could change fits here (the chunked "
             "loss, full recomputation, a smaller micro-batch, NF4, offload, alone or together, "
-            "or up to 64x the GPUs): plan for GPUs with more memory."
+            f"or up to {MORE_GPUS[-1]}x the GPUs): plan for GPUs with more memory."
         )
     return (
         "Next step, each of which fits by the estimate: "

@@ -15,7 +15,7 @@ from rich.text import Text
 from autofit.config import DECLARED, Config
 from autofit.plan import Candidate, Plan
 from autofit.plan.rank import TIE_BREAK, TIE_TOLERANCE, recipe_key
-from autofit.units import fmt_size
+from autofit.units import all_together, device_noun, fmt_size
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,8 @@ class Column:
 
 
 def _base(cfg: Config) -> str:
-    if not cfg.is_lora:
-        return "full"
-    return f"{cfg.quant} r{cfg.lora_rank}" if cfg.quant != "none" else f"lora r{cfg.lora_rank}"
+    """The base cell: `quant`'s and `lora_rank`'s label parts, `full`, `lora r16`, `nf4 r64`."""
+    return " ".join(part for k in ("quant", "lora_rank") if (part := DECLARED[k].label(cfg)))
 
 
 KNOB_COLUMNS = (
@@ -137,10 +136,9 @@ class RankedTable:
     def _notes(self, varying: list[Column], more: bool) -> list[str]:
         plan, rows = self.plan, self.rows
         n = plan.hardware.n_gpus
-        each = "CPU processes" if plan.device == "cpu" else "GPUs"
         notes = [
-            (f"tokens/s: all {n} {each} together; " if n > 1 else "")
-            + "peak: reserved memory per GPU.",
+            (f"tokens/s: {all_together(n, plan.device)}; " if n > 1 else "")
+            + f"peak: reserved memory per {device_noun(plan.device)}.",
             *(
                 [
                     "With the data: tokens/s counts useful tokens (pad: the padding share "

@@ -19,7 +19,7 @@ from autofit.report.data import lengths_line
 from autofit.report.one_config import memory_levels_line
 from autofit.report.ranked import plan_table
 from autofit.report.trials import pct, trials_table
-from autofit.units import fmt_bytes, fmt_count, fmt_size
+from autofit.units import device_noun, fmt_bytes, fmt_count, fmt_size, whose_tokens
 
 
 def hardware_table(hw: Hardware) -> Table:
@@ -100,7 +100,7 @@ def capacity_line(plan: Plan) -> str:
     """The one memory figure a plan's peaks are held to, named once: the usable memory per GPU
     (the capacity less what lies outside the allocator) and the headroom line below it."""
     usable, cap = plan.usable_bytes, plan.capacity_bytes
-    where = "per CPU process" if plan.device == "cpu" else "per GPU"
+    where = f"per {device_noun(plan.device)}"
     less = "" if usable >= cap else f" ({fmt_size(cap)} less the CUDA context and NCCL buffers)"
     return (
         f"Memory: {fmt_size(usable)} usable {where}{less}; a winner keeps {plan.margin:.0%} of it "
@@ -132,10 +132,9 @@ def calibration_lines(plan: Plan) -> list[str]:
     }.get(cal.get("source", "none"), cal.get("source"))
     out = [f"Calibration: {source}"]
     if cal.get("source") != "none":
-        moved = [_term(k, v) for side in ("memory", "speed") for k, v in cal.get(side, {}).items()]
-        moved = [m for m in moved if m]
+        moved = ", ".join(m for side in ("memory", "speed") if (m := _factors(cal.get(side, {}))))
         if moved:
-            out[0] += "; moved from the napkin: " + ", ".join(moved)
+            out[0] += "; moved from the napkin: " + moved
         out[0] += (
             f"; error band memory {cal.get('memory_band', 0):.1%}, speed "
             f"{cal.get('speed_band', 0):.1%}"
@@ -202,8 +201,8 @@ def sweep_line(t: Any) -> str:
         return f"  {r.status:<7} {t.model} {t.config.short()}  {why}"
     return (
         f"  ok      {t.model} {t.config.short()}  peak {fmt_size(r.peak_bytes)} (napkin "
-        f"{fmt_size(est.peak_bytes)})  {r.tokens_per_s or 0:,.0f} tokens/s of all {r.nprocs} "
-        f"(napkin {est.tokens_per_s:,.0f})"
+        f"{fmt_size(est.peak_bytes)})  {r.tokens_per_s or 0:,.0f} tokens/s "
+        f"{whose_tokens(r.nprocs, r.device)} (napkin {est.tokens_per_s:,.0f})"
     )
 
 

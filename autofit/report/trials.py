@@ -9,7 +9,7 @@ from rich.table import Table
 
 from autofit.plan import Outcome, Plan, trial_status
 from autofit.report.style import styled
-from autofit.units import fmt_size, size_unit
+from autofit.units import all_together, device_noun, fmt_size, size_unit
 
 
 def pct(value: float | None) -> str:
@@ -24,7 +24,7 @@ def trials_table(plan: Plan) -> Table:
     equal the napkin's in every row."""
     line = plan.allowed_bytes
     n = plan.hardware.n_gpus
-    each = "CPU process" if plan.device == "cpu" else "GPU"
+    each = device_noun(plan.device)
     sizes = [b for c in plan.trials for b in (c.trial.peak_bytes, c.estimate.peak_bytes) if b]
     unit, scale = size_unit(max(sizes, default=line))
 
@@ -46,8 +46,7 @@ def trials_table(plan: Plan) -> Table:
         ))  # fmt: skip
     cal_mem = any(r[3][2] not in ("-", r[3][1]) for r in rows)
     cal_speed = any(r[4][2] not in ("-", r[4][1]) for r in rows)
-    all_ = "CPU processes" if plan.device == "cpu" else "GPUs"
-    together = f"; tokens/s: all {n} {all_} together" if n > 1 else ""
+    together = f"; tokens/s: {all_together(n, plan.device)}" if n > 1 else ""
     title = f"Trials (peaks in {unit} per {each}, headroom line {fmt_size(line)}{together})"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     heads = ["#", "status", "peak", "napkin", *(["calib."] if cal_mem else []), "tokens/s",

@@ -173,7 +173,7 @@ def autocast_copy_bytes(s: Structure, lora_rank: int, autocast: bool,
     autocast region and then kept by autograd for backward (torch.amp autocast weight cache):
     every matrix a token multiplies by in a full fine-tune (projections, router, experts, the LM
     head, tied or not; the embedding lookup is not autocast), or the LoRA adapters. Only the
-    plain module and DDP autocast (`autofit.config.uses_autocast`)."""
+    plain module and DDP autocast (`autofit.layout.uses_autocast`)."""
     if not autocast:
         return 0.0
     if lora_rank:
