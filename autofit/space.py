@@ -87,7 +87,8 @@ class Space:
         is the same mesh as `shard: all` (`autofit.layout.mesh_shape`), so only `all` is kept.
         With `n_gpus`, `wrap: auto` is replaced by the values it stands for there
         (`autofit.layout.resolve_wrap` under each offload and shard of the space), each value
-        once: a space that lists `auto` beside what it resolves to makes no config twice.
+        once: a space that lists `auto` and one that lists what it resolves to make the same
+        runs (what names a study, `autofit.search.study.runs_of`).
         Without the data's lengths (`data`) every sequence is `seq_len` long, where every
         `batching` is the same run, so only its default is kept."""
         knobs = self.knobs
@@ -156,18 +157,22 @@ class Space:
         with (`data`) or without the data's lengths (`knobs_on`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
-        knobs = self.knobs_on(nodes, n_gpus, data)
+        knobs = self.knobs_on(nodes, data=data)  # `wrap: auto`: resolved per combination below
         accum_values = (None,) if global_batch else knobs["grad_accum"]
         out: list[Config] = []
         skipped: Counter[str] = Counter()
-        # a space that lists a value twice makes some configs twice: each is kept once
+        # a space that lists a value twice, or `auto` beside a wrap it may stand for, makes some
+        # configs twice: each is kept once
+        auto = AUTO_WRAP in knobs["wrap"]
         seen: set[Config] | None = None
-        if any(len(set(v)) < len(v) for v in (*(knobs[k] for k in names), accum_values)):
+        if (auto and len(knobs["wrap"]) > 1) or any(
+            len(set(v)) < len(v) for v in (*(knobs[k] for k in names), accum_values)
+        ):
             seen = set()
-        # One GPU trains the plain module (`wrap: none`); where the space offers it, a one-rank
-        # FSDP2 mesh (which only adds gathered copies and DTensor overhead) is kept for param
-        # offload alone.
-        plain_only = n_gpus == 1 and "none" in knobs["wrap"]
+        # One GPU trains the plain module (`wrap: none`, what `auto` stands for there); where the
+        # space offers it, a one-rank FSDP2 mesh (which only adds gathered copies and DTensor
+        # overhead) is kept for param offload alone.
+        plain_only = n_gpus == 1 and ("none" in knobs["wrap"] or auto)
         unavailable = {loss: loss_unavailable(loss, device) for loss in knobs["loss"]}
         accums_of = {  # micro_batch -> the grad_accum values it is tried with (none: skipped)
             m: () if (ga := derive_grad_accum(global_batch, m, n_gpus)) is None else (ga,)
@@ -198,6 +203,8 @@ class Space:
                 accums = accum_values
             prefix = template.copy()
             prefix.update(zip(outer, combo, strict=True))
+            if auto and prefix["wrap"] == AUTO_WRAP:  # what it stands for with this offload, shard
+                prefix["wrap"] = resolve_wrap(AUTO_WRAP, n_gpus, prefix["offload"], prefix["shard"])
             for value in inner_values:
                 for ga in accums:
                     cfg = _fast_config(prefix, inner, value, ga)

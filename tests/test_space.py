@@ -91,8 +91,8 @@ def test_space_from_a_path(tmp_path):
 
 
 def test_wrap_auto_beside_what_it_resolves_to_makes_no_config_twice():
-    """`wrap: [auto, none, layer]` is `[none, layer]`: auto is resolved before the space's
-    candidates are enumerated, so each config comes once and the counts add up."""
+    """`wrap: [auto, none, layer]` is `[none, layer]`: auto is resolved in each combination of
+    the space, so each config comes once and the counts add up."""
     both = parse_space({"knobs": {"wrap": ["auto", "none", "layer"], "offload": ["none", "params"],
                                   "micro_batch": [1, 2]}}, "x")  # fmt: skip
     plain = parse_space({"knobs": {"wrap": ["none", "layer"], "offload": ["none", "params"],
@@ -110,6 +110,18 @@ def test_wrap_auto_beside_what_it_resolves_to_makes_no_config_twice():
         sorted((c.wrap, c.offload) for c in one)
         == [("layer", "params")] * 2 + [("none", "none")] * 2
     )
+
+
+def test_wrap_auto_counts_only_the_combinations_the_space_lists():
+    # the file leaves wrap at its default (auto) and lists two runs: LoRA with and without param
+    # offload. On one GPU they are the plain module and FSDP2 (param offload needs it): both
+    # valid, nothing skipped, and considered + skipped is the space's size.
+    space = parse_space({"knobs": {"lora_rank": [16], "offload": ["none", "params"]}}, "x")
+    for n_gpus, wraps in ((1, ["none", "layer"]), (2, ["layer", "layer"])):
+        configs, skipped = space.candidates(n_gpus)
+        held = [(c.wrap, c.offload) for c in configs]
+        assert held == list(zip(wraps, ["none", "params"], strict=True))
+        assert not skipped and len(configs) == space.size_on(1) == 2
 
 
 def test_scalar_knob_values_are_one_element_lists(tmp_path):
