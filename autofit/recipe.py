@@ -12,6 +12,7 @@ which `autofit.arch` counts by).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -111,34 +112,36 @@ def optimizer_state_bytes_per_param(optimizer: str, param_bytes: int) -> float:
     return ADAM_MOMENTS * (state.value_bytes + LOW_BIT_SCALE_BYTES / state.block)
 
 
-ADAMW_INTERMEDIATES: dict[str, int] = {"fused": 0, "foreach": 1, "for-loop": 2}
-"""Tensors torch's AdamW step (`torch/optim/adam.py`, torch 2.13, weight decay off or decoupled,
-no amsgrad, not capturable) allocates and holds at its peak, by `optimizer_impl`: `fused`
-(`_fused_adamw_`, one kernel per (device, dtype) group on CUDA and, since torch 2.4, on CPU) none;
-`foreach` (`_multi_tensor_adam`) one the size of every parameter of a (device, dtype) group at
-once, `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`, updated in place and freed after
-`_foreach_addcdiv_` (torch 2.0 held a second, `denom`: pytorch#97712, cut by #104898 for 2.1);
-`for-loop` (`_single_tensor_adam`) two the size of one parameter, in turn, `exp_avg_sq.sqrt()` and
-its quotient by `bias_correction2_sqrt`, so the largest parameter sizes them. Each in the
-parameter's own dtype."""
+@dataclass(frozen=True)
+class AdamWImpl:
+    """How one implementation of torch's AdamW (`optimizer_impl`, `adamw_impl`) runs its step:
+    what the estimator counts, what the builder passes and what the exports name."""
+
+    intermediates: int
+    """Tensors its step (`torch/optim/adam.py`, torch 2.13, weight decay off or decoupled, no
+    amsgrad, not capturable) allocates and holds at its peak: `fused` (`_fused_adamw_`, one
+    kernel per (device, dtype) group on CUDA and, since torch 2.4, on CPU) none; `foreach`
+    (`_multi_tensor_adam`) one the size of every parameter of a (device, dtype) group at once,
+    `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`, updated in place and freed after
+    `_foreach_addcdiv_` (torch 2.0 held a second, `denom`: pytorch#97712, cut by #104898 for
+    2.1); `for-loop` (`_single_tensor_adam`) two the size of one parameter, in turn,
+    `exp_avg_sq.sqrt()` and its quotient by `bias_correction2_sqrt`, so the largest parameter
+    sizes them. Each in the parameter's own dtype."""
+    kwargs: Mapping[str, bool]
+    """`torch.optim.AdamW`'s arguments for it: the builder passes them, the exports' comments
+    name them."""
+    hf_optim: str | None
+    """HF `TrainingArguments.optim` that runs it (transformers 5's `OptimizerNames`:
+    `adamw_torch_fused` passes `fused=True`, `adamw_torch` leaves torch its default, foreach on a
+    GPU). None: Trainer has no such choice (the for-loop)."""
 
 
-ADAMW_KWARGS: dict[str, dict[str, bool]] = {
-    "fused": {"fused": True},
-    "foreach": {"foreach": True},
-    "for-loop": {"foreach": False},
+ADAMW_IMPLS: dict[str, AdamWImpl] = {
+    "fused": AdamWImpl(0, {"fused": True}, "adamw_torch_fused"),
+    "foreach": AdamWImpl(1, {"foreach": True}, "adamw_torch"),
+    "for-loop": AdamWImpl(2, {"foreach": False}, None),
 }
-"""`torch.optim.AdamW`'s arguments for each implementation `adamw_impl` resolves: the builder
-passes them, the exports' comments name them."""
-
-HF_ADAMW_OPTIM: dict[str, str | None] = {
-    "fused": "adamw_torch_fused",
-    "foreach": "adamw_torch",
-    "for-loop": None,
-}
-"""HF `TrainingArguments.optim` of each `ADAMW_INTERMEDIATES` implementation (transformers 5's
-`OptimizerNames`: `adamw_torch_fused` passes `fused=True`, `adamw_torch` leaves torch its default,
-foreach on a GPU). None: Trainer has no for-loop choice."""
+"""Each implementation `adamw_impl` resolves (the `optimizer_impl` values but `auto`)."""
 
 HF_ADAMW_DEFAULT = "adamw_torch"
 """Trainer's plain torch AdamW: what an export names where fused cannot run (params off the GPU)
@@ -154,7 +157,7 @@ def hf_optim(optimizer: str, impl: str | None, offload: str) -> str:
         return state.hf_optim
     if offload != "none" or impl is None:
         return HF_ADAMW_DEFAULT
-    return HF_ADAMW_OPTIM[impl] or HF_ADAMW_DEFAULT
+    return ADAMW_IMPLS[impl].hf_optim or HF_ADAMW_DEFAULT
 
 
 HF_TRAINER_LOW_BIT_BLOCK = 256
@@ -165,7 +168,7 @@ a Trainer run of the export holds other optimizer state than was measured (`expo
 
 
 def adamw_impl(setting: str, optimizer: str, device: str, offload: str) -> str | None:
-    """The implementation of torch's AdamW a run's step uses (a key of `ADAMW_INTERMEDIATES`), or
+    """The implementation of torch's AdamW a run's step uses (a key of `ADAMW_IMPLS`), or
     None for torchao's low-bit AdamW, which has its own step. `auto` is fused where the
     parameters the step updates are on the GPU (torchao's `CPUOffloadOptimizer` too, which runs it
     on host copies), and torch's own choice where they are CPU tensors (a CPU trial, FSDP2's

@@ -22,7 +22,7 @@ TRAIN_EMBEDDINGS = ("none", "full")
 TOKENS_PREFIX = "tokens:"
 
 # `optimizer_impl` values: how torch's AdamW runs its step (`autofit.recipe.adamw_impl` resolves
-# `auto`; `autofit.recipe.ADAMW_INTERMEDIATES` counts what each holds)
+# `auto`; `autofit.recipe.ADAMW_IMPLS` counts what each holds)
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
 
 # `lora_targets` spellings of the default: every linear projection of the decoder blocks.

@@ -496,7 +496,7 @@ def map_row(i: int, row: dict[str, str], strict: bool = True) -> Mapped | Exclud
     # The launch's own settings autofit's would pin otherwise: HF Trainer's `adamw_torch` (Qwen
     # finetune.py:43; fms: HF's default) is torch AdamW with its defaults, foreach on CUDA, whose
     # step on torch 2.0 (Qwen's README: "Pytorch 2.0") held two parameter-sized intermediates and
-    # from 2.1 on (fms: 2.4.1) one (`autofit.recipe.ADAMW_INTERMEDIATES`); both ran the caching
+    # from 2.1 on (fms: 2.4.1) one (`autofit.recipe.ADAMW_IMPLS`); both ran the caching
     # allocator with its default segments (neither launch sets PYTORCH_CUDA_ALLOC_CONF).
     extra: dict[str, Any] = {"optimizer_impl": "foreach", "expandable_segments": False}
     if src == "qwen":

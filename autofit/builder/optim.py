@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from autofit.config import Config
-from autofit.recipe import ADAMW_KWARGS, LOW_BIT_STATES
+from autofit.recipe import ADAMW_IMPLS, LOW_BIT_STATES
 
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
 
@@ -49,7 +49,7 @@ def build_optimizer(
     if config.optimizer in LOW_BIT_STATES:  # the block size the estimator counts, not a default
         kwargs["block_size"] = LOW_BIT_STATES[config.optimizer].block
     if impl is not None:
-        kwargs.update(ADAMW_KWARGS[impl])
+        kwargs.update(ADAMW_IMPLS[impl].kwargs)
     if config.offload == "optimizer" and device_type == "cuda":
         from torchao.optim import CPUOffloadOptimizer
 

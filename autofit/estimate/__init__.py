@@ -173,7 +173,7 @@ def estimate_many(
 
     What a launch autofit did not set up does differently: `foreach_intermediates`, the
     parameter-sized intermediates its torch's foreach AdamW step holds (configs with
-    `optimizer_impl: foreach`; None: torch 2.13's one, `autofit.recipe.ADAMW_INTERMEDIATES`;
+    `optimizer_impl: foreach`; None: torch 2.13's one, `autofit.recipe.ADAMW_IMPLS`;
     torch 2.0's step held 2) and `expandable_segments` (the caching allocator's mode the slack is
     replayed with).
 

@@ -16,9 +16,8 @@ from autofit.export.layout import (
 from autofit.export.schema import MARKER, env_text
 from autofit.layout import Layout, Sharding, wrap_group_size
 from autofit.recipe import (
-    ADAMW_KWARGS,
+    ADAMW_IMPLS,
     HF_ADAMW_DEFAULT,
-    HF_ADAMW_OPTIM,
     HF_TRAINER_LOW_BIT_BLOCK,
     LOW_BIT_STATES,
     trained_embedding_modules,
@@ -168,8 +167,8 @@ def adamw_notes(doc: dict[str, Any], layout: Layout) -> list[str]:
     impl = layout.adamw
     if doc["config"].get("optimizer_impl", "auto") == "auto" or impl is None:
         return []
-    trainer = HF_ADAMW_OPTIM[impl]
-    torch_call = ", ".join(f"{k}={v}" for k, v in ADAMW_KWARGS[impl].items())
+    trainer = ADAMW_IMPLS[impl].hf_optim
+    torch_call = ", ".join(f"{k}={v}" for k, v in ADAMW_IMPLS[impl].kwargs.items())
     hf = (
         f"HF Trainer optim {trainer}"
         if trainer is not None

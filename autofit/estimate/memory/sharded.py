@@ -189,7 +189,7 @@ def optimizer_temp_bytes(
 ) -> float:  # fmt: skip
     """Intermediates of the optimizer step on the device, by the implementation of torch's AdamW
     the run uses (`impl`, `autofit.recipe.adamw_impl`; None: torchao's low-bit AdamW), each in
-    the trainable dtype (`recipe.ADAMW_INTERMEDIATES`): `fused` none; `foreach` one the size of
+    the trainable dtype (`recipe.AdamWImpl.intermediates`): `fused` none; `foreach` one the size of
     the (local) `trainable` parameters (`foreach_intermediates`: another torch's count, e.g. 2
     for torch 2.0's); `for-loop` two the size of the largest trainable tensor's shard (measured:
     2 x the fp32 embedding of llama-mini on the plain module), as torchao's low-bit step on CPU.
@@ -199,9 +199,9 @@ def optimizer_temp_bytes(
     pb = master_bytes(precision, optimizer)
     if impl == "foreach":
         if foreach_intermediates is None:
-            foreach_intermediates = recipe.ADAMW_INTERMEDIATES["foreach"]
+            foreach_intermediates = recipe.ADAMW_IMPLS["foreach"].intermediates
         return foreach_intermediates * trainable * pb / shard
-    per_param = recipe.ADAMW_INTERMEDIATES["for-loop"]
+    per_param = recipe.ADAMW_IMPLS["for-loop"].intermediates
     largest = s.largest_lora_matrix(targets) * lora_rank if lora_rank else s.largest_param
     trained = trained_largest_tensor(s, embeddings)
     return max(per_param * largest * pb / shard, per_param * trained * pb / shard)
