@@ -233,7 +233,8 @@ def prepare(
                 materialize(layer, device)
 
         apply_fsdp(model, parts, config, mesh, layout, before_unit=build_layers)
-        materialize(model, device)
+        # what FSDP2 offloads must be on the host when it first runs; the rest on the device
+        materialize(model, device, param_device=offloaded_param_device(config, device))
         return model, layout
     for layer in parts.layers:
         if not has_meta(layer):
@@ -245,6 +246,13 @@ def prepare(
     if sharding is Sharding.DDP:
         return apply_ddp(model, device), layout
     return model, layout
+
+
+def offloaded_param_device(config: Config, device: torch.device) -> torch.device | None:
+    """Where the parameters FSDP2 manages are materialised: the host under `offload: params`
+    (FSDP2's `CPUOffloadPolicy` refuses a parameter left on the GPU when it first runs, and moves
+    to the host only those that were real when `fully_shard` ran); None: on `device`."""
+    return torch.device("cpu") if config.offload == "params" else None
 
 
 def keep_lora_inputs(model: nn.Module) -> None:

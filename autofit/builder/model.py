@@ -73,7 +73,13 @@ def has_meta(module: nn.Module) -> bool:
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
-def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") -> nn.Module:
+def materialize(
+    module: nn.Module,
+    device: torch.device,
+    *,
+    prefix: str = "",
+    param_device: torch.device | None = None,
+) -> nn.Module:
     """Give every submodule still on meta real storage on `device` (`to_empty`) and initialise it
     as HF does for every supported family (normal(0.02) matrices, zero biases, norms at their
     family's neutral value, LoRA A kaiming / B zero, rotary frequencies recomputed). Modules
@@ -81,7 +87,12 @@ def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") ->
     `to_empty` allocates only this rank's shards. `prefix` is the module's name in its model, so
     a LoRA adapter is recognised by its path. A parameter two modules share (a tied LM head) is
     materialised once, by the first, and the second is given that same parameter: `to_empty` on
-    each module would untie them."""
+    each module would untie them.
+
+    `param_device`: where parameters go when not `device` (the host, for parameters FSDP2
+    offloads: `CPUOffloadPolicy` wants them there when it first runs, and only moves those that
+    were real when `fully_shard` ran); buffers always go to `device`, as torchtitan materialises
+    an offloaded model (`to_empty(device="cpu")`, buffers on `buffer_device`)."""
     made: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(meta original) -> (it, real)
     for name, mod in module.named_modules(prefix=prefix):
         for pname, param in list(mod._parameters.items()):
@@ -90,7 +101,10 @@ def materialize(module: nn.Module, device: torch.device, *, prefix: str = "") ->
         own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
         if any(t.is_meta for t in own):
             on_meta = {n: p for n, p in mod._parameters.items() if p is not None and p.is_meta}
-            mod.to_empty(device=device, recurse=False)
+            on_meta_buffers = [n for n, b in mod._buffers.items() if b is not None and b.is_meta]
+            mod.to_empty(device=param_device or device, recurse=False)
+            for bname in on_meta_buffers if param_device not in (None, device) else ():
+                mod._buffers[bname] = torch.empty_like(mod._buffers[bname], device=device)
             for pname, original in on_meta.items():
                 made[id(original)] = (original, mod._parameters[pname])  # type: ignore[assignment]
             _init_module(name, mod)
