@@ -106,7 +106,12 @@ class Calibrator:
             trial.set_user_attr(st.CALIBRATED, self.cands.calibrated(cfg))
 
     def next_candidate(self, taken: set[str], measured: list[Candidate]) -> Candidate | None:
-        """The untried candidate with the highest expected improvement over the best measured
+        """While no trial has measured a speed: the (calibrated) estimate's fastest untried
+        candidate under the headroom line, in the plan's own order (`Candidates.predicted_fit`).
+        Before any measurement the only spread there is, is the estimate's stated error, the
+        same for every candidate: an expected gain would rank by that spread, not by speed.
+
+        Then: the untried candidate with the highest expected improvement over the best measured
         one under the headroom line: its calibrated tokens/s taken as log-normal with the
         calibration's uncertainty for it (a candidate unlike the measured ones is less certain:
         it may be much faster, and it teaches more; one the calibrated estimate cannot tell from
@@ -115,6 +120,10 @@ class Calibrator:
         `MIN_TRIALS_TO_STOP` measured trials) when none is expected to gain `MIN_GAIN`."""
         c = self.cands
         s = c.setting
+        if not any(m.trial is not None and m.trial.tokens_per_s for m in measured):
+            for cand in c.predicted_fit:
+                if st.config_key(cand.config) not in taken:
+                    return cand
         ok = [m for m in measured if under_line(s, m.trial) and m.trial.tokens_per_s]
         best = max((m.trial.tokens_per_s for m in ok), default=0.0)
         sure = sum(1 for m in measured if m.measured) >= MIN_TRIALS_TO_STOP
@@ -158,7 +167,7 @@ def summary(cands: Candidates, trials: list[Candidate]) -> dict[str, Any]:
     pairs: dict[str, list[tuple[float, float | None]]] = {"memory": [], "speed": []}
     for c in trials:
         r = c.trial
-        if r is None or r.status != "ok":
+        if r is None or not r.measured:
             continue
         # a calibrated estimate made before anything was measured is the napkin's: not counted
         calibrated = c.calibrated if c.calibrated and c.calibrated.get("source") != "none" else {}

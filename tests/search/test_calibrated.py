@@ -128,13 +128,16 @@ def test_a_second_plan_on_this_machine_starts_from_the_stored_calibration(search
 
 
 def test_the_search_stops_when_nothing_untried_may_beat_the_best_measured(search_kwargs):
-    # The napkin is right about everything: once a few trials confirm it, no untried candidate
-    # may beat the measured best, and the search stops well before its budget.
+    # The napkin is right about everything: its best that fits is measured first; once trials
+    # confirm the rest of what it says (each mode and term it has not measured is unsure until
+    # one trial runs it), no untried candidate may beat the measured best, and the search stops
+    # before its budget.
     fake = FakeTrials()
     kw = {**search_kwargs, "space": wide_space(), "trials": 20}
     text = io.StringIO()
     shown = SearchDisplay(Console(file=text, width=200))
     plan = search(run_trial=fake, calibration="study", listener=shown, **kw)
-    assert len(plan.trials) < 10
+    assert len(plan.trials) < kw["trials"]
+    assert plan.trials[0].config == plan.best.config
     assert "the search stops here" in text.getvalue()
     assert as_fast_as_the_grid(plan, kw, fake)
