@@ -19,7 +19,7 @@ from autofit.arguments import (
     node_rank_of,
     run_folder,
 )
-from autofit.checks import TRIAL_TIMEOUT_S, check_steps, check_trial_timeout
+from autofit.checks import SEARCH_TIMEOUT_S, TRIAL_TIMEOUT_S, check_steps, check_trial_timeout
 from autofit.config import KNOBS, Config
 from autofit.data import LengthHistogram
 from autofit.data.source import DataKeywords, data_keywords, data_lengths
@@ -112,8 +112,8 @@ def plan(
     global_batch: int | None = None,
     space: str | Path = "default",
     trials: int = DEFAULT_TRIALS,
-    timeout: float | None = None,
-    trial_timeout: float = TRIAL_TIMEOUT_S,
+    timeout: float | None = SEARCH_TIMEOUT_S,
+    trial_timeout: float | None = None,
     steps: int = 3,
     margin: float = DEFAULT_MARGIN,
     device: str = "cuda",

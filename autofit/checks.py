@@ -95,11 +95,19 @@ def check_steps(steps: int) -> None:
 
 TRIAL_TIMEOUT_S = 600.0
 """Seconds one trial may run before every process of it is killed, unless --trial-timeout says
-otherwise: the default of every command, API function and launcher that runs trials."""
+otherwise: the default of every command, API function and launcher that runs trials. A search
+holds each trial to less where its estimate says it should take less
+(`autofit.trials.budget.TrialTime.limit_s`)."""
+
+SEARCH_TIMEOUT_S = 900.0
+"""Seconds a search starts trials for unless --search-timeout says otherwise (no trial starts
+after it; the last one and the verification still finish): a plan of a 7B model on one GPU is
+done in about a quarter of an hour, about 20 trials of 40-50 s on an H200."""
 
 
-def check_trial_timeout(seconds: float) -> None:
-    if not seconds > 0:
+def check_trial_timeout(seconds: float | None) -> None:
+    """None (each trial's limit from its estimate) or a positive number of seconds."""
+    if seconds is not None and not seconds > 0:
         raise AutofitError(
             f"The trial timeout (--trial-timeout) must be a positive number of seconds; got "
             f"{seconds}."

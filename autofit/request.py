@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autofit.checks import TRIAL_TIMEOUT_S
+from autofit.checks import SEARCH_TIMEOUT_S
 from autofit.config import MAX_COUNT, MAX_SEQ_LEN
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
@@ -39,8 +39,10 @@ class SearchBudget:
     """What the search may spend on real trials."""
 
     trials: int = DEFAULT_TRIALS  # real trials, all workers together
-    timeout: float | None = None  # seconds for the whole search (--search-timeout)
-    trial_timeout: float = TRIAL_TIMEOUT_S  # seconds one trial may run (--trial-timeout)
+    timeout: float | None = SEARCH_TIMEOUT_S  # seconds of trials (--search-timeout; None: no limit)
+    # seconds one trial may run (--trial-timeout); None: each trial's own limit from its
+    # estimate, at most `TRIAL_TIMEOUT_S` (`autofit.trials.budget.trial_limit`)
+    trial_timeout: float | None = None
     steps: int = 3  # measured steps per trial (--steps)
     gpu_memory: int | None = None  # bytes each trial is held to (None: the whole GPU)
 
@@ -91,8 +93,8 @@ class PlanRequest:
         prune: bool = True,
         calibration: str = "auto",
         trials: int = DEFAULT_TRIALS,
-        timeout: float | None = None,
-        trial_timeout: float = TRIAL_TIMEOUT_S,
+        timeout: float | None = SEARCH_TIMEOUT_S,
+        trial_timeout: float | None = None,
         steps: int = 3,
         gpu_memory: int | None = None,
         storage: str | None = None,

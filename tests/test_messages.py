@@ -245,12 +245,13 @@ def test_timed_out_trials_name_trial_timeout_and_its_value(tmp_path):
         for i, c in enumerate(cands.trialable)
     ]
     advice = no_winner_advice(cands.setting, cands, trials, trials=20, trial_timeout=45)
-    assert "timed out at the per-trial limit of 45 s" in advice
-    assert "raise --trial-timeout (e.g. --trial-timeout 90)" in advice
+    assert "timed out (after up to 45 s: --trial-timeout 45 s)" in advice
+    assert "longer with --trial-timeout (e.g. --trial-timeout 91)" in advice
     assert "--global-batch" not in advice
-    # without the limit given (e.g. `autofit export`), the trials' own run time stands in
+    # without --trial-timeout each trial had its own limit from its estimate: said so
     advice = no_winner_advice(cands.setting, cands, trials)
-    assert "--trial-timeout" in advice and "45.3 s" in advice
+    assert "its own limit, 3x the time its estimate expected + 30 s" in advice
+    assert "--trial-timeout (e.g. --trial-timeout 91)" in advice
 
 
 def test_failed_trials_quote_the_first_errors_first_line(tmp_path):

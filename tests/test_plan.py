@@ -164,6 +164,7 @@ def test_winner_reason_explains_faster_configs_that_failed_verification():
         peak_bytes: int = 10 * 1024**3
         step_time_s: float = 1.0
         status: str = "ok"
+        measured: bool = True
 
     hw = resolve_gpus("1xrtx3090")
     model = PRESETS["llama-7b"]

@@ -10,12 +10,13 @@ import typer
 
 import autofit
 from autofit import report
-from autofit.checks import TRIAL_TIMEOUT_S
+from autofit.checks import SEARCH_TIMEOUT_S, TRIAL_TIMEOUT_S
 from autofit.cli.app import app, emit_json, err, fail, interrupted, out, warnings_to_stderr
 from autofit.cli.data import data_flags
 from autofit.cli.flags import JSON, TARGET, declared_flags, flag, renamed, table_flags
 from autofit.errors import AutofitError, WriteError
 from autofit.request import DEFAULT_MARGIN, DEFAULT_TRIALS
+from autofit.trials.budget import LIMIT_FACTOR, LIMIT_SLACK_S
 
 # The options of `autofit plan`, in the order its --help lists them (the settings follow --gpus,
 # the data flags come before --json): keyword, type, help, default (`flag`). `CLI_ONLY`: the
@@ -29,10 +30,14 @@ PLAN = [
     flag("trials", int, f"Real trials (default {DEFAULT_TRIALS}; 0: none)."),
     flag("no_trials", bool, "Estimates only: no GPU needed.", False),
     flag("search_timeout", float,
-         "Seconds for the whole search: no new trial starts after it (default: no limit)."),
+         f"Seconds for the whole search: no new trial starts after it (default "
+         f"{SEARCH_TIMEOUT_S:g}; each trial is held to a limit from its estimate, at most "
+         "--trial-timeout)."),
     flag("timeout", float, "Old name of --search-timeout.", hidden=True),
-    flag("trial_timeout", float, "Seconds one trial may run before it is killed.",
-         TRIAL_TIMEOUT_S),
+    flag("trial_timeout", float,
+         f"Seconds one trial may run before it is killed (default: each trial's own limit, "
+         f"{LIMIT_FACTOR:g}x the time its estimate expects + {LIMIT_SLACK_S:g} s, at most "
+         f"{TRIAL_TIMEOUT_S:g})."),
     flag("steps", int, "Measured steps per trial.", 3),
     flag("margin", float, "Headroom the winner must keep (0.05 = 5%).", DEFAULT_MARGIN),
     TARGET["device"],
@@ -86,7 +91,8 @@ def plan(
                             "--node-rank": kept["node_rank"], "--no-prune": no_prune},
             )  # fmt: skip
             result = autofit.plan(
-                **kept, trials=n_trials, timeout=timeout, prune=not no_prune,
+                **kept, trials=n_trials, prune=not no_prune,
+                timeout=timeout if timeout is not None else SEARCH_TIMEOUT_S,
                 calibration=calibration,
                 **{name: value for name, value in declared.items() if value is not None},
                 console=None if json_out else console,

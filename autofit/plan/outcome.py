@@ -8,10 +8,12 @@ from autofit.trials.result import TrialResult
 
 
 class Outcome(StrEnum):
-    """How a trial reads: its status, or `OVER_LINE` for a run that finished but peaked above the
-    headroom line (it cannot be the winner)."""
+    """How a trial reads: its status, or `OVER_LINE` for a run that measured its steps but peaked
+    above the headroom line (it cannot be the winner). `SLOW`: stopped after a measured step far
+    past its estimate; what it measured still ranks it."""
 
     OK = "ok"
+    SLOW = "slow"
     OVER_LINE = "over line"
     OOM = "oom"
     TIMEOUT = "timeout"
@@ -26,6 +28,7 @@ def trial_status(result: TrialResult | None, allowed_bytes: float) -> Outcome:
         status = Outcome(result.status)
     except ValueError:
         status = Outcome.ERROR
-    if status == Outcome.OK and result.peak_bytes is not None and result.peak_bytes > allowed_bytes:
+    over = result.peak_bytes is not None and result.peak_bytes > allowed_bytes
+    if result.measured and over:
         return Outcome.OVER_LINE
     return status

@@ -15,7 +15,6 @@ from autofit.export import export_plan
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.plan.explain import mesh_comparison, tally
-from autofit.plan.outcome import Outcome
 from autofit.plan.prune import allowed_bytes, request_usable_bytes
 from autofit.request import PlanRequest
 from autofit.space import Space
@@ -36,7 +35,7 @@ class Candidate:
 
     @property
     def measured(self) -> bool:
-        return self.trial is not None and self.trial.status == Outcome.OK
+        return self.trial is not None and self.trial.measured
 
     @property
     def tokens_per_s(self) -> float:
@@ -122,6 +121,9 @@ class Plan:
     run_dir: str | None = None
     # how measurements corrected the napkin (`autofit.search.calibrated.summary`); None: not used
     calibration: dict[str, Any] | None = None
+    # a search's candidates the estimate says fit that no trial measured (it stopped first: its
+    # time or trial budget, or nothing untried was expected to gain), fastest first
+    untried: list[Candidate] = field(default_factory=list)
 
     # what the plan is for, read through to its request
     model = _OfRequest[ModelSpec]()
@@ -192,6 +194,10 @@ class Plan:
             "study": self.study_name,
             "run_dir": self.run_dir,
             "calibration": self.calibration,
+            "untried": {
+                "count": len(self.untried),
+                "fastest": [c.to_dict() for c in self.untried[:5]],
+            },
             # the data's lengths summarised; the histogram itself is the run folder's lengths.json
             "lengths": None
             if (hist := self.request.lengths) is None

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autofit.plan import Candidate, Outcome, trial_status
 from autofit.report.style import OUTCOME_STYLE
+from autofit.trials.budget import TrialTime
 from autofit.trials.result import TrialResult
 from autofit.units import all_together, device_noun, fmt_size
 
@@ -76,8 +77,8 @@ class SearchDisplay:
         if self.console is not None:
             self.console.print(text, soft_wrap=True, highlight=False)
 
-    def started(self, cand: Candidate) -> None:
-        self.running = cand.config.short()
+    def started(self, cand: Candidate, timing: TrialTime) -> None:
+        self.running = f"{cand.config.short()} (~{timing.expected_s:.0f} s)"
         if self.progress is not None:
             self.progress.update(self.task, description=f"running {self.running}")
 
@@ -126,9 +127,11 @@ def trial_line(number: int, cand: Candidate, result: TrialResult, allowed: float
     )
     speed = (
         f"{result.tokens_per_s:,.0f} tokens/s (est {est.tokens_per_s:,.0f})"
-        if result.status == Outcome.OK and result.tokens_per_s
+        if result.measured and result.tokens_per_s
         else (result.message.splitlines()[0][:80] if result.message else "")
     )
+    if result.status == Outcome.SLOW:
+        speed += " (stopped: a step far past its estimate)"
     line = fmt_size(allowed)
     return (
         f"#{number:<3} [{style}]{status:<9}[/] {cand.config.short():<40} "

@@ -57,7 +57,7 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
         ax1.plot(cal_x, cal_peak, "D", color="#2e8b57", markersize=5,
                  label="calibrated peak (before the trial)")  # fmt: skip
     # measured peaks: one colour under the headroom line, one over it, each with its legend entry
-    under_i = [i for i in range(len(trials)) if status[i] == Outcome.OK and not over[i]]
+    under_i = [i for i in range(len(trials)) if trials[i].measured and not over[i]]
     over_i = [i for i in range(len(trials)) if over[i]]
     bars = (
         (under_i, UNDER_COLOR, "measured peak (under the line)"),
@@ -68,11 +68,11 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
             ax1.bar([xs[i] + w / 2 for i in picked], [meas_peak[i] for i in picked], w,
                     color=color, label=label)  # fmt: skip
     for x, s in zip(xs, status, strict=True):
-        if s != Outcome.OK:
+        if s not in (Outcome.OK, Outcome.SLOW):
             ax1.annotate(s.upper(), (x + w / 2, cap / scale), ha="center", va="bottom",
                          color="#b22222", fontsize=8, fontweight="bold")  # fmt: skip
             ax1.plot([x + w / 2], [cap / scale], marker="x", color="#b22222", markersize=9)
-    if any(s != Outcome.OK for s in status):
+    if any(s not in (Outcome.OK, Outcome.SLOW) for s in status):
         ax1.plot([], [], "x", color="#b22222", label="no peak measured (oom, timeout, error)")
     ax1.axhline(cap / scale, color="#b22222", lw=1.5, label=f"capacity {fmt_size(cap)}")
     ax1.axhline(allowed_bytes / scale, color="#b22222", lw=1, ls="--",
@@ -82,7 +82,7 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     ax1.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
 
     est_tps = [c.estimate.tokens_per_s for c in trials]
-    meas_tps = [(c.trial.tokens_per_s or 0) if c.trial.status == Outcome.OK else 0 for c in trials]
+    meas_tps = [(c.trial.tokens_per_s or 0) if c.trial.measured else 0 for c in trials]
     bar_colors = [
         "#daa520" if best is not None and c.config == best.config else "#4682b4" for c in trials
     ]

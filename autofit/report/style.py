@@ -6,6 +6,7 @@ from autofit.plan import Outcome
 
 OUTCOME_STYLE = {
     Outcome.OK: "green",
+    Outcome.SLOW: "yellow",
     Outcome.OVER_LINE: "dark_orange",
     Outcome.OOM: "yellow",
     Outcome.TIMEOUT: "magenta",

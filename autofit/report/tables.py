@@ -163,7 +163,9 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
     for line in pruned_lines(plan):
         console.print(line, markup=False)  # reasons are plain text (`autofit[liger]`)
     if plan.best is None:
-        console.print(f"[red]No config fits.[/] {escape(plan.advice)}")
+        # never "nothing fits" while what the estimate says fits was left untried
+        head = "No config measured to fit yet." if plan.untried else "No config fits."
+        console.print(f"[red]{head}[/] {escape(plan.advice)}")
         return
     best = plan.best
     how = "measured" if best.measured else "estimated"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from autofit.plan import Outcome, Plan, trial_status
+from autofit.plan import Plan, trial_status
 from autofit.report.style import styled
 from autofit.units import all_together, device_noun, fmt_size, size_unit
 
@@ -37,7 +37,7 @@ def trials_table(plan: Plan) -> Table:
     rows = []
     for i, c in enumerate(plan.trials):
         t, cal = c.trial, c.calibrated or {}
-        ok = t.status == Outcome.OK
+        ok = t.measured
         rows.append((
             str(c.number if c.number is not None else i), trial_status(t, line), c,
             [size(t.peak_bytes), size(c.estimate.peak_bytes), size(cal.get("peak_bytes"))],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autofit.plan import Candidate, Outcome, infeasible_advice, trial_status
 from autofit.search.candidates import Candidates, Setting
+from autofit.trials.budget import LIMIT_FACTOR, LIMIT_SLACK_S
 from autofit.units import fmt_size
 
 
@@ -34,7 +35,7 @@ def no_winner_advice(
             return (
                 f"No trial ran within the search time limit (--search-timeout {timeout:g} s), so "
                 f"none of the {may_fit:,} candidate(s) that may fit was measured. Raise "
-                f"--search-timeout to leave time for at least one trial{each}, or leave it unset."
+                f"--search-timeout to leave time for at least one trial{each}."
             )
         return (
             f"No trial has finished yet, so none of the {may_fit:,} candidate(s) that may fit was "
@@ -51,11 +52,24 @@ def no_winner_advice(
     lines = [f"{ran} ({summary}); none finished under the {line} headroom line."]
     timeouts = [c for c in latest if c.trial.status == Outcome.TIMEOUT]
     if timeouts:
-        limit = trial_timeout or max(c.trial.wall_s for c in timeouts)
+        limit = max(c.trial.wall_s for c in timeouts)
+        whose = (
+            f"--trial-timeout {trial_timeout:g} s"
+            if trial_timeout is not None
+            else f"its own limit, {LIMIT_FACTOR:g}x the time its estimate expected + "
+            f"{LIMIT_SLACK_S:g} s"
+        )
         lines.append(
-            f"{len(timeouts)} timed out at the per-trial limit of {limit:g} s: raise "
-            f"--trial-timeout (e.g. --trial-timeout {2 * limit:g}); a trial also builds the "
-            "model and warms up before its measured steps."
+            f"{len(timeouts)} timed out (after up to {limit:.0f} s: {whose}): give each trial "
+            f"longer with --trial-timeout (e.g. --trial-timeout {2 * limit:.0f}), or run the "
+            "config alone with `autofit trial` to see where its time goes; a trial also starts "
+            "a process, builds the model and warms up before its measured steps."
+        )
+    slow = [c for c in latest if c.trial.status == Outcome.SLOW]
+    if slow:
+        lines.append(
+            f"{len(slow)} stopped as slow (a measured step far past its estimate); their "
+            "measured speed ranks them."
         )
     errors = [c for c in latest if c.trial.status == Outcome.ERROR]
     if errors:
@@ -74,23 +88,39 @@ def no_winner_advice(
             f"Nearest measured: '{near.config.short()}' peaked at "
             f"{fmt_size(near.trial.peak_bytes)}."
         )
-    measured = {c.config for c in latest}
-    untried = [c for c in cands.trialable if c.config not in measured]
+    untried = untried_fitting(cands, trial_cands) or untried_trialable(cands, trial_cands)
     if untried:
         if trials is not None and len(latest) >= trials:
             why, change = f"the trial budget (--trials {trials}) was spent", "raise --trials"
         elif timeout is not None:
             why = f"the search time limit (--search-timeout {timeout:g} s) ran out"
-            change = "raise --search-timeout (or leave it unset)"
+            change = "raise --search-timeout"
         else:
             why, change = "the search stopped", "run the same command again"
+        named = "; ".join(
+            f"'{c.config.short()}' (est. {c.estimate.tokens_per_s:,.0f} tokens/s, "
+            f"{fmt_size(c.estimate.peak_bytes)})"
+            for c in untried[:3]
+        )
         lines.append(
             f"{len(untried):,} candidate(s) that may fit were not tried because {why}: {change} "
-            "to measure them."
+            f"to measure them (finished trials are kept). Untried, fastest first: {named}."
         )
     elif memory:
         lines.append(_infeasible(s, cands, [cands.all[cfg] for cfg in cands.pruned] + memory))
     return " ".join(lines)
+
+
+def untried_fitting(cands: Candidates, trial_cands: list[Candidate]) -> list[Candidate]:
+    """The candidates the (calibrated) estimate says fit that no trial measured, fastest first."""
+    measured = {c.config for c in trial_cands}
+    return [c for c in cands.predicted_fit if c.config not in measured]
+
+
+def untried_trialable(cands: Candidates, trial_cands: list[Candidate]) -> list[Candidate]:
+    """Every candidate a trial may spend time on that none measured, fastest first."""
+    measured = {c.config for c in trial_cands}
+    return [c for c in cands.trialable if c.config not in measured]
 
 
 def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str:

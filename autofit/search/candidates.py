@@ -31,6 +31,7 @@ from autofit.plan.rank import complexity, speed_bucket
 from autofit.request import PlanRequest
 from autofit.rules import derive_grad_accum
 from autofit.search import study as st
+from autofit.trials.budget import TrialTime, trial_time
 from autofit.trials.result import TrialResult
 
 # Two candidates whose estimated speed and peak are both within this of each other are the same
@@ -176,6 +177,20 @@ class Candidates:
         """Calibrated tokens/s, peak, and the log-sd of each, of `trialable` in its order."""
         at = self._trialable_at
         return self._speeds[at], self._peaks[at], self._speed_sd[at], self._peak_sd[at]
+
+    def trial_time(self, cfg: Config, steps: int) -> TrialTime:
+        """What a trial of `cfg` with `steps` measured steps should take (one warm-up, as
+        `autofit.trials.run_trial` runs it; on the data's lengths one more), its step time the
+        calibrated estimate's: its limit and its slow mark (`autofit.trials.budget`)."""
+        s = self.setting
+        step = float(self._steps[self._index[cfg]]) if cfg in self._index else None
+        if step is None:
+            from autofit.estimate import estimate
+
+            step = estimate(
+                s.model, s.hardware, cfg, device=s.device, lengths=s.lengths
+            ).step_time_s
+        return trial_time(s.model, cfg, step, steps, device=s.device, data=s.lengths is not None)
 
     def rank_key(self, cand: Candidate) -> tuple[int, int, float]:
         """`autofit.plan.rank_key` on the calibrated estimate: fastest first (ties within 0.5%),

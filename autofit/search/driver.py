@@ -28,7 +28,7 @@ from typing import Any
 
 import optuna
 
-from autofit.checks import check_steps, check_trial_timeout, default_run_dir
+from autofit.checks import TRIAL_TIMEOUT_S, check_steps, check_trial_timeout, default_run_dir
 from autofit.plan import Candidate, Plan
 from autofit.request import PlanRequest
 from autofit.search import study as st
@@ -55,8 +55,10 @@ from autofit.search.steering import (
     untried,
     wait_for_other_planners,
 )
+from autofit.search.timing import expected_search
 from autofit.search.verify import ranked_under_line, verify_steps, verify_winner
 from autofit.trials import run_trial as trials_run_trial
+from autofit.trials.budget import trial_limit
 from autofit.trials.cluster import Cluster
 from autofit.trials.devlock import device_lock
 from autofit.trials.result import TrialResult
@@ -163,10 +165,16 @@ def _lead(
         hooks["lengths"] = setting.lengths
 
     def measure(cand: Candidate, n_steps: int) -> TrialResult:
+        limit = trial_limit(cands.trial_time(cand.config, n_steps), budget.trial_timeout)
         return run_trial(
             model, cand.config, nprocs=hardware.n_gpus, device=device,
-            gpu_memory=budget.gpu_memory, steps=n_steps, timeout_s=budget.trial_timeout, **hooks,
+            gpu_memory=budget.gpu_memory, steps=n_steps, timeout_s=limit, **hooks,
         )  # fmt: skip
+
+    if cands.trialable and len(finished) < trials:
+        display.note(
+            expected_search(cands, trials, budget.steps, timeout, len(finished)).sentence()
+        )
 
     with shown(display, trials, min(len(finished), trials), setting.allowed_bytes):
         if cands.trialable and len(finished) < trials:
@@ -217,7 +225,7 @@ def _lead(
         if calibrator.on:
             # this planner stopped as nothing it may try may gain: what other planners of the
             # study measure now may (their trials teach the calibration as well)
-            wait_for_other_planners(opt_study, display, budget.trial_timeout)
+            wait_for_other_planners(opt_study, display, budget.trial_timeout or TRIAL_TIMEOUT_S)
             calibrator.refresh(opt_study)
             opt_study.set_user_attr(CALIBRATION_ATTR, cands.calibration.to_dict())
         trial_cands = rebuild_trials(opt_study, cands)

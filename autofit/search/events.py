@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autofit.trials.budget import TrialTime
 from autofit.trials.result import TrialResult
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ class SearchListener(Protocol):
     def end(self) -> None:
         """No more trials or verifications follow."""
 
-    def started(self, cand: Candidate) -> None: ...
+    def started(self, cand: Candidate, timing: TrialTime) -> None:
+        """A trial starts; `timing`: what it should take (`autofit.trials.budget`)."""
 
     def trial_progress(self, info: dict[str, Any]) -> None:
         """What the running trial's rank 0 says it does (phase, step, steps)."""
@@ -67,7 +69,7 @@ class Silent:
     def end(self) -> None:
         pass
 
-    def started(self, cand: Candidate) -> None:
+    def started(self, cand: Candidate, timing: TrialTime) -> None:
         pass
 
     def trial_progress(self, info: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from autofit.request import SearchBudget
 from autofit.search import study as st
 from autofit.search.calibrated import Calibrator
 from autofit.search.candidates import Candidates
+from autofit.trials.budget import TrialTime, trial_limit
 from autofit.trials.result import TrialResult
 
 MEMORY = "memory"  # the constraint's name
@@ -50,6 +51,12 @@ def estimate_attrs(cand: Candidate) -> dict[str, Any]:
     }
 
 
+def timing_attrs(timing: TrialTime, limit: float) -> dict[str, float]:
+    """A trial's budget as it records it (user attr `timing`): expected seconds, its limit and
+    its slow mark."""
+    return {"expected_s": timing.expected_s, "limit_s": limit, "slow_after_s": timing.slow_after_s}
+
+
 def enqueue(study: optuna.Study, cands: Candidates, cfg: Config, why: str, **attrs: Any) -> None:
     """Queue `cfg` as the study's next fixed trial; `why` (user attr `enqueued`) says who asked."""
     study.enqueue_trial(
@@ -60,7 +67,7 @@ def enqueue(study: optuna.Study, cands: Candidates, cfg: Config, why: str, **att
 def memory_constraint(cands: Candidates, cand: Candidate, result: TrialResult) -> float:
     """> 0: over the headroom line (infeasible). An OOM's peak is unknown: at least capacity."""
     allowed = cands.setting.allowed_bytes
-    if result.status == Outcome.OK and result.peak_bytes is not None:
+    if result.measured and result.peak_bytes is not None:
         return result.peak_bytes / allowed - 1
     if result.status == Outcome.OOM:
         over = max(cand.estimate.peak_bytes, cands.setting.hardware.capacity_bytes)
@@ -75,7 +82,7 @@ class Objective:
         budget: SearchBudget,
         run_trial: Callable[..., TrialResult],
         on_result: Callable[[optuna.Trial, Candidate, TrialResult], None] | None = None,
-        on_start: Callable[[Candidate], None] | None = None,
+        on_start: Callable[[Candidate, TrialTime], None] | None = None,
         trial_kwargs: dict[str, Any] | None = None,
         calibrator: Calibrator | None = None,
     ) -> None:
@@ -143,13 +150,17 @@ class Objective:
         s = self.cands.setting
         if self.calibrator is not None:
             self.calibrator.record(trial, cand.config)
+        # held to its own estimate: a limit from its expected time, a slow mark from its step
+        timing = self.cands.trial_time(cand.config, self.budget.steps)
+        limit = trial_limit(timing, self.budget.trial_timeout)
+        trial.set_user_attr(st.TIMING, timing_attrs(timing, limit))
         if self.on_start:
-            self.on_start(cand)
+            self.on_start(cand, timing)
         try:
             result = self.run_trial(
                 s.model, cand.config, nprocs=s.hardware.n_gpus, device=s.device,
-                gpu_memory=self.budget.gpu_memory, steps=self.budget.steps,
-                timeout_s=self.budget.trial_timeout, **self.trial_kwargs,
+                gpu_memory=self.budget.gpu_memory, steps=self.budget.steps, timeout_s=limit,
+                slow_after_s=timing.slow_after_s, **self.trial_kwargs,
             )  # fmt: skip
         except AutofitError as exc:  # it could not run (a node of it was lost): FAIL, no result
             trial.set_user_attr(st.STOPPED, str(exc))
@@ -160,7 +171,7 @@ class Objective:
         if result.status == Outcome.ERROR:
             raise TrialError(result.message.splitlines()[0] if result.message else "error")
         trial.set_constraint(MEMORY, memory_constraint(self.cands, cand, result))
-        if result.status == Outcome.OK and result.tokens_per_s:
+        if result.measured and result.tokens_per_s:
             return float(result.tokens_per_s)
         return 0.0  # oom, timeout: nothing measured, the worst value
 

@@ -44,6 +44,7 @@ GRACE_S = 60
 OWNER = "owner"  # user attr: {"host": ..., "process": "<pid>:<start time>"}
 RERUN_OF = "rerun_of"  # user attr of a trial that re-runs an interrupted one (its number)
 CALIBRATED = "calibrated"  # user attr: the calibrated estimate made before the trial ran
+TIMING = "timing"  # user attr: the trial's expected seconds, its limit and its slow mark
 STOPPED = "stopped"  # user attr: why a trial was stopped without a result (a node of it lost)
 
 # Trial outcomes (user attr "outcome"). Only "trial" spends a real trial.

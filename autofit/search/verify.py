@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 
-from autofit.plan import Candidate, Outcome, rank_key
+from autofit.plan import Candidate, rank_key
 from autofit.search import study as st
 from autofit.search.candidates import Setting
 from autofit.trials.result import TrialResult
@@ -31,7 +31,7 @@ def under_line(setting: Setting, result: TrialResult) -> bool:
     """A trial that ran and whose measured peak stayed at or below the headroom line."""
     return (
         result is not None
-        and result.status == Outcome.OK
+        and result.measured
         and result.peak_bytes is not None
         and result.peak_bytes <= setting.allowed_bytes
     )

@@ -15,7 +15,7 @@ import optuna
 import sqlalchemy.exc
 
 from autofit.trials.guard import alive, hostname, identity
-from autofit.trials.result import TrialResult
+from autofit.trials.result import MEASURED, TrialResult
 
 PREFIX = "autofit:cluster:"
 # What a write to or read of the shared storage raises when the storage is out of reach for a
@@ -142,7 +142,7 @@ class Channel:
     def _failed_part(self, seq: int, attrs: dict[str, Any]) -> str | None:
         for node in self._peers():
             part = attrs.get(f"part:{self.session}:{seq}:{node}")
-            if part and part["status"] != "ok":
+            if part and part["status"] not in MEASURED:
                 first = (part.get("message") or "no message").strip().splitlines()[0]
                 return f"node {node}'s part of it ended first ({part['status']}: {first})"
         return None

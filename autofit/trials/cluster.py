@@ -51,7 +51,7 @@ from autofit.trials.channel import (
 from autofit.trials.guard import alive, hostname
 from autofit.trials.launcher import Rendezvous
 from autofit.trials.launcher import run_trial as launch_trial
-from autofit.trials.result import TrialResult
+from autofit.trials.result import MEASURED, TrialResult
 
 PART_WAIT_S = 10.0  # how long node 0 waits for the other parts' reports after its own
 RESUME = (
@@ -150,7 +150,9 @@ class Cluster(Channel):
         run_id = f"autofit-{self.session}-{seq}"
         payload = {
             "model": asdict(spec), "config": config.to_dict(),
-            **{k: kwargs[k] for k in ("device", "gpu_memory", "steps", "warmup") if k in kwargs},
+            # every node's ranks judge a slow step alike: they all take part in that judgement
+            **{k: kwargs[k] for k in ("device", "gpu_memory", "steps", "warmup", "slow_after_s")
+               if k in kwargs},
         }  # fmt: skip
         if kwargs.get("lengths") is not None:  # every node's ranks draw the same batches
             payload["lengths"] = kwargs["lengths"].to_dict()
@@ -167,7 +169,7 @@ class Cluster(Channel):
         self._report(seq, result)
         parts = self._gather_parts(seq, result)
         lost = self._any_lost()
-        if lost and not result.ok:
+        if lost and not result.measured:
             first = (result.message or result.status).strip().splitlines()[0]
             detail = "" if lost in first else f" ({first})"
             self._fail(f"{lost}, during the trial of '{config.short()}'{detail}")
@@ -203,7 +205,7 @@ class Cluster(Channel):
             time.sleep(POLL_S)
 
     def _gather_parts(self, seq: int, result: TrialResult) -> dict[int, dict[str, Any]]:
-        deadline = time.monotonic() + (PART_WAIT_S if not result.ok else 2 * POLL_S)
+        deadline = time.monotonic() + (PART_WAIT_S if not result.measured else 2 * POLL_S)
         parts: dict[int, dict[str, Any]] = {}
         while True:
             attrs = self._attrs()
@@ -301,6 +303,7 @@ class Cluster(Channel):
             nprocs=launch["nprocs"], device=payload.get("device", "cuda"),
             gpu_memory=payload.get("gpu_memory"), steps=payload.get("steps", 3),
             warmup=payload.get("warmup", 1), timeout_s=launch["timeout_s"], rendezvous=rdzv,
+            slow_after_s=payload.get("slow_after_s"),
             abort=self._watch(seq),
             lengths=LengthHistogram.from_dict(lengths) if lengths is not None else None,
             lock=leader.get("host") != hostname(),  # on node 0's host, its part holds the lock
@@ -317,7 +320,7 @@ class Cluster(Channel):
 def _blame(result: TrialResult, parts: dict[int, dict[str, Any]]) -> None:
     """A trial that failed on node 0 because another node's part ran out of memory (or failed
     first) says so: that node's status and message, named."""
-    if result.ok:
+    if result.measured:
         return
     for node, part in sorted(parts.items()):
         if part.get("status") == "oom" and result.status != "oom":
@@ -326,6 +329,6 @@ def _blame(result: TrialResult, parts: dict[int, dict[str, Any]]) -> None:
             return
     if result.status in ("error", "timeout"):
         extra = [f"node {n}: {p['message'].splitlines()[0]}" for n, p in sorted(parts.items())
-                 if p.get("status") != "ok" and p.get("message")]  # fmt: skip
+                 if p.get("status") not in MEASURED and p.get("message")]  # fmt: skip
         if extra:
             result.message += "\n--- other nodes ---\n" + "\n".join(extra)

@@ -154,6 +154,7 @@ def run_trials(
     on_result: Callable[[int, TrialResult], None] | None = None,
     lengths: LengthHistogram | None = None,
     rendezvous: Rendezvous | None = None,
+    slow_after_s: float | Sequence[float | None] | None = None,
 ) -> list[TrialResult]:
     """Run each of `configs` for real on `nprocs` devices, in as few launches as their failures
     allow (one when none fails; see the module's rule), and return one result per config, in
@@ -168,7 +169,9 @@ def run_trials(
     micro-batches are drawn from as the config's `batching` lays them out (the first the longest
     the data can produce); its tokens/s then counts useful tokens (padding excluded). Without
     them every micro-batch is `micro_batch x seq_len` random tokens. `rendezvous`: one config's
-    trial across nodes (`run_trial`).
+    trial across nodes (`run_trial`). `slow_after_s` (one for all configs, or one each; None:
+    never): a measured step longer than this ends that config's steps, and its result, of the
+    steps it measured, is `slow` (`autofit.trials.budget`).
     """
     if rendezvous is not None and len(configs) != 1:
         raise ValueError("a trial across nodes runs one config (run_trial)")
@@ -211,6 +214,9 @@ def run_trials(
     }
     if lengths is not None:
         payload["lengths"] = lengths.to_dict()
+    slow = [slow_after_s] * len(configs) if not isinstance(slow_after_s, Sequence) else slow_after_s
+    if len(slow) != len(configs):
+        raise ValueError(f"{len(slow)} slow_after_s for {len(configs)} configs")
     guard.sweep_orphans(WORKER_MODULE)
     guard.sweep_stale_workdirs()
     held = device_lock(device, per_node, on_wait) if lock else contextlib.nullcontext()
@@ -221,6 +227,7 @@ def run_trials(
             for result in batch:
                 result.model = spec.name
             payload["configs"] = [configs[i].to_dict() for i in todo]
+            payload["slow_after_s"] = [slow[i] for i in todo]
             workdir = guard.make_workdir()
             first = todo[0]
             settle = _settler(on_result, results, first)

@@ -48,6 +48,7 @@ from autofit.data import LengthHistogram
 from autofit.errors import oom_kind
 from autofit.files import atomic_write
 from autofit.models import ModelSpec
+from autofit.trials.budget import SLOW_FACTOR, SLOW_MIN_S, warmup_steps
 from autofit.trials.memory import (
     TensorTracker,
     cap_cuda,
@@ -197,8 +198,11 @@ def run(
     world: int,
     local_rank: int,
     progress: Progress | None = None,
+    slow_after_s: float | None = None,
 ) -> dict[str, Any] | None:
-    """Build `config`, run its steps and return its result (on local rank 0; None elsewhere)."""
+    """Build `config`, run its steps and return its result (on local rank 0; None elsewhere).
+    `slow_after_s`: a measured step longer than this (on the slowest rank) ends the steps there,
+    and the result, of the steps measured so far, is `slow` (`autofit.trials.budget`)."""
     progress = progress or Progress(None, 0)
     device_type = device.type
     progress("build")
@@ -232,6 +236,7 @@ def run(
             torch.cuda.reset_peak_memory_stats(device)
         losses, times = [], []
         compiled, recompiled = CompileStats(), CompileStats()
+        slow = ""
         for step in range(warmup + spec["steps"]):
             warm = step < warmup
             progress("warmup" if warm else "step", step + 1 - (0 if warm else warmup))
@@ -248,6 +253,9 @@ def run(
                 compiled += made
             else:
                 recompiled += made
+                slow = _too_slow(times[-1], slow_after_s, device, step + 1 - warmup)
+                if slow:
+                    break
     if tracker is not None:
         peaks = [tracker.peak, tracker.peak, build_peak, 0]  # no device-level view on CPU
     else:
@@ -269,16 +277,18 @@ def run(
     step_time = statistics.median(measured)
     tokens_per_s = config.micro_batch * config.grad_accum * config.seq_len * world / step_time
     if lengths:  # useful tokens (padding excluded) of the measured steps, all ranks
-        useful = [n for _, n in plan[warmup:]] if times[warmup:] else [n for _, n in plan]
+        ran = plan[warmup : len(times)] if times[warmup:] else plan[: len(times)]
+        useful = [n for _, n in ran]
         useful_t = torch.tensor([float(sum(useful))], dtype=torch.float64, device=device)
         dist.all_reduce(useful_t, op=dist.ReduceOp.SUM)
         tokens_per_s = float(useful_t.item()) / sum(measured)
     compile_report = compile_result(config, compiled, recompiled, device)
     if local_rank != 0:
         return None
+    result: dict[str, Any] = {"status": "slow", "message": slow} if slow else {"status": "ok"}
     return {
         **compile_report,
-        "status": "ok",
+        **result,
         "sharding": str(applied.sharding),
         "peak_bytes": int(peak_t[0].item()),
         "peak_allocated_bytes": int(peak_t[1].item()),
@@ -292,13 +302,21 @@ def run(
     }
 
 
-def warmup_steps(config: Config, asked: int, data: bool = False) -> int:
-    """Warm-up steps to run: those asked for, and at least one for a compiled model, whose first
-    forward and backward compile its layers (that step is never a measured one). On the data's
-    lengths (`data`) one more, after at least one: the step of the longest micro-batch, run once
-    the optimizer's state exists (its first step makes it) and never timed."""
-    warm = max(asked, 1) if config.compile else asked
-    return max(warm, 1) + 1 if data else warm
+def _too_slow(seconds: float, limit: float | None, device: torch.device, measured: int) -> str:
+    """Why the steps stop here ("": they go on): the step just measured took longer than
+    `limit` on the slowest rank (every rank calls this and decides alike)."""
+    if limit is None:
+        return ""
+    slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    took = float(slowest.item())
+    if took <= limit:
+        return ""
+    return (
+        f"stopped as slow after {measured} measured step(s): a step took {took:.2f} s, past "
+        f"{limit:.2f} s ({SLOW_FACTOR:g}x its estimated step, at least {SLOW_MIN_S:g} s); "
+        "its tokens/s are of the steps it ran"
+    )
 
 
 def compile_result(
@@ -360,8 +378,9 @@ def main(argv: list[str] | None = None) -> None:
             progress.config = index
             if index:
                 release(device)
+            slow = (spec.get("slow_after_s") or [None] * (index + 1))[index]
             result = run(spec, Config.from_dict(config), device, capacity, rank, world,
-                         local_rank, progress)  # fmt: skip
+                         local_rank, progress, slow)  # fmt: skip
             if result is not None:
                 _write(config_result(out, index), result)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a status

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("ok", "oom", "timeout", "error")
+STATUSES = ("ok", "slow", "oom", "timeout", "error")
+"""`slow`: stopped after a measured step far past its estimate (`autofit.trials.budget`); its
+numbers are of the steps it measured."""
+MEASURED = ("ok", "slow")
+"""The statuses of a run that measured its steps: a peak and a speed."""
 
 
 @dataclass
@@ -68,6 +72,11 @@ class TrialResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def measured(self) -> bool:
+        """It ran measured steps (`ok`, or stopped as `slow` after some): a peak and a speed."""
+        return self.status in MEASURED
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

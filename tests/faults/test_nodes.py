@@ -57,7 +57,7 @@ def test_a_trial_spans_two_nodes_and_both_planners_agree(spawn, tmp_path: Path) 
     nodes = [spawn(_node(tmp_path, r), cli_env(tmp_path), tmp_path) for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in nodes]
     for p, (_stdout, stderr) in zip(nodes, outs, strict=True):
-        assert p.returncode == 0, stderr
+        assert p.returncode == 0, (stderr, _stdout)
     plans = [json.loads(stdout) for stdout, _ in outs]
     print(f"two-node plan: {time.monotonic() - start:.1f} s")
     leader, follower = plans

@@ -10,7 +10,11 @@ joined the process group
 
 - `hang`: every rank hangs;
 - `hang-collective`: rank 0 waits in a collective (a barrier) that the other ranks never join;
-- `host-oom`: rank 0 allocates host memory until something stops it.
+- `host-oom`: rank 0 allocates host memory until something stops it;
+- `slow-step`: every step of a config whose label (`Config.short()`) contains
+  `AUTOFIT_TEST_SLOW_MATCH` sleeps `AUTOFIT_TEST_SLOW_S` seconds first (warm-up steps too), as a
+  config whose kernels crawl would (wrapping `autofit.trials.rank.train_step` once the worker
+  imports it).
 
 Every other process (the planner, torchrun) imports nothing and changes nothing.
 """
@@ -24,7 +28,9 @@ import sys
 import types
 
 FAULT_ENV = "AUTOFIT_TEST_FAULT"
-FAULTS = ("hang", "hang-collective", "host-oom")
+FAULTS = ("hang", "hang-collective", "host-oom", "slow-step")
+SLOW_MATCH_ENV = "AUTOFIT_TEST_SLOW_MATCH"
+SLOW_S_ENV = "AUTOFIT_TEST_SLOW_S"
 
 
 def _hang() -> None:
@@ -32,6 +38,20 @@ def _hang() -> None:
 
     while True:
         time.sleep(1)
+
+
+def _slow_steps(rank: types.ModuleType) -> None:
+    import time
+
+    step, match = rank.train_step, os.environ.get(SLOW_MATCH_ENV, "")
+    seconds = float(os.environ.get(SLOW_S_ENV, "5"))
+
+    def train_step(run, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if match and match in run.config.short():
+            time.sleep(seconds)
+        return step(run, *args, **kwargs)
+
+    rank.train_step = train_step
 
 
 def _inject(fault: str, dist: types.ModuleType) -> None:
@@ -67,7 +87,10 @@ class _WhenImported(importlib.abc.MetaPathFinder):
 
         def exec_module(module: types.ModuleType) -> None:
             run(module)
-            _inject(self.fault, module)
+            if self.fault == "slow-step":
+                _slow_steps(module)
+            else:
+                _inject(self.fault, module)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -77,4 +100,7 @@ _fault = os.environ.get(FAULT_ENV, "")
 if _fault and "LOCAL_RANK" in os.environ:
     if _fault not in FAULTS:
         raise SystemExit(f"{FAULT_ENV}={_fault!r}: expected one of {', '.join(FAULTS)}")
-    sys.meta_path.insert(0, _WhenImported("torch.distributed", _fault))
+    if _fault == "slow-step":
+        sys.meta_path.insert(0, _WhenImported("autofit.trials.rank", _fault))
+    else:
+        sys.meta_path.insert(0, _WhenImported("torch.distributed", _fault))
