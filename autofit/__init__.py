@@ -134,7 +134,11 @@ def plan(
     **data: Unpack[DataKeywords],
 ) -> Plan:
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
-    otherwise an Optuna study runs real trials of the most promising candidates.
+    otherwise an Optuna study runs real trials of the most promising candidates: the estimate's
+    fastest that fits first, then the one expected to improve most on the best measured. Trials
+    start for `timeout` seconds (default `SEARCH_TIMEOUT_S`, 15 min; None: no limit); each is
+    held to `trial_timeout` seconds when given, else to a limit from its own estimate, and one
+    whose measured step runs far past its estimate is stopped as `slow` (`autofit.trials.budget`).
 
     `lora_alpha`, `lora_targets` (module names, or "all-linear"), `lora_dropout` and
     `train_embeddings`

@@ -22,8 +22,8 @@ Sections:
 
 With `--device cpu --quick` every section runs on `llama-debug` at seq 128 on CPU processes (one
 replayed config per path: plain LoRA, NF4, full, each way of param offload; int8 eager and
-compiled; a plan of one trial), so the script cannot rot unseen; the numbers are then only a
-smoke test.
+compiled; a plan of one trial over the README's tiny CPU space), so the script cannot rot unseen;
+the numbers are then only a smoke test.
 """
 
 from __future__ import annotations
@@ -306,7 +306,10 @@ def run_plan(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
     left = deadline - time.monotonic()
     # quick: one trial and its verification (the search starts one trial whatever its limit)
     search = 1.0 if args.quick else max(10.0, left - PLAN_TAIL_S[args.device])
-    if args.device == "cpu":
+    if args.quick:  # the tiny space of the README's CPU example: no compile, seconds a trial
+        where = ["--model", "llama-debug", "--gpus", "1", "--device", "cpu", "--space",
+                 str(ROOT / "examples" / "tiny_space.yaml")]  # fmt: skip
+    elif args.device == "cpu":
         where = ["--model", "llama-debug", "--gpus", "1", "--device", "cpu", "--seq-len", "128"]
     else:
         where = ["--model", "llama-7b", "--gpus", "auto"]
