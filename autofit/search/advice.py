@@ -88,7 +88,9 @@ def no_winner_advice(
             f"Nearest measured: '{near.config.short()}' peaked at "
             f"{fmt_size(near.trial.peak_bytes)}."
         )
-    untried = untried_fitting(cands, trial_cands) or untried_trialable(cands, trial_cands)
+    untried = unmeasured(cands.predicted_fit, trial_cands) or unmeasured(
+        cands.trialable, trial_cands
+    )
     if untried:
         if trials is not None and len(latest) >= trials:
             why, change = f"the trial budget (--trials {trials}) was spent", "raise --trials"
@@ -111,16 +113,11 @@ def no_winner_advice(
     return " ".join(lines)
 
 
-def untried_fitting(cands: Candidates, trial_cands: list[Candidate]) -> list[Candidate]:
-    """The candidates the (calibrated) estimate says fit that no trial measured, fastest first."""
-    measured = {c.config for c in trial_cands}
-    return [c for c in cands.predicted_fit if c.config not in measured]
-
-
-def untried_trialable(cands: Candidates, trial_cands: list[Candidate]) -> list[Candidate]:
-    """Every candidate a trial may spend time on that none measured, fastest first."""
-    measured = {c.config for c in trial_cands}
-    return [c for c in cands.trialable if c.config not in measured]
+def unmeasured(pool: list[Candidate], trial_cands: list[Candidate]) -> list[Candidate]:
+    """Those of `pool` (the candidates the estimate says fit, `Candidates.predicted_fit`, or all
+    a trial may spend time on, `trialable`) that no trial ran, in the pool's order."""
+    tried = {c.config for c in trial_cands}
+    return [c for c in pool if c.config not in tried]
 
 
 def _infeasible(s: Setting, cands: Candidates, rejected: list[Candidate]) -> str:

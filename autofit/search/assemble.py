@@ -11,7 +11,7 @@ from autofit.calibration import Calibration
 from autofit.errors import AutofitError
 from autofit.plan import Candidate, Plan, loss_note, winner_reason
 from autofit.search import study as st
-from autofit.search.advice import no_winner_advice, untried_fitting
+from autofit.search.advice import no_winner_advice, unmeasured
 from autofit.search.calibrated import CALIBRATION_ATTR, summary
 from autofit.search.candidates import Candidates, Setting, enumerate_candidates, rebuild_trials
 from autofit.search.verify import ranked_under_line, stored_verification, under_line
@@ -40,7 +40,8 @@ def assemble(
         ranked=ranked, trials=trial_cands, pruned=cands.counts, considered=cands.considered,
         storage=storage, study_name=study.study_name,
         run_dir=str(folder) if folder is not None else None,
-        calibration=summary(cands, trial_cands), untried=untried_fitting(cands, trial_cands),
+        calibration=summary(cands, trial_cands),
+        untried=unmeasured(cands.predicted_fit, trial_cands),
     )  # fmt: skip
     if best is not None:
         plan.reason = winner_reason(best, ranked[1:], s.hardware, measured=True, device=s.device)

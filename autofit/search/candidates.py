@@ -178,18 +178,14 @@ class Candidates:
         at = self._trialable_at
         return self._speeds[at], self._peaks[at], self._speed_sd[at], self._peak_sd[at]
 
-    def trial_time(self, cfg: Config, steps: int) -> TrialTime:
-        """What a trial of `cfg` with `steps` measured steps should take (one warm-up, as
+    def trial_time(self, cand: Candidate, steps: int) -> TrialTime:
+        """What a trial of `cand` with `steps` measured steps should take (one warm-up, as
         `autofit.trials.run_trial` runs it; on the data's lengths one more), its step time the
-        calibrated estimate's: its limit and its slow mark (`autofit.trials.budget`)."""
-        s = self.setting
-        step = float(self._steps[self._index[cfg]]) if cfg in self._index else None
-        if step is None:
-            from autofit.estimate import estimate
-
-            step = estimate(
-                s.model, s.hardware, cfg, device=s.device, lengths=s.lengths
-            ).step_time_s
+        calibrated estimate's (its own estimate's for a config outside the space, which a
+        resumed study may hold): its limit and its slow mark (`autofit.trials.budget`)."""
+        s, cfg = self.setting, cand.config
+        i = self._index.get(cfg)
+        step = float(self._steps[i]) if i is not None else cand.estimate.step_time_s
         return trial_time(s.model, cfg, step, steps, device=s.device, data=s.lengths is not None)
 
     def rank_key(self, cand: Candidate) -> tuple[int, int, float]:

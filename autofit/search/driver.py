@@ -165,7 +165,7 @@ def _lead(
         hooks["lengths"] = setting.lengths
 
     def measure(cand: Candidate, n_steps: int) -> TrialResult:
-        limit = trial_limit(cands.trial_time(cand.config, n_steps), budget.trial_timeout)
+        limit = trial_limit(cands.trial_time(cand, n_steps), budget.trial_timeout)
         return run_trial(
             model, cand.config, nprocs=hardware.n_gpus, device=device,
             gpu_memory=budget.gpu_memory, steps=n_steps, timeout_s=limit, **hooks,

@@ -151,7 +151,7 @@ class Objective:
         if self.calibrator is not None:
             self.calibrator.record(trial, cand.config)
         # held to its own estimate: a limit from its expected time, a slow mark from its step
-        timing = self.cands.trial_time(cand.config, self.budget.steps)
+        timing = self.cands.trial_time(cand, self.budget.steps)
         limit = trial_limit(timing, self.budget.trial_timeout)
         trial.set_user_attr(st.TIMING, timing_attrs(timing, limit))
         if self.on_start:

@@ -70,9 +70,8 @@ def expected_search(
     for cand in order[:asked]:
         if timeout is not None and spent >= timeout:
             break
-        spent += cands.trial_time(cand.config, steps).expected_s
+        spent += cands.trial_time(cand, steps).expected_s
         n += 1
-    first = order[0].config if order else None
-    verify = cands.trial_time(first, verify_steps(steps)).expected_s if first is not None else 0.0
+    verify = cands.trial_time(order[0], verify_steps(steps)).expected_s if order else 0.0
     return SearchTime(n=n, asked=min(asked, len(order)), trials_s=spent, verify_s=verify,
                       limit_s=timeout)  # fmt: skip

@@ -82,14 +82,6 @@ class TrialTime:
         """A measured step longer than this stops the trial as `slow`."""
         return max(SLOW_FACTOR * self.step_s, SLOW_MIN_S)
 
-    def describe(self) -> str:
-        """`about 49 s (start 15 s, build 2 s, compile 30 s, 4 steps of 0.61 s)`."""
-        parts = [f"start {self.start_s:.0f} s", f"build {self.build_s:.0f} s"]
-        if self.compile_s:
-            parts.append(f"compile {self.compile_s:.0f} s")
-        parts.append(f"{self.n_steps} steps of {self.step_s:.2g} s")
-        return f"about {self.expected_s:.0f} s ({', '.join(parts)})"
-
 
 def trial_limit(timing: TrialTime, trial_timeout: float | None) -> float:
     """A search's limit for one trial: the user's `--trial-timeout` when given, else the trial's
