@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import faulthandler
 import gc
 import json
 import os
@@ -363,6 +364,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    # A rank killed by a native fault (SIGSEGV, SIGABRT on heap corruption) prints the Python
+    # stack of each thread to its stderr, which the trial's error quotes: where it died, not only
+    # "terminated with signal".
+    faulthandler.enable()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
