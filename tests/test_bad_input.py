@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import warnings
 from pathlib import Path
 
@@ -533,3 +534,50 @@ def test_estimate_checks_the_knobs_before_it_reads_the_data(tmp_path):
 def test_zero_nodes_are_refused():
     result = run("estimate", "-m", "llama-debug", "-g", "0x8xh100-80gb")
     assert_clean_failure(result, "node count", "at least 1")
+
+
+# ----- issue 35, part 2 ---------------------------------------------------------------------------
+def hf_params(config_path: str, layers: int) -> int:
+    """The parameters of the HF model of `config_path` with `layers` decoder layers, counted by
+    torch on the meta device: the outside truth of a model's size."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {**json.loads(Path(config_path).read_text()), "num_hidden_layers": layers}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.timeout(120)
+def test_a_model_of_a_million_layers_is_estimated_without_building_them(tmp_path):
+    from autofit.arch import structure_of
+    from autofit.models import resolve_model
+
+    model = write_config(tmp_path, num_hidden_layers=10**6)
+    start = time.perf_counter()
+    result = run("estimate", "-m", model, "-g", "2", "--device", "cpu", "--json")
+    took = time.perf_counter() - start
+    print(f"benchmark: estimate of 10^6 decoder layers answered in {took:.2f} s")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["fits"] is False  # 10^6 layers on 2 CPU processes
+    # the parameters counted, not built: what torch counts of one layer and of two, extended
+    one, two = hf_params(model, 1), hf_params(model, 2)
+    assert structure_of(resolve_model(model)).n_params == one + (10**6 - 1) * (two - one)
+
+
+def test_a_model_no_hardware_could_hold_is_refused_before_its_layers_are_traced(tmp_path):
+    from autofit.hardware import GPU_PRESETS, MAX_GPUS
+
+    model = write_config(tmp_path, num_hidden_layers=10**12)
+    largest = max(GPU_PRESETS.values(), key=lambda p: p.memory_bytes).name
+    fragments = ["too large for any hardware", "1,000,000,000,000 decoder layers", "nf4",
+                 f"{MAX_GPUS:,} GPUs", largest, "num_hidden_layers"]  # fmt: skip
+    for args in (["estimate", "-m", model, "-g", "2", "--device", "cpu"],
+                 [*CPU_PLAN[:2], model, *CPU_PLAN[3:]]):  # fmt: skip
+        result = run(*args)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        (error,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert all(f in error for f in fragments), error
+    with pytest.raises(ModelError, match="too large for any hardware"):
+        autofit.estimate(model, "2", device="cpu")
