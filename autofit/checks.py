@@ -183,6 +183,12 @@ def sqlite_path(url: str) -> Path | None:
     return Path(database).expanduser()
 
 
+STUDY_DB_HINT = (
+    "Check the path: `autofit plan` keeps its study in the run folder's study.db "
+    "(autofit-runs/<study>/study.db unless --run-dir or --storage said otherwise)."
+)
+
+
 def check_sqlite_exists(url: str) -> None:
     """A study to read (`autofit export`) must be in an existing SQLite file: opening a missing
     one, as SQLite does, would create an empty database and then report no study."""
@@ -194,6 +200,5 @@ def check_sqlite_exists(url: str) -> None:
     raise user_error(
         f"No SQLite database at {str(path)!r} (from --storage {url}); autofit does not create "
         f"one to export from.{here}",
-        "Check the path: `autofit plan` keeps its study in the run folder's study.db "
-        "(autofit-runs/<study>/study.db unless --run-dir or --storage said otherwise).",
+        STUDY_DB_HINT,
     )

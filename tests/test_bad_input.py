@@ -581,3 +581,25 @@ def test_a_model_no_hardware_could_hold_is_refused_before_its_layers_are_traced(
         assert all(f in error for f in fragments), error
     with pytest.raises(ModelError, match="too large for any hardware"):
         autofit.estimate(model, "2", device="cpu")
+
+
+def test_export_reads_a_study_and_writes_nothing_into_the_storage(tmp_path):
+    output = tmp_path / "plan.yaml"
+
+    def export(db: Path):  # type: ignore[no-untyped-def]
+        return run("export", "--storage", f"sqlite:///{db}", "--study", "s", "-o", str(output))
+
+    empty = tmp_path / "zero.db"
+    empty.write_bytes(b"")
+    assert_clean_failure(export(empty), "No study named 's'", "the file is empty")
+    assert empty.read_bytes() == b""  # SQLite and Optuna made a 114,688-byte database of it
+    other = tmp_path / "other.db"  # someone's SQLite database, without Optuna's tables
+    with sqlite3.connect(other) as db:
+        db.execute("create table notes (text)")
+    before = other.read_bytes()
+    assert_clean_failure(export(other), "holds no Optuna study")
+    assert other.read_bytes() == before
+    missing = tmp_path / "missing.db"
+    assert_json_failure(run("export", "--storage", f"sqlite:///{missing}", "--study", "s",
+                            "-o", str(output), "--json"), "No SQLite database")  # fmt: skip
+    assert not missing.exists() and not output.exists()
