@@ -66,8 +66,9 @@ def check_dir_writable(folder: str | Path, what: str, hint: str) -> Path:
 
 
 def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
-    """Fail with one paragraph unless a file can be written at `path` (its folder may be
-    missing: it is made on writing). An existing folder at `path` is refused too."""
+    """Fail with one paragraph unless a file can be written at `path`: its folder must exist
+    (autofit makes none for a file the user names: a typo in it would be made without a word).
+    An existing folder at `path` is refused too."""
     from autofit.files import special_kind
 
     path = Path(path).expanduser()
@@ -80,7 +81,14 @@ def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
             "regular files (a new one, or one it wrote before).",
             hint,
         )
-    check_dir_writable(path.parent, what, hint)
+    folder = path.parent
+    if _nearest_existing(folder).is_dir() and not folder.is_dir():
+        raise user_error(
+            f"Cannot write {what}: the folder {folder} does not exist, and autofit makes no "
+            "folder for a file you name.",
+            f"Make it first (mkdir -p {folder}), or choose a file in a folder that exists.",
+        )
+    check_dir_writable(folder, what, hint)
     return path
 
 

@@ -603,3 +603,12 @@ def test_export_reads_a_study_and_writes_nothing_into_the_storage(tmp_path):
     assert_json_failure(run("export", "--storage", f"sqlite:///{missing}", "--study", "s",
                             "-o", str(output), "--json"), "No SQLite database")  # fmt: skip
     assert not missing.exists() and not output.exists()
+
+
+def test_an_export_into_a_folder_that_does_not_exist_is_refused(tmp_path):
+    target = tmp_path / "nonexistent" / "dir" / "x.yaml"
+    result = run(*CPU_PLAN, "--run-dir", str(tmp_path / "run"), "--export", str(target))
+    assert_clean_failure(result, f"--export {target}", f"the folder {target.parent} does not exist")
+    result = run("export", "--storage", "sqlite:///study.db", "--study", "s", "-o", str(target))
+    assert_clean_failure(result, f"--output {target}", f"{target.parent} does not exist")
+    assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "run").exists()
