@@ -20,6 +20,35 @@ class AutofitWarning(UserWarning):
     """Allowed, but probably not what was meant; the message says why and what to do."""
 
 
+# ----- the terminal's width -----------------------------------------------------------------------
+DEFAULT_COLUMNS = 80
+"""The width of what autofit prints where `COLUMNS` names one no terminal has (rich's default)."""
+MAX_COLUMNS = 1000
+"""The widest `COLUMNS` taken as a terminal's width: past it the value is a mistake (a help page
+or a table ruled that wide would be megabytes of spaces)."""
+
+
+def terminal_columns(value: str | None) -> int | None:
+    """The width `COLUMNS` (`value`) names: None where it is unset or blank (the terminal is
+    measured); `DEFAULT_COLUMNS` where no terminal has that width (0, negative, not a whole
+    number, above `MAX_COLUMNS`)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_COLUMNS:
+        return DEFAULT_COLUMNS
+    return int(text)
+
+
+def sane_columns() -> None:
+    """`COLUMNS` in this process's environment made a width a terminal can have
+    (`terminal_columns`), for every reader of it: autofit's consoles, typer's help pages, rich's
+    progress bar (and the trial processes that inherit it)."""
+    columns = terminal_columns(os.environ.get("COLUMNS"))
+    if columns is not None:
+        os.environ["COLUMNS"] = str(columns)
+
+
 def user_error(message: str, hint: str, cls: type[AutofitError] = AutofitError) -> AutofitError:
     """An `AutofitError` whose paragraph is `message` then `hint`; `exc.hint` keeps the hint
     apart for the CLI's `--json` error object."""

@@ -429,3 +429,34 @@ def test_the_old_timeout_flags_still_work(monkeypatch):
     result = runner.invoke(app, [*base, "--timeout", "7"])
     assert result.exit_code == 0 and seen["search"] == 7
     assert "--timeout is now --search-timeout" in result.output
+
+
+# ----- issue 35, part 2: the width, whole names, one device noun, one knob, no waiting trial -----
+@pytest.mark.parametrize("columns", ["0", "-5", "abc", "100000000"])
+def test_a_width_no_terminal_has_prints_at_80_columns(columns):
+    result = runner.invoke(app, ["models"], env={"COLUMNS": columns})
+    assert result.exit_code == 0 and "Model presets" in result.output, result.output
+    assert max(len(line) for line in result.output.splitlines()) == 80
+    bad = runner.invoke(app, ["estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--quant", "x"],
+                        env={"COLUMNS": columns})  # fmt: skip
+    assert bad.exit_code == 2 and "Knob 'quant' cannot be 'x'" in bad.output, bad.output
+
+
+@pytest.mark.slow
+def test_columns_0_in_a_new_process_still_prints(tmp_path):
+    """rich reads COLUMNS when a console is made: at import, in a process started with it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "0"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autofit.cli", *args], env=env, text=True,
+                              capture_output=True, timeout=120, cwd=tmp_path)  # fmt: skip
+
+    models = cli("models")
+    assert models.returncode == 0 and "Model presets" in models.stdout, models
+    assert max(len(line) for line in models.stdout.splitlines()) == 80
+    bad = cli("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--quant", "x")
+    assert bad.returncode == 2 and "Knob 'quant' cannot be 'x'" in bad.stderr, bad

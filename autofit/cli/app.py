@@ -17,6 +17,7 @@ from rich.markup import escape
 
 import autofit
 from autofit import interrupt
+from autofit.checks import sane_columns, terminal_columns
 from autofit.errors import AutofitError
 from autofit.interrupt import stop_signals_interrupt
 
@@ -34,13 +35,17 @@ PIPE_WIDTH = 160
 
 class _Console(Console):
     """rich's Console as wide as the terminal, or as `COLUMNS` says (read when printing, so a
-    width set after import counts); elsewhere (pipes, CI, tests) `PIPE_WIDTH`, so long lines
-    are not wrapped at rich's 80."""
+    width set after import counts; a width no terminal has is `DEFAULT_COLUMNS`:
+    `checks.terminal_columns`); elsewhere (pipes, CI, tests) `PIPE_WIDTH`, so long lines are
+    not wrapped at rich's 80."""
 
     @property  # type: ignore[override]
     def size(self) -> ConsoleDimensions:
         size = super().size
-        if self.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        columns = terminal_columns(os.environ.get("COLUMNS"))
+        if columns is not None:
+            return ConsoleDimensions(columns, size.height)
+        if self.is_terminal:
             return size
         return ConsoleDimensions(PIPE_WIDTH, size.height)
 
@@ -49,6 +54,7 @@ def console(stderr: bool = False) -> Console:
     return _Console(stderr=stderr, highlight=False)
 
 
+sane_columns()  # before any console reads COLUMNS: these two, and typer's for the help pages
 out = console()
 err = console(stderr=True)
 
@@ -73,6 +79,7 @@ def _root(
 ) -> None:
     """Find the fastest LLM fine-tuning config that will not run out of GPU memory."""
     stop_signals_interrupt()  # SIGTERM/SIGHUP (SLURM, docker stop, timeout) act like Ctrl-C
+    sane_columns()  # COLUMNS may have changed since import (an app run in process)
     if verbose:
         from autofit.quiet import set_verbose
 
