@@ -460,3 +460,29 @@ def test_columns_0_in_a_new_process_still_prints(tmp_path):
     assert max(len(line) for line in models.stdout.splitlines()) == 80
     bad = cli("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--quant", "x")
     assert bad.returncode == 2 and "Knob 'quant' cannot be 'x'" in bad.stderr, bad
+
+
+def whole(name: str, text: str) -> bool:
+    """`name` appears in `text` as itself, not cut (`llama…`) nor as part of a longer name."""
+    return re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.…-])", text) is not None
+
+
+def test_at_80_columns_every_name_a_user_types_is_printed_whole():
+    import typer
+
+    from autofit.hardware import GPU_PRESETS
+    from autofit.models import PRESETS
+
+    env = {"COLUMNS": "80"}
+    models = runner.invoke(app, ["models"], env=env).output
+    presets = runner.invoke(app, ["hardware", "--presets"], env=env).output
+    assert [n for n in PRESETS if not whole(n, models)] == []
+    assert [n for n in GPU_PRESETS if not whole(n, presets)] == []
+    for command in typer.main.get_command(app).commands.values():  # type: ignore[attr-defined]
+        text = runner.invoke(app, [command.name, "--help"], env=env).output
+        shown = [p for p in command.params if not getattr(p, "hidden", False)]
+        names = [o for p in shown for o in (*p.opts, *p.secondary_opts)]
+        assert [n for n in names if not whole(n, text)] == [], (command.name, text)
+        assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in models + presets
+    assert max(len(line) for line in (models + presets).splitlines()) <= 80

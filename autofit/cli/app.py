@@ -26,6 +26,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Find the fastest LLM fine-tuning config that will not run out of GPU memory.",
     pretty_exceptions_enable=False,
+    # click's own help pages: typer's rich tables cut option names to fit (--inter-node-bandwi…);
+    # click wraps each option's help beside its whole name
+    rich_markup_mode=None,
 )
 
 
