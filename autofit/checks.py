@@ -20,6 +20,12 @@ class AutofitWarning(UserWarning):
     """Allowed, but probably not what was meant; the message says why and what to do."""
 
 
+MAX_SEQ_LEN = 16_777_216
+"""The longest sequence `seq_len` takes (its declaration, `autofit.config.Config`, reads it):
+16 Mi tokens, past the longest context of any model; no length of the data is longer (a length
+file's are held to it, `autofit.data.read`)."""
+
+
 # ----- the terminal's width -----------------------------------------------------------------------
 DEFAULT_COLUMNS = 80
 """The width of what autofit prints where `COLUMNS` names one no terminal has (rich's default)."""

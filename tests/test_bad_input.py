@@ -612,3 +612,44 @@ def test_an_export_into_a_folder_that_does_not_exist_is_refused(tmp_path):
     result = run("export", "--storage", "sqlite:///study.db", "--study", "s", "-o", str(target))
     assert_clean_failure(result, f"--output {target}", f"{target.parent} does not exist")
     assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_length_file_that_is_not_a_regular_file_says_so(tmp_path, kind):
+    import os
+
+    path = Path("/dev/null")
+    if kind == "fifo":
+        path = tmp_path / "lengths.fifo"
+        os.mkfifo(path)
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path))
+    text = assert_clean_failure(result, f"{str(path)!r}", "not a regular file")
+    assert "does not exist" not in text
+
+
+def test_a_json_list_of_lengths_is_read_and_a_bad_one_names_the_json_forms(tmp_path):
+    path = tmp_path / "lengths.json"
+    path.write_text(json.dumps([100, 300, 300, 900]))
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path),
+                 "--seq-len", "1024", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lengths = json.loads(result.stdout)["lengths"]
+    assert (lengths["examples"], lengths["median"], lengths["max"]) == (4, 300, 900)
+    path.write_text(json.dumps([100, "long"]))
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path))
+    assert_clean_failure(result, "'long' is not a token count", "JSON: a list of counts")
+
+
+def test_a_length_longer_than_any_seq_len_is_refused(tmp_path):
+    from autofit.config import DECLARED
+
+    longest = DECLARED["seq_len"].maximum  # the largest --seq-len accepted, as declared
+    assert longest is not None
+    path = tmp_path / "lengths.txt"
+    path.write_text(f"300\n{10**26}\n")
+    args = ["estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path)]
+    assert_clean_failure(run(*args), f"{path}, line 2", f"--seq-len at most {longest:,}")
+    path.write_text(json.dumps({"300": 4, str(longest + 1): 1}))
+    assert_clean_failure(run(*args), f"{longest + 1:,} tokens is longer")
+    path.write_text(f"300\n{longest}\n")  # the longest sequence there may be: taken
+    assert run(*args).exit_code == 0
