@@ -653,3 +653,11 @@ def test_a_length_longer_than_any_seq_len_is_refused(tmp_path):
     assert_clean_failure(run(*args), f"{longest + 1:,} tokens is longer")
     path.write_text(f"300\n{longest}\n")  # the longest sequence there may be: taken
     assert run(*args).exit_code == 0
+
+
+def test_input_ids_that_are_not_token_ids_say_so_not_that_they_need_a_tokenizer(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input_ids": "abc"}\n')
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--dataset", str(data))
+    text = assert_clean_failure(result, f"{data}, line 1", "'input_ids'", "list of token ids")
+    assert "tokenizer: pass --tokenizer" not in text and "needs none" not in text

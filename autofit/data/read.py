@@ -145,6 +145,8 @@ class _Reader:
     def add(self, field: str, values: list[Any], where: list[str]) -> None:
         """Count `values` of `field`: all texts, all token lists or all chats."""
         self.fields.add(field)
+        if field == INPUT_IDS:  # already tokenized: its length is its count, no tokenizer read
+            _token_ids(values, where, self.path)
         first = values[0]
         if isinstance(first, str):
             _same_type(values, where, str, "text", self.path, field)
@@ -210,6 +212,18 @@ class _Reader:
 def _is_chat(value: Any) -> bool:
     """A non-empty list of dicts: a chat's messages (a list of token ids holds none)."""
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+
+
+def _token_ids(values: list[Any], where: list[str], path: Path) -> None:
+    for value, at in zip(values, where, strict=True):
+        if not isinstance(value, list):
+            raise DataError(
+                f"{path}, {at}: the field {INPUT_IDS!r} holds {type(value).__name__} "
+                f"{json.dumps(value)[:40]}; {INPUT_IDS} must be a list of token ids (e.g. [1, "
+                "15043, 29892]: text already tokenized, counted without a tokenizer). A text "
+                f"belongs in a {TEXT!r} field (or the one --text-field names), counted with "
+                "--tokenizer."
+            )
 
 
 def _same_type(
