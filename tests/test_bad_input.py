@@ -661,3 +661,11 @@ def test_input_ids_that_are_not_token_ids_say_so_not_that_they_need_a_tokenizer(
     result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--dataset", str(data))
     text = assert_clean_failure(result, f"{data}, line 1", "'input_ids'", "list of token ids")
     assert "tokenizer: pass --tokenizer" not in text and "needs none" not in text
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_model_name_is_called_empty_not_a_folder(name):
+    result = run("estimate", "-m", name, "-g", "2xrtx3090")
+    text = assert_clean_failure(result, "model name is empty", "preset", "config.json")
+    assert "folder ''" not in text and "has no config.json" not in text
+    assert_json_failure(run(*CPU_PLAN[:2], name, *CPU_PLAN[3:], "--json"), "model name is empty")
