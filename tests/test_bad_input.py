@@ -669,3 +669,12 @@ def test_an_empty_model_name_is_called_empty_not_a_folder(name):
     text = assert_clean_failure(result, "model name is empty", "preset", "config.json")
     assert "folder ''" not in text and "has no config.json" not in text
     assert_json_failure(run(*CPU_PLAN[:2], name, *CPU_PLAN[3:], "--json"), "model name is empty")
+
+
+def test_a_knob_given_twice_in_a_space_file_is_refused(tmp_path):
+    space = tmp_path / "space.yaml"
+    result = plan_with_space_file(tmp_path, "knobs:\n  quant: [none]\n  lora_rank: [0]\n"
+                                            "  quant: [nf4]\n")  # fmt: skip
+    assert_clean_failure(result, f"{space}", "knob 'quant' is given twice", "lines 2 and 4")
+    result = plan_with_space_file(tmp_path, "seq_len: 64\nknobs: {quant: [none]}\nseq_len: 128\n")
+    assert_clean_failure(result, f"{space}", "'seq_len' is given twice", "lines 1 and 3")
