@@ -678,3 +678,12 @@ def test_a_knob_given_twice_in_a_space_file_is_refused(tmp_path):
     assert_clean_failure(result, f"{space}", "knob 'quant' is given twice", "lines 2 and 4")
     result = plan_with_space_file(tmp_path, "seq_len: 64\nknobs: {quant: [none]}\nseq_len: 128\n")
     assert_clean_failure(result, f"{space}", "'seq_len' is given twice", "lines 1 and 3")
+
+
+def test_the_max_position_warning_of_an_estimate_is_said_once():
+    from autofit.models import PRESETS
+
+    maximum = PRESETS["llama-7b"].max_position  # 4,096 positions
+    result = run("estimate", "-m", "llama-7b", "-g", "1xh100-80gb", "--seq-len", str(2 * maximum))
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count(f"is above llama-7b's maximum of {maximum}") == 1, result.stderr

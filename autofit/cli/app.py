@@ -121,8 +121,9 @@ def help_hint(command: str | None = None) -> str:
 @contextlib.contextmanager
 def warnings_to_stderr() -> Iterator[None]:
     """autofit's warnings (allowed, but probably not meant) as one `warning:` paragraph each on
-    stderr, also under --json (stdout stays one JSON object); other warnings as Python shows them.
-    A model traced for the first time (seconds) is announced there too (`arch.trace_notices`).
+    stderr, also under --json (stdout stays one JSON object), each said once however many checks
+    meet it (the CLI's cheap checks and the API's); other warnings as Python shows them. A model
+    traced for the first time (seconds) is announced there too (`arch.trace_notices`).
     """
     from autofit.arch import trace_notices
     from autofit.checks import AutofitWarning
@@ -133,10 +134,13 @@ def warnings_to_stderr() -> Iterator[None]:
     with warnings.catch_warnings(), trace_notices(tracing):
         warnings.simplefilter("always", AutofitWarning)
         shown = warnings.showwarning
+        said: set[str] = set()
 
         def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
             if issubclass(category, AutofitWarning):
-                err.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
+                if str(message) not in said:
+                    said.add(str(message))
+                    err.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
             else:
                 shown(message, category, *args, **kwargs)
 
