@@ -294,7 +294,7 @@ def test_all_pruned_by_the_estimate_names_the_bound_not_the_global_batch(tmp_pat
     hw = resolve_hardware("2", device="cpu", gpu_memory=8 * MiB)
     plan = search(run_trial=fake, **tiny_kwargs(tmp_path, hardware=hw, gpu_memory=8 * MiB))
     assert fake.calls == [] and plan.best is None
-    assert "Nearest" in plan.advice and "bound by GPU memory" in plan.advice
+    assert "Nearest" in plan.advice and "bound by CPU process memory" in plan.advice
     assert "--global-batch" not in plan.advice
     rows = {what: n for what, n, _ in plan.tally()}
     assert rows["ruled out by the estimate"] == plan.considered == 12
@@ -486,3 +486,17 @@ def test_at_80_columns_every_name_a_user_types_is_printed_whole():
         assert max(len(line) for line in text.splitlines()) <= 80
     assert "…" not in models + presets
     assert max(len(line) for line in (models + presets).splitlines()) <= 80
+
+
+def test_a_cpu_run_says_per_cpu_process_never_per_gpu(tmp_path):
+    args = ["-m", "llama-debug", "-g", "2", "--device", "cpu", "--seq-len", "64"]
+    estimated = runner.invoke(app, ["estimate", *args]).output
+    planned = runner.invoke(app, ["plan", *args, "--no-trials", "--space", str(TINY_SPACE)]).output
+    result = TrialResult(status="ok", config=Config().to_dict(), model="llama-debug",
+                         device="cpu", nprocs=2, peak_bytes=21 * MiB, peak_allocated_bytes=20 * MiB,
+                         build_peak_bytes=MiB, tokens_per_s=900.0, step_time_s=0.07)  # fmt: skip
+    console = Console(record=True, width=200)
+    report.trial_report(console, result)
+    for text in (estimated, planned, console.export_text()):
+        flat = " ".join(text.split())
+        assert "per CPU process" in flat and "GPU" not in flat.replace("--gpu", ""), flat

@@ -215,10 +215,11 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
     console.print(f"[bold green]Winner[/] ({how}): {best.config.short()}", highlight=False)
     if best.measured:
         console.print(
-            f"  measured peak {fmt_size(best.peak_bytes)} reserved per GPU; the estimate:",
+            f"  measured peak {fmt_size(best.peak_bytes)} reserved per "
+            f"{device_noun(plan.device)}; the estimate:",
             highlight=False,
         )
-    console.print(memory_levels_line(best.estimate), markup=False, highlight=False)
+    console.print(memory_levels_line(best.estimate, plan.device), markup=False, highlight=False)
     console.print(f"Why: {escape(plan.reason)}")
     mesh = plan.mesh_comparison()
     if mesh is not None:
