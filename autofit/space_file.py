@@ -300,7 +300,7 @@ def _space_error(exc: ValidationError, data: Any, where: str) -> str:
             f"for example `knobs: {{quant: [none, nf4], lora_rank: [0, 16]}}`."
         )
     if loc[0] == "seq_len":
-        return knob_error("seq_len", err["input"], f"{where}, seq_len")
+        return knob_error("seq_len", err["input"], where)
     if loc[0] == "dataset":
         at = f" ({loc[1]}: {err['msg'].lower()})" if len(loc) > 1 else ""
         return (
@@ -332,4 +332,4 @@ def _space_error(exc: ValidationError, data: Any, where: str) -> str:
         )
     if kind == "too_short":
         return f"{where}: knob {key!r} has an empty list; give at least one value."
-    return knob_error(key, err["input"], f"{where}, knob {key!r}")
+    return knob_error(key, err["input"], where)

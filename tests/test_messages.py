@@ -500,3 +500,13 @@ def test_a_cpu_run_says_per_cpu_process_never_per_gpu(tmp_path):
     for text in (estimated, planned, console.export_text()):
         flat = " ".join(text.split())
         assert "per CPU process" in flat and "GPU" not in flat.replace("--gpu", ""), flat
+
+
+def test_a_bad_knob_in_a_space_file_names_the_knob_once(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  quant: [nf5]\n")
+    result = runner.invoke(app, ["plan", "-m", "llama-debug", "-g", "2xrtx3090", "--no-trials",
+                                 "--space", str(space)])  # fmt: skip
+    assert result.exit_code == 2
+    assert f"Knob 'quant' in {space} cannot be 'nf5'" in result.output, result.output
+    assert result.output.lower().count("knob 'quant'") == 1
