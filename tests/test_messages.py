@@ -510,3 +510,22 @@ def test_a_bad_knob_in_a_space_file_names_the_knob_once(tmp_path):
     assert result.exit_code == 2
     assert f"Knob 'quant' in {space} cannot be 'nf5'" in result.output, result.output
     assert result.output.lower().count("knob 'quant'") == 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "space"),
+    [({"trials": 2}, None), ({"trials": 2}, wide_space()),
+     ({"trials": 20, "calibration": "off", "timeout": 0}, wide_space())],
+)  # fmt: skip
+def test_a_finished_search_leaves_no_trial_waiting_in_its_study(tmp_path, changes, space):
+    import optuna
+
+    kw = tiny_kwargs(tmp_path, **changes, **({"space": space} if space else {}))
+    plan = search(run_trial=FakeTrials(), **kw)
+    storage = f"sqlite:///{tmp_path / 'run' / 'study.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs.get("enqueued") for t in waiting] == []
+    if changes["trials"] == 2:
+        assert plan.best is not None

@@ -52,6 +52,7 @@ RERUN_OF = "rerun_of"  # user attr of a trial that re-runs an interrupted one (i
 CALIBRATED = "calibrated"  # user attr: the calibrated estimate made before the trial ran
 TIMING = "timing"  # user attr: the trial's expected seconds, its limit and its slow mark
 STOPPED = "stopped"  # user attr: why a trial was stopped without a result (a node of it lost)
+QUEUED_BY = "queued_by"  # user attr of a queued trial: the planner that queued it (`owner()`)
 
 # Trial outcomes (user attr "outcome"). Only "trial" spends a real trial.
 TRIAL = "trial"  # a real trial ran (or is running)
@@ -59,7 +60,7 @@ PRUNED = "pruned"  # the estimate rules it out: recorded as infeasible, no trial
 DUPLICATE = "duplicate"  # a finished trial already measured this config
 INVALID = "invalid"  # the sampler combined knobs that break a rule or the global batch
 BUSY = "busy"  # another worker is measuring this config right now
-SKIPPED = "skipped"  # the trial budget was spent by another worker
+SKIPPED = "skipped"  # the trial budget (or the search's time) was spent before it ran
 
 
 def config_key(cfg: Config | dict[str, Any] | None) -> str:
