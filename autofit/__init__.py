@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
 from autofit.arguments import (
+    check_model_size,
     check_space_embeddings,
     config_of,
     lora_settings,
@@ -92,6 +93,7 @@ def estimate(
 
     data = data_keywords("estimate", knobs, only=False)
     spec = resolve_model(model)
+    check_model_size(spec)
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
@@ -189,6 +191,7 @@ def plan(
         train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
     )  # fmt: skip
     spec = resolve_model(model)
+    check_model_size(spec)
     check_seq_len(spec, seq_len)
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
@@ -301,6 +304,7 @@ def trial(
     check_steps(steps)
     check_trial_timeout(trial_timeout)
     spec = resolve_model(model)
+    check_model_size(spec)
     check_seq_len(spec, knobs.get("seq_len"))
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
     check_trial_hardware(hw, device, gpus, command="trial")

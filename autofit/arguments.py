@@ -9,7 +9,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.data import LengthHistogram
-from autofit.errors import AutofitError, ConfigError, HardwareError
+from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError
 
 
 def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
@@ -27,6 +27,39 @@ def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
     if problem:
         raise ConfigError(problem)
     return config
+
+
+def check_model_size(spec: Any) -> None:
+    """Refuse a model no hardware autofit plans for could hold, before anything is estimated or
+    traced: its weights alone, every parameter at the smallest storage a quantization offers
+    (`quant`'s declared choices), sharded over `MAX_GPUS` GPUs of the preset with the most memory,
+    are more than one of them holds with the host RAM a what-if node of it gives each GPU for
+    offload. Its structure is read from a sample of its layers, so a million layers are quick."""
+    from autofit.arch import structure_of
+    from autofit.config import DECLARED
+    from autofit.estimate.memory.widths import base_bytes_per_param
+    from autofit.hardware import GPU_PRESETS, MAX_GPUS, preset_hardware
+    from autofit.units import fmt_size
+
+    widths = {q: base_bytes_per_param(q) for q in DECLARED["quant"].choices or ("none",)}
+    quant = min(widths, key=widths.__getitem__)
+    n_params = structure_of(spec).n_params
+    per_gpu = n_params * widths[quant] / MAX_GPUS
+    largest = max(GPU_PRESETS.values(), key=lambda p: p.memory_bytes)
+    node = preset_hardware(1, largest.name)
+    holds = node.capacity_bytes + node.host_ram_bytes
+    if per_gpu <= holds:
+        return
+    raise ModelError(
+        f"{spec.name} is too large for any hardware autofit plans for: its {n_params:,} "
+        f"parameters ({spec.layers:,} decoder layers of width {spec.hidden:,}), even stored at "
+        f"{widths[quant]:.2f} B each ({quant}, the smallest quantization) and sharded over "
+        f"{MAX_GPUS:,} GPUs (the most a plan is for), need {fmt_size(per_gpu)} on each: more than "
+        f"the GPU preset with the most memory, {largest.name}, holds ({fmt_size(holds)}: "
+        f"{fmt_size(node.capacity_bytes)} on the GPU and {fmt_size(node.host_ram_bytes)} of host "
+        "RAM for offload). Check num_hidden_layers, hidden_size and intermediate_size in its "
+        "config."
+    )
 
 
 def check_train_embeddings(value: str, spec: Any) -> None:

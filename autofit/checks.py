@@ -20,6 +20,41 @@ class AutofitWarning(UserWarning):
     """Allowed, but probably not what was meant; the message says why and what to do."""
 
 
+MAX_SEQ_LEN = 16_777_216
+"""The longest sequence `seq_len` takes (its declaration, `autofit.config.Config`, reads it):
+16 Mi tokens, past the longest context of any model; no length of the data is longer (a length
+file's are held to it, `autofit.data.read`)."""
+
+
+# ----- the terminal's width -----------------------------------------------------------------------
+DEFAULT_COLUMNS = 80
+"""The width of what autofit prints where `COLUMNS` names one no terminal has (rich's default)."""
+MAX_COLUMNS = 1000
+"""The widest `COLUMNS` taken as a terminal's width: past it the value is a mistake (a help page
+or a table ruled that wide would be megabytes of spaces)."""
+
+
+def terminal_columns(value: str | None) -> int | None:
+    """The width `COLUMNS` (`value`) names: None where it is unset or blank (the terminal is
+    measured); `DEFAULT_COLUMNS` where no terminal has that width (0, negative, not a whole
+    number, above `MAX_COLUMNS`)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_COLUMNS:
+        return DEFAULT_COLUMNS
+    return int(text)
+
+
+def sane_columns() -> None:
+    """`COLUMNS` in this process's environment made a width a terminal can have
+    (`terminal_columns`), for every reader of it: autofit's consoles, typer's help pages, rich's
+    progress bar (and the trial processes that inherit it)."""
+    columns = terminal_columns(os.environ.get("COLUMNS"))
+    if columns is not None:
+        os.environ["COLUMNS"] = str(columns)
+
+
 def user_error(message: str, hint: str, cls: type[AutofitError] = AutofitError) -> AutofitError:
     """An `AutofitError` whose paragraph is `message` then `hint`; `exc.hint` keeps the hint
     apart for the CLI's `--json` error object."""
@@ -66,8 +101,9 @@ def check_dir_writable(folder: str | Path, what: str, hint: str) -> Path:
 
 
 def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
-    """Fail with one paragraph unless a file can be written at `path` (its folder may be
-    missing: it is made on writing). An existing folder at `path` is refused too."""
+    """Fail with one paragraph unless a file can be written at `path`: its folder must exist
+    (autofit makes none for a file the user names: a typo in it would be made without a word).
+    An existing folder at `path` is refused too."""
     from autofit.files import special_kind
 
     path = Path(path).expanduser()
@@ -80,7 +116,14 @@ def check_file_writable(path: str | Path, what: str, hint: str) -> Path:
             "regular files (a new one, or one it wrote before).",
             hint,
         )
-    check_dir_writable(path.parent, what, hint)
+    folder = path.parent
+    if _nearest_existing(folder).is_dir() and not folder.is_dir():
+        raise user_error(
+            f"Cannot write {what}: the folder {folder} does not exist, and autofit makes no "
+            "folder for a file you name.",
+            f"Make it first (mkdir -p {folder}), or choose a file in a folder that exists.",
+        )
+    check_dir_writable(folder, what, hint)
     return path
 
 
@@ -183,6 +226,12 @@ def sqlite_path(url: str) -> Path | None:
     return Path(database).expanduser()
 
 
+STUDY_DB_HINT = (
+    "Check the path: `autofit plan` keeps its study in the run folder's study.db "
+    "(autofit-runs/<study>/study.db unless --run-dir or --storage said otherwise)."
+)
+
+
 def check_sqlite_exists(url: str) -> None:
     """A study to read (`autofit export`) must be in an existing SQLite file: opening a missing
     one, as SQLite does, would create an empty database and then report no study."""
@@ -194,6 +243,5 @@ def check_sqlite_exists(url: str) -> None:
     raise user_error(
         f"No SQLite database at {str(path)!r} (from --storage {url}); autofit does not create "
         f"one to export from.{here}",
-        "Check the path: `autofit plan` keeps its study in the run folder's study.db "
-        "(autofit-runs/<study>/study.db unless --run-dir or --storage said otherwise).",
+        STUDY_DB_HINT,
     )

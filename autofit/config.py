@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
+from autofit.checks import MAX_SEQ_LEN
 from autofit.data.batching import BATCHINGS
 from autofit.errors import ConfigError
 from autofit.layout import AUTO_WRAP, resolve_wrap
@@ -84,8 +85,6 @@ MAX_LORA_RANK = 4096
 """The largest LoRA rank: wider than any published adapter. The estimate's layer trace grows with
 the rank (measured on llama-70b, cold cache: rank 1,024 0.55 GB and 30 s, 4,096 1.0 GB and 87 s,
 65,536 over 9.8 GB and still running after 135 s)."""
-MAX_SEQ_LEN = 16_777_216
-"""The longest sequence a knob takes: 16 Mi tokens, past the longest context of any model."""
 
 
 @dataclass(frozen=True)

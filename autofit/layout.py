@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_WRAP", "Layout", "Sharding", "layout_of", "mesh_shape", "resolve_wrap", "sharding_for",
-    "uses_autocast", "wrap_group_size", "wrap_units",
+    "uses_autocast", "wrap_group_size", "wrap_unit_count", "wrap_units",
 ]  # fmt: skip
 
 
@@ -59,10 +59,17 @@ def wrap_units(wrap: str, n_layers: int) -> tuple[tuple[int, ...], ...]:
     calls `fully_shard` on exactly these groups, and the estimator sizes the all-gather buffers
     from them, so the two cannot disagree.
     """
-    k = wrap_group_size(wrap, n_layers)
-    if k == 0 or k >= n_layers:
+    if not wrap_unit_count(wrap, n_layers):
         return ()
+    k = wrap_group_size(wrap, n_layers)
     return tuple(tuple(range(i, min(i + k, n_layers))) for i in range(0, n_layers, k))
+
+
+def wrap_unit_count(wrap: str, n_layers: int) -> int:
+    """How many FSDP2 units of decoder layers `wrap` makes (`len(wrap_units(...))`), counted,
+    not listed: what the estimator reads, in a time that does not grow with the layers."""
+    k = wrap_group_size(wrap, n_layers)
+    return 0 if k == 0 or k >= n_layers else -(-n_layers // k)
 
 
 class Sharding(str, enum.Enum):

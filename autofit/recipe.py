@@ -245,11 +245,21 @@ def checkpointed_layers(checkpointing: str, n_layers: int) -> tuple[int, ...]:
     and op-level `selective`), layers 0, 2, 4, ... (`every-2`), or none. A run's list is
     `Layout.checkpointed`, which the builder wraps; the estimator's terms, memoised per knob
     value, count their saved inputs and recomputed forwards from this same rule."""
+    return tuple(_checkpointed_range(checkpointing, n_layers))
+
+
+def checkpointed_count(checkpointing: str, n_layers: int) -> int:
+    """How many decoder layers `checkpointed_layers` wraps, counted, not listed: what the
+    estimator reads, in a time that does not grow with the layers."""
+    return len(_checkpointed_range(checkpointing, n_layers))
+
+
+def _checkpointed_range(checkpointing: str, n_layers: int) -> range:
     if checkpointing in ("full", "selective"):
-        return tuple(range(n_layers))
+        return range(n_layers)
     if checkpointing == "every-2":
-        return tuple(range(0, n_layers, 2))
-    return ()
+        return range(0, n_layers, 2)
+    return range(0)
 
 
 # ----- LoRA under selective checkpointing ---------------------------------------------------------

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autofit.checks import SEARCH_TIMEOUT_S
-from autofit.config import MAX_COUNT, MAX_SEQ_LEN
+from autofit.checks import MAX_SEQ_LEN, SEARCH_TIMEOUT_S
+from autofit.config import MAX_COUNT
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware

@@ -85,6 +85,7 @@ def load_space(name_or_path: str | Path = "default") -> Space:
             f"the shipped names: {', '.join(available_spaces())}."
         ) from None
     try:
+        twice = _first_duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -94,7 +95,55 @@ def load_space(name_or_path: str | Path = "default") -> Space:
             f"{path}: not valid YAML{where} ({problem}). A space file is a "
             "mapping with a `knobs:` mapping of knob name -> list of values."
         ) from None
+    if twice is not None:
+        raise SpaceError(_duplicate_key_error(str(path), *twice))
     return parse_space(data, str(path), name=path.stem)
+
+
+def _first_duplicate_key(
+    node: yaml.Node | None, path: tuple[str, ...] = (), seen: set[int] | None = None
+) -> tuple[tuple[str, ...], str, int, int] | None:
+    """The first key a mapping of the YAML document `node` names twice (YAML keeps the last
+    value without a word): the keys above it, the key and the two lines; None if none is."""
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:  # an alias met again
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        return next(
+            (found for item in node.value if (found := _first_duplicate_key(item, path, seen))),
+            None,
+        )
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    lines: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        scalar = isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge"
+        if scalar:
+            key, line = str(key_node.value), key_node.start_mark.line + 1
+            if key in lines:
+                return path, key, lines[key], line
+            lines[key] = line
+        found = _first_duplicate_key(
+            value_node, (*path, str(key_node.value)) if scalar else path, seen
+        )
+        if found is not None:
+            return found
+    return None
+
+
+def _duplicate_key_error(where: str, path: tuple[str, ...], key: str, first: int, then: int) -> str:
+    lines = f"lines {first} and {then}"
+    if path == ("knobs",):
+        return (
+            f"{where}: knob {key!r} is given twice ({lines}), and YAML would silently keep the "
+            f"last. Give each knob once, with all its values in one list (`{key}: [a, b]`)."
+        )
+    inside = f" in {'.'.join(path)}" if path else ""
+    return (
+        f"{where}: the key {key!r}{inside} is given twice ({lines}), and YAML would silently "
+        "keep the last. Give each key once."
+    )
 
 
 # ----- the space file's schema: pydantic owns parsing, errors and the JSON schema ---------------
@@ -251,7 +300,7 @@ def _space_error(exc: ValidationError, data: Any, where: str) -> str:
             f"for example `knobs: {{quant: [none, nf4], lora_rank: [0, 16]}}`."
         )
     if loc[0] == "seq_len":
-        return knob_error("seq_len", err["input"], f"{where}, seq_len")
+        return knob_error("seq_len", err["input"], where)
     if loc[0] == "dataset":
         at = f" ({loc[1]}: {err['msg'].lower()})" if len(loc) > 1 else ""
         return (
@@ -283,4 +332,4 @@ def _space_error(exc: ValidationError, data: Any, where: str) -> str:
         )
     if kind == "too_short":
         return f"{where}: knob {key!r} has an empty list; give at least one value."
-    return knob_error(key, err["input"], f"{where}, knob {key!r}")
+    return knob_error(key, err["input"], where)

@@ -158,7 +158,7 @@ def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tup
     from torch.multiprocessing.reductions import StorageWeakRef
 
     from autofit.builder.dtypes import TORCH_DTYPES
-    from autofit.builder.model import build_meta_model, materialize
+    from autofit.builder.model import build_layers_model, materialize
     from autofit.builder.trace import _LogitsGradReady, _prepare, _stop_at_the_logits
     from autofit.recipe import COMPUTE_DTYPE
     from autofit.trials.memory import TensorTracker
@@ -188,10 +188,7 @@ def _measured_live(spec: ModelSpec, key: ActivationKey, kinds: list[Any]) -> tup
             self.copies.add(StorageWeakRef(out.untyped_storage()))
             return out
 
-    overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
-    if kinds[0] is not None:
-        overrides["layer_types"] = kinds
-    model = _prepare(build_meta_model(spec, spec.to_hf_config(**overrides)), key)
+    model = _prepare(build_layers_model(spec, tuple(kinds)), key)
     torch.manual_seed(0)
     materialize(model, torch.device("cpu"))
     ids = torch.randint(0, spec.vocab, (1, key.seq_len), generator=torch.Generator().manual_seed(0))
@@ -216,11 +213,11 @@ def measured_activations(spec: ModelSpec, key: ActivationKey) -> LayerActivation
     differencing the two-layer and one-layer models, the rest of the forward's peak outside."""
     import warnings
 
-    from autofit.builder.trace import _layer_types
+    from autofit.builder.model import layer_types
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        types = _layer_types(spec)
+        types = layer_types(spec)
         kinds = list(dict.fromkeys(types)) if types else [None]
         per_kind = {}
         for kind in kinds:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import warnings
 from pathlib import Path
 
@@ -533,3 +534,156 @@ def test_estimate_checks_the_knobs_before_it_reads_the_data(tmp_path):
 def test_zero_nodes_are_refused():
     result = run("estimate", "-m", "llama-debug", "-g", "0x8xh100-80gb")
     assert_clean_failure(result, "node count", "at least 1")
+
+
+# ----- issue 35, part 2 ---------------------------------------------------------------------------
+def hf_params(config_path: str, layers: int) -> int:
+    """The parameters of the HF model of `config_path` with `layers` decoder layers, counted by
+    torch on the meta device: the outside truth of a model's size."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {**json.loads(Path(config_path).read_text()), "num_hidden_layers": layers}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.timeout(120)
+def test_a_model_of_a_million_layers_is_estimated_without_building_them(tmp_path):
+    from autofit.arch import structure_of
+    from autofit.models import resolve_model
+
+    model = write_config(tmp_path, num_hidden_layers=10**6)
+    start = time.perf_counter()
+    result = run("estimate", "-m", model, "-g", "2", "--device", "cpu", "--json")
+    took = time.perf_counter() - start
+    print(f"benchmark: estimate of 10^6 decoder layers answered in {took:.2f} s")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["fits"] is False  # 10^6 layers on 2 CPU processes
+    # the parameters counted, not built: what torch counts of one layer and of two, extended
+    one, two = hf_params(model, 1), hf_params(model, 2)
+    assert structure_of(resolve_model(model)).n_params == one + (10**6 - 1) * (two - one)
+
+
+def test_a_model_no_hardware_could_hold_is_refused_before_its_layers_are_traced(tmp_path):
+    from autofit.hardware import GPU_PRESETS, MAX_GPUS
+
+    model = write_config(tmp_path, num_hidden_layers=10**12)
+    largest = max(GPU_PRESETS.values(), key=lambda p: p.memory_bytes).name
+    fragments = ["too large for any hardware", "1,000,000,000,000 decoder layers", "nf4",
+                 f"{MAX_GPUS:,} GPUs", largest, "num_hidden_layers"]  # fmt: skip
+    for args in (["estimate", "-m", model, "-g", "2", "--device", "cpu"],
+                 [*CPU_PLAN[:2], model, *CPU_PLAN[3:]]):  # fmt: skip
+        result = run(*args)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        (error,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert all(f in error for f in fragments), error
+    with pytest.raises(ModelError, match="too large for any hardware"):
+        autofit.estimate(model, "2", device="cpu")
+
+
+def test_export_reads_a_study_and_writes_nothing_into_the_storage(tmp_path):
+    output = tmp_path / "plan.yaml"
+
+    def export(db: Path):  # type: ignore[no-untyped-def]
+        return run("export", "--storage", f"sqlite:///{db}", "--study", "s", "-o", str(output))
+
+    empty = tmp_path / "zero.db"
+    empty.write_bytes(b"")
+    assert_clean_failure(export(empty), "No study named 's'", "the file is empty")
+    assert empty.read_bytes() == b""  # SQLite and Optuna made a 114,688-byte database of it
+    other = tmp_path / "other.db"  # someone's SQLite database, without Optuna's tables
+    with sqlite3.connect(other) as db:
+        db.execute("create table notes (text)")
+    before = other.read_bytes()
+    assert_clean_failure(export(other), "holds no Optuna study")
+    assert other.read_bytes() == before
+    missing = tmp_path / "missing.db"
+    assert_json_failure(run("export", "--storage", f"sqlite:///{missing}", "--study", "s",
+                            "-o", str(output), "--json"), "No SQLite database")  # fmt: skip
+    assert not missing.exists() and not output.exists()
+
+
+def test_an_export_into_a_folder_that_does_not_exist_is_refused(tmp_path):
+    target = tmp_path / "nonexistent" / "dir" / "x.yaml"
+    result = run(*CPU_PLAN, "--run-dir", str(tmp_path / "run"), "--export", str(target))
+    assert_clean_failure(result, f"--export {target}", f"the folder {target.parent} does not exist")
+    result = run("export", "--storage", "sqlite:///study.db", "--study", "s", "-o", str(target))
+    assert_clean_failure(result, f"--output {target}", f"{target.parent} does not exist")
+    assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_length_file_that_is_not_a_regular_file_says_so(tmp_path, kind):
+    import os
+
+    path = Path("/dev/null")
+    if kind == "fifo":
+        path = tmp_path / "lengths.fifo"
+        os.mkfifo(path)
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path))
+    text = assert_clean_failure(result, f"{str(path)!r}", "not a regular file")
+    assert "does not exist" not in text
+
+
+def test_a_json_list_of_lengths_is_read_and_a_bad_one_names_the_json_forms(tmp_path):
+    path = tmp_path / "lengths.json"
+    path.write_text(json.dumps([100, 300, 300, 900]))
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path),
+                 "--seq-len", "1024", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lengths = json.loads(result.stdout)["lengths"]
+    assert (lengths["examples"], lengths["median"], lengths["max"]) == (4, 300, 900)
+    path.write_text(json.dumps([100, "long"]))
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path))
+    assert_clean_failure(result, "'long' is not a token count", "JSON: a list of counts")
+
+
+def test_a_length_longer_than_any_seq_len_is_refused(tmp_path):
+    from autofit.config import DECLARED
+
+    longest = DECLARED["seq_len"].maximum  # the largest --seq-len accepted, as declared
+    assert longest is not None
+    path = tmp_path / "lengths.txt"
+    path.write_text(f"300\n{10**26}\n")
+    args = ["estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--lengths", str(path)]
+    assert_clean_failure(run(*args), f"{path}, line 2", f"--seq-len at most {longest:,}")
+    path.write_text(json.dumps({"300": 4, str(longest + 1): 1}))
+    assert_clean_failure(run(*args), f"{longest + 1:,} tokens is longer")
+    path.write_text(f"300\n{longest}\n")  # the longest sequence there may be: taken
+    assert run(*args).exit_code == 0
+
+
+def test_input_ids_that_are_not_token_ids_say_so_not_that_they_need_a_tokenizer(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input_ids": "abc"}\n')
+    result = run("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--dataset", str(data))
+    text = assert_clean_failure(result, f"{data}, line 1", "'input_ids'", "list of token ids")
+    assert "tokenizer: pass --tokenizer" not in text and "needs none" not in text
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_model_name_is_called_empty_not_a_folder(name):
+    result = run("estimate", "-m", name, "-g", "2xrtx3090")
+    text = assert_clean_failure(result, "model name is empty", "preset", "config.json")
+    assert "folder ''" not in text and "has no config.json" not in text
+    assert_json_failure(run(*CPU_PLAN[:2], name, *CPU_PLAN[3:], "--json"), "model name is empty")
+
+
+def test_a_knob_given_twice_in_a_space_file_is_refused(tmp_path):
+    space = tmp_path / "space.yaml"
+    result = plan_with_space_file(tmp_path, "knobs:\n  quant: [none]\n  lora_rank: [0]\n"
+                                            "  quant: [nf4]\n")  # fmt: skip
+    assert_clean_failure(result, f"{space}", "knob 'quant' is given twice", "lines 2 and 4")
+    result = plan_with_space_file(tmp_path, "seq_len: 64\nknobs: {quant: [none]}\nseq_len: 128\n")
+    assert_clean_failure(result, f"{space}", "'seq_len' is given twice", "lines 1 and 3")
+
+
+def test_the_max_position_warning_of_an_estimate_is_said_once():
+    from autofit.models import PRESETS
+
+    maximum = PRESETS["llama-7b"].max_position  # 4,096 positions
+    result = run("estimate", "-m", "llama-7b", "-g", "1xh100-80gb", "--seq-len", str(2 * maximum))
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count(f"is above llama-7b's maximum of {maximum}") == 1, result.stderr

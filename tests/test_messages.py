@@ -294,7 +294,7 @@ def test_all_pruned_by_the_estimate_names_the_bound_not_the_global_batch(tmp_pat
     hw = resolve_hardware("2", device="cpu", gpu_memory=8 * MiB)
     plan = search(run_trial=fake, **tiny_kwargs(tmp_path, hardware=hw, gpu_memory=8 * MiB))
     assert fake.calls == [] and plan.best is None
-    assert "Nearest" in plan.advice and "bound by GPU memory" in plan.advice
+    assert "Nearest" in plan.advice and "bound by CPU process memory" in plan.advice
     assert "--global-batch" not in plan.advice
     rows = {what: n for what, n, _ in plan.tally()}
     assert rows["ruled out by the estimate"] == plan.considered == 12
@@ -429,3 +429,103 @@ def test_the_old_timeout_flags_still_work(monkeypatch):
     result = runner.invoke(app, [*base, "--timeout", "7"])
     assert result.exit_code == 0 and seen["search"] == 7
     assert "--timeout is now --search-timeout" in result.output
+
+
+# ----- issue 35, part 2: the width, whole names, one device noun, one knob, no waiting trial -----
+@pytest.mark.parametrize("columns", ["0", "-5", "abc", "100000000"])
+def test_a_width_no_terminal_has_prints_at_80_columns(columns):
+    result = runner.invoke(app, ["models"], env={"COLUMNS": columns})
+    assert result.exit_code == 0 and "Model presets" in result.output, result.output
+    assert max(len(line) for line in result.output.splitlines()) == 80
+    bad = runner.invoke(app, ["estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--quant", "x"],
+                        env={"COLUMNS": columns})  # fmt: skip
+    assert bad.exit_code == 2 and "Knob 'quant' cannot be 'x'" in bad.output, bad.output
+
+
+@pytest.mark.slow
+def test_columns_0_in_a_new_process_still_prints(tmp_path):
+    """rich reads COLUMNS when a console is made: at import, in a process started with it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "0"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autofit.cli", *args], env=env, text=True,
+                              capture_output=True, timeout=120, cwd=tmp_path)  # fmt: skip
+
+    models = cli("models")
+    assert models.returncode == 0 and "Model presets" in models.stdout, models
+    assert max(len(line) for line in models.stdout.splitlines()) == 80
+    bad = cli("estimate", "-m", "llama-debug", "-g", "2xrtx3090", "--quant", "x")
+    assert bad.returncode == 2 and "Knob 'quant' cannot be 'x'" in bad.stderr, bad
+
+
+def whole(name: str, text: str) -> bool:
+    """`name` appears in `text` as itself, not cut (`llama…`) nor as part of a longer name."""
+    return re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.…-])", text) is not None
+
+
+def test_at_80_columns_every_name_a_user_types_is_printed_whole():
+    import typer
+
+    from autofit.hardware import GPU_PRESETS
+    from autofit.models import PRESETS
+
+    env = {"COLUMNS": "80"}
+    models = runner.invoke(app, ["models"], env=env).output
+    presets = runner.invoke(app, ["hardware", "--presets"], env=env).output
+    assert [n for n in PRESETS if not whole(n, models)] == []
+    assert [n for n in GPU_PRESETS if not whole(n, presets)] == []
+    for command in typer.main.get_command(app).commands.values():  # type: ignore[attr-defined]
+        text = runner.invoke(app, [command.name, "--help"], env=env).output
+        shown = [p for p in command.params if not getattr(p, "hidden", False)]
+        names = [o for p in shown for o in (*p.opts, *p.secondary_opts)]
+        assert [n for n in names if not whole(n, text)] == [], (command.name, text)
+        assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in models + presets
+    assert max(len(line) for line in (models + presets).splitlines()) <= 80
+
+
+def test_a_cpu_run_says_per_cpu_process_never_per_gpu(tmp_path):
+    args = ["-m", "llama-debug", "-g", "2", "--device", "cpu", "--seq-len", "64"]
+    estimated = runner.invoke(app, ["estimate", *args]).output
+    planned = runner.invoke(app, ["plan", *args, "--no-trials", "--space", str(TINY_SPACE)]).output
+    result = TrialResult(status="ok", config=Config().to_dict(), model="llama-debug",
+                         device="cpu", nprocs=2, peak_bytes=21 * MiB, peak_allocated_bytes=20 * MiB,
+                         build_peak_bytes=MiB, tokens_per_s=900.0, step_time_s=0.07)  # fmt: skip
+    console = Console(record=True, width=200)
+    report.trial_report(console, result)
+    for text in (estimated, planned, console.export_text()):
+        flat = " ".join(text.split())
+        assert "per CPU process" in flat and "GPU" not in flat.replace("--gpu", ""), flat
+
+
+def test_a_bad_knob_in_a_space_file_names_the_knob_once(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  quant: [nf5]\n")
+    result = runner.invoke(app, ["plan", "-m", "llama-debug", "-g", "2xrtx3090", "--no-trials",
+                                 "--space", str(space)])  # fmt: skip
+    assert result.exit_code == 2
+    assert f"Knob 'quant' in {space} cannot be 'nf5'" in result.output, result.output
+    assert result.output.lower().count("knob 'quant'") == 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "space"),
+    [({"trials": 2}, None), ({"trials": 2}, wide_space()),
+     ({"trials": 20, "calibration": "off", "timeout": 0}, wide_space())],
+)  # fmt: skip
+def test_a_finished_search_leaves_no_trial_waiting_in_its_study(tmp_path, changes, space):
+    import optuna
+
+    kw = tiny_kwargs(tmp_path, **changes, **({"space": space} if space else {}))
+    plan = search(run_trial=FakeTrials(), **kw)
+    storage = f"sqlite:///{tmp_path / 'run' / 'study.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs.get("enqueued") for t in waiting] == []
+    if changes["trials"] == 2:
+        assert plan.best is not None

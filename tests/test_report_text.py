@@ -53,7 +53,7 @@ def test_trial_report_prints_the_measured_numbers():
     lines = rendered(lambda c: trial_report(c, result))
     assert lines == [
         "trial ok: llama-debug on 2 x cpu, FSDP2",
-        "  peak 21.0 MiB reserved (20.5 MiB allocated) per GPU; build peak 1.5 MiB",
+        "  peak 21.0 MiB reserved (20.5 MiB allocated) per CPU process; build peak 1.5 MiB",
         "  12,800 tokens/s for all 2 CPU processes together (6,400 per CPU process); step 0.320 s",
         "  losses: 6.9315, 6.5000",
     ]

@@ -161,7 +161,7 @@ def test_bad_value_names_the_file_the_key_and_the_allowed_values(tmp_path):
 def test_bad_integer_value_is_rejected(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("knobs:\n  micro_batch: [1, two]\n")
-    with pytest.raises(SpaceError, match=r"bad.yaml.*'micro_batch'.*whole number"):
+    with pytest.raises(SpaceError, match=r"'micro_batch' in .*bad.yaml must be a whole number"):
         load_space(str(path))
 
 

@@ -37,6 +37,23 @@ def build_meta_model(spec: ModelSpec, hf_config: Any = None) -> nn.Module:
     return model
 
 
+def layer_types(spec: ModelSpec) -> list[str] | None:
+    """The type of each layer (sliding or full attention) where the family has several."""
+    types = getattr(spec.to_hf_config(), "layer_types", None)
+    return list(types) if types and len(set(types)) > 1 else None
+
+
+def build_layers_model(spec: ModelSpec, kinds: tuple[Any, ...]) -> nn.Module:
+    """`spec`'s model on the meta device with one decoder layer per entry of `kinds` (a layer
+    type of `layer_types`, or None where the family has one), whatever its real layer count: what
+    the one-layer traces run and the structure is read from, in a time that does not grow with
+    the layers."""
+    overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
+    if kinds[0] is not None:
+        overrides["layer_types"] = list(kinds)
+    return build_meta_model(spec, spec.to_hf_config(**overrides))
+
+
 def decoder_projections(layer: nn.Module) -> list[tuple[str, nn.Linear]]:
     """The linear projections of one decoder layer, by their path inside it (`self_attn.q_proj`,
     `mlp.gate_up_proj`): every `nn.Linear` of the block, peft's `all-linear` rule. What LoRA

@@ -1,9 +1,10 @@
 """Read a model's parameters by role from the model itself, built on the meta device.
 
 The model is the one trials build (`build_meta_model`: the family's `AutoModelForCausalLM` from its
-config), so the counts are exact for any architecture: Qwen2's q/k/v biases, Qwen3's and Gemma 3's
-q/k norms, Gemma's four norms per layer, Phi-3's fused `qkv_proj` and `gate_up_proj`, Mixtral's
-router and experts, tied heads. Roles, inside a decoder layer:
+config, here with a sample of its layers, the others counted), so the counts are exact for any
+architecture: Qwen2's q/k/v biases, Qwen3's and Gemma 3's q/k norms, Gemma's four norms per
+layer, Phi-3's fused `qkv_proj` and `gate_up_proj`, Mixtral's router and experts, tied heads.
+Roles, inside a decoder layer:
 
 - projection: an `nn.Linear` of the block (`decoder_projections`, peft's `all-linear`): what LoRA
   targets and quantization touches; its bias (if any) is a bias;
@@ -18,13 +19,18 @@ from __future__ import annotations
 
 from torch import nn
 
-from autofit.builder.model import build_meta_model, decoder_projections, model_parts
+from autofit.builder.model import build_layers_model, decoder_projections, layer_types, model_parts
 from autofit.models import ModelSpec
 from autofit.structure import Projection, Structure
 
 
 def read_structure(spec: ModelSpec) -> Structure:
-    model = build_meta_model(spec)
+    """`spec`'s parameters by role, read from its model built with a sample of its layers (two,
+    or one of each layer type the model has): the layers are alike, so the other layers are
+    counted, not built, and reading a model of a million layers takes as long as one of two."""
+    types = layer_types(spec)
+    kinds = tuple(dict.fromkeys(types)) if types else (None,) * min(spec.layers, 2)
+    model = build_layers_model(spec, kinds)
     parts = model_parts(model)
     layers = list(parts.layers)
     roles = [_layer_roles(layer, spec.experts) for layer in layers]
@@ -35,20 +41,20 @@ def read_structure(spec: ModelSpec) -> Structure:
         )
     projections, norm, bias, router, expert, other = roles[0]
     seen: set[int] = set()
-    total = 0
+    built = 0
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
-            total += p.numel()
+            built += p.numel()
     embedding = parts.embed.weight.numel()
     head = 0 if parts.tied or parts.head is None else parts.head.weight.numel()
     final_norm = sum(p.numel() for p in parts.norm.parameters()) if parts.norm else 0
     layer_total = sum(p.numel() for p in layers[0].parameters())
-    root_other = total - len(layers) * layer_total - embedding - head - final_norm
+    root_other = built - len(layers) * layer_total - embedding - head - final_norm
     return Structure(
         model_type=spec.model_type,
         layer_class=type(layers[0]).__name__,
-        layers=len(layers),
+        layers=spec.layers,
         hidden=spec.hidden,
         vocab=parts.embed.weight.shape[0],
         heads=spec.heads,

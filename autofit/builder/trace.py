@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -36,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from autofit.builder.dtypes import TORCH_DTYPES
-from autofit.builder.model import build_meta_model, decoder_layers, materialize
+from autofit.builder.model import build_layers_model, decoder_layers, layer_types, materialize
 from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
@@ -140,7 +141,7 @@ def _trace_or_bf16(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
 
 
 def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
-    types = _layer_types(spec)
+    types = layer_types(spec)
     kinds = list(dict.fromkeys(types)) if types else [None]
     per_kind = _per_layer_kind(spec, dataclasses.replace(key, loss="standard"), tuple(kinds))
     _, forward_peak, peak = _live_bytes(spec, key, tuple(kinds))
@@ -151,7 +152,8 @@ def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
     root = peak - sum(per_kind.values())
     root_forward = forward_peak - sum(per_kind.values())
     if types:
-        layer = sum(per_kind[t] for t in types) / len(types)
+        counts = Counter(types)  # layers of each type, counted once (a model may have many)
+        layer = sum(per_kind[t] * n for t, n in counts.items()) / len(types)
     else:
         layer = per_kind[None]
     # the layer whose backward holds the most, of each type the model has (the peak is there)
@@ -179,13 +181,6 @@ def _per_layer_kind(
     return per_kind
 
 
-def _layer_types(spec: ModelSpec) -> list[str] | None:
-    """The type of each layer (sliding or full attention) where the family has several."""
-    config = spec.to_hf_config()
-    types = getattr(config, "layer_types", None)
-    return list(types) if types and len(set(types)) > 1 else None
-
-
 @functools.lru_cache(maxsize=64)
 def _live_bytes(
     spec: ModelSpec, key: ActivationKey, kinds: tuple[Any, ...]
@@ -194,11 +189,7 @@ def _live_bytes(
     and the peak from the forward through the loss's backward (up to the LM head's output
     gradient). Memoised: a one-layer model's run serves both the per-layer difference and the
     trace's peaks."""
-    overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
-    if kinds[0] is not None:
-        overrides["layer_types"] = list(kinds)
-    model = build_meta_model(spec, spec.to_hf_config(**overrides))
-    model = _prepare(model, key)
+    model = _prepare(build_layers_model(spec, kinds), key)
     with FakeTensorMode(allow_non_fake_inputs=True):
         materialize(model, torch.device("cpu"))
         ids = torch.randint(0, spec.vocab, (1, key.seq_len))
@@ -236,10 +227,7 @@ def traced_step(
     (rotary tables). Parameters' gradients are left out: the estimator counts them from the
     parameters (each unit's unsharded gradients, `layer_unit_grad_bytes`). The loss does not
     change it (the loss's tensors are freed before the layer's backward begins)."""
-    overrides: dict[str, Any] = {"num_hidden_layers": len(kinds)}
-    if kinds[0] is not None:
-        overrides["layer_types"] = list(kinds)
-    model = _prepare(build_meta_model(spec, spec.to_hf_config(**overrides)), key)
+    model = _prepare(build_layers_model(spec, kinds), key)
     marks: dict[str, int] = {}
     with FakeTensorMode(allow_non_fake_inputs=True):
         materialize(model, torch.device("cpu"))
@@ -319,7 +307,7 @@ def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # HF's deprecations, not the user's
-            types = _layer_types(spec)
+            types = layer_types(spec)
             kind = types[-1] if types else None
             return traced_step(spec, dataclasses.replace(key, loss="standard"), (kind,))[1]
     finally:

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 import autofit
 from autofit import interrupt
+from autofit.checks import sane_columns, terminal_columns
 from autofit.errors import AutofitError
 from autofit.interrupt import stop_signals_interrupt
 
@@ -25,6 +26,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Find the fastest LLM fine-tuning config that will not run out of GPU memory.",
     pretty_exceptions_enable=False,
+    # click's own help pages: typer's rich tables cut option names to fit (--inter-node-bandwi…);
+    # click wraps each option's help beside its whole name
+    rich_markup_mode=None,
 )
 
 
@@ -34,13 +38,17 @@ PIPE_WIDTH = 160
 
 class _Console(Console):
     """rich's Console as wide as the terminal, or as `COLUMNS` says (read when printing, so a
-    width set after import counts); elsewhere (pipes, CI, tests) `PIPE_WIDTH`, so long lines
-    are not wrapped at rich's 80."""
+    width set after import counts; a width no terminal has is `DEFAULT_COLUMNS`:
+    `checks.terminal_columns`); elsewhere (pipes, CI, tests) `PIPE_WIDTH`, so long lines are
+    not wrapped at rich's 80."""
 
     @property  # type: ignore[override]
     def size(self) -> ConsoleDimensions:
         size = super().size
-        if self.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        columns = terminal_columns(os.environ.get("COLUMNS"))
+        if columns is not None:
+            return ConsoleDimensions(columns, size.height)
+        if self.is_terminal:
             return size
         return ConsoleDimensions(PIPE_WIDTH, size.height)
 
@@ -49,6 +57,7 @@ def console(stderr: bool = False) -> Console:
     return _Console(stderr=stderr, highlight=False)
 
 
+sane_columns()  # before any console reads COLUMNS: these two, and typer's for the help pages
 out = console()
 err = console(stderr=True)
 
@@ -73,6 +82,7 @@ def _root(
 ) -> None:
     """Find the fastest LLM fine-tuning config that will not run out of GPU memory."""
     stop_signals_interrupt()  # SIGTERM/SIGHUP (SLURM, docker stop, timeout) act like Ctrl-C
+    sane_columns()  # COLUMNS may have changed since import (an app run in process)
     if verbose:
         from autofit.quiet import set_verbose
 
@@ -111,8 +121,9 @@ def help_hint(command: str | None = None) -> str:
 @contextlib.contextmanager
 def warnings_to_stderr() -> Iterator[None]:
     """autofit's warnings (allowed, but probably not meant) as one `warning:` paragraph each on
-    stderr, also under --json (stdout stays one JSON object); other warnings as Python shows them.
-    A model traced for the first time (seconds) is announced there too (`arch.trace_notices`).
+    stderr, also under --json (stdout stays one JSON object), each said once however many checks
+    meet it (the CLI's cheap checks and the API's); other warnings as Python shows them. A model
+    traced for the first time (seconds) is announced there too (`arch.trace_notices`).
     """
     from autofit.arch import trace_notices
     from autofit.checks import AutofitWarning
@@ -123,10 +134,13 @@ def warnings_to_stderr() -> Iterator[None]:
     with warnings.catch_warnings(), trace_notices(tracing):
         warnings.simplefilter("always", AutofitWarning)
         shown = warnings.showwarning
+        said: set[str] = set()
 
         def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
             if issubclass(category, AutofitWarning):
-                err.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
+                if str(message) not in said:
+                    said.add(str(message))
+                    err.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
             else:
                 shown(message, category, *args, **kwargs)
 

@@ -111,11 +111,12 @@ def estimate(
     try:
         knobs = checked(declared)
         with warnings_to_stderr():
-            from autofit.arguments import config_of
+            from autofit.arguments import check_model_size, config_of
             from autofit.hardware import resolve_hardware
             from autofit.models import check_seq_len, resolve_model
 
             spec = resolve_model(target["model"])
+            check_model_size(spec)
             hw = resolve_hardware(**{k: v for k, v in target.items() if k != "model"})
             check_seq_len(spec, knobs.get("seq_len"))  # the API's cheap checks, before the data
             config_of(knobs, spec, hw)

@@ -9,6 +9,7 @@ import typer
 
 from autofit.cli.flags import _Command, gathered, option
 from autofit.data import LengthHistogram
+from autofit.data.read import LENGTH_FILE_FORMS
 from autofit.data.source import DATA_KEYWORDS
 
 __all__ = ["FLAGS", "data_flags", "lengths_dict"]
@@ -41,8 +42,8 @@ FLAGS = {
         None,
         "--lengths",
         metavar="FILE",
-        help="Token counts made elsewhere, instead of --dataset: one per line, or a JSON "
-        'histogram ({"512": 10, ...} or a run folder\'s lengths.json).',
+        help=f"Token counts made elsewhere, instead of --dataset: {LENGTH_FILE_FORMS} (a run "
+        "folder keeps one).",
     ),
 }
 

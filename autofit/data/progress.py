@@ -4,6 +4,7 @@ in a pipe, a log or under --json, where stdout is one JSON object). Torch-free."
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 
 # (done, total) in the reader's units (bytes or rows); total None: not known beforehand
@@ -16,7 +17,10 @@ def stderr_bar(label: str, enabled: bool = True) -> Iterator[Progress | None]:
     seen (`enabled` false, or stderr not a terminal)."""
     from rich.console import Console
 
-    console = Console(stderr=True)
+    from autofit.checks import terminal_columns
+
+    # COLUMNS as a terminal can have it (0 would draw nothing); None: rich measures the terminal
+    console = Console(stderr=True, width=terminal_columns(os.environ.get("COLUMNS")))
     if not enabled or not console.is_terminal:
         yield None
         return

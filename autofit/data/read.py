@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autofit.checks import AutofitWarning
+from autofit.checks import MAX_SEQ_LEN, AutofitWarning
 from autofit.data.columnar import column_batches, column_names
 from autofit.data.formats import (
     INPUT_IDS,
@@ -33,6 +33,7 @@ from autofit.data.histogram import LengthHistogram
 from autofit.data.progress import Progress
 from autofit.data.tokens import NEEDS_TOKENIZER, TokenCounter, load_tokenizer
 from autofit.errors import DataError
+from autofit.files import special_kind
 
 _RECORDS = {"jsonl": jsonl_records, "json": json_records, "csv": csv_records}
 
@@ -144,6 +145,8 @@ class _Reader:
     def add(self, field: str, values: list[Any], where: list[str]) -> None:
         """Count `values` of `field`: all texts, all token lists or all chats."""
         self.fields.add(field)
+        if field == INPUT_IDS:  # already tokenized: its length is its count, no tokenizer read
+            _token_ids(values, where, self.path)
         first = values[0]
         if isinstance(first, str):
             _same_type(values, where, str, "text", self.path, field)
@@ -211,6 +214,18 @@ def _is_chat(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
 
 
+def _token_ids(values: list[Any], where: list[str], path: Path) -> None:
+    for value, at in zip(values, where, strict=True):
+        if not isinstance(value, list):
+            raise DataError(
+                f"{path}, {at}: the field {INPUT_IDS!r} holds {type(value).__name__} "
+                f"{json.dumps(value)[:40]}; {INPUT_IDS} must be a list of token ids (e.g. [1, "
+                "15043, 29892]: text already tokenized, counted without a tokenizer). A text "
+                f"belongs in a {TEXT!r} field (or the one --text-field names), counted with "
+                "--tokenizer."
+            )
+
+
 def _same_type(
     values: list[Any], where: list[str], kind: type, what: str, path: Path, field: str
 ) -> None:
@@ -237,33 +252,39 @@ def _fields_text(names: Iterable[str]) -> str:
     return f"its fields: {', '.join(names)}" if names else "it has no fields"
 
 
+LENGTH_FILE_FORMS = (
+    "a text file of one token count per line, or JSON: a list of counts ([512, 87, ...]), a "
+    'histogram ({"512": 10, ...}) or autofit\'s lengths.json'
+)
+"""What a length file may hold, as every message about one (and `--lengths`' help) says it."""
+_TAKES = f"--lengths takes {LENGTH_FILE_FORMS}."
+
+
 def read_length_file(path: str | Path) -> LengthHistogram:
     """Lengths counted elsewhere (`--lengths`): a text file of one integer per line (blank lines
-    and `#` comments skipped), or JSON: a `LengthHistogram.to_json` object
-    (`{"lengths": [...], "counts": [...]}`) or a `{"length": count}` mapping."""
+    and `#` comments skipped), or JSON: a list of lengths, a `LengthHistogram.to_json` object
+    (`{"lengths": [...], "counts": [...]}`) or a `{"length": count}` mapping. Every length is
+    a whole number from 1 to `MAX_SEQ_LEN`, the longest `--seq-len` autofit takes."""
     path = Path(path).expanduser()
     if path.suffix.lower() in (".jsonl", ".ndjson", ".csv", ".parquet") or path.is_dir():
         raise DataError(
             f"{str(path)!r} looks like a dataset, not a length file: pass it with --dataset (and "
-            "--tokenizer) to count its tokens. --lengths takes a text file of one token count "
-            'per line, or a JSON histogram ({"512": 10, ...} or autofit\'s lengths.json).'
+            f"--tokenizer) to count its tokens. {_TAKES}"
         )
+    kind = special_kind(path)
+    if kind is not None:  # /dev/null, a FIFO: nothing to read, or a read that never ends
+        raise DataError(f"The length file {str(path)!r} is {kind}, not a regular file. {_TAKES}")
     if not path.is_file():
-        raise DataError(
-            f"The length file {str(path)!r} does not exist. --lengths takes a text file of one "
-            'token count per line, or a JSON histogram ({"512": 10, ...} or autofit\'s '
-            "lengths.json)."
-        )
+        raise DataError(f"The length file {str(path)!r} does not exist. {_TAKES}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise DataError(
-            f"The length file {str(path)!r} is not UTF-8 text (a binary file?). --lengths takes "
-            "one token count per line, or a JSON histogram."
+            f"The length file {str(path)!r} is not UTF-8 text (a binary file?). {_TAKES}"
         ) from None
     if not text.strip():
         raise DataError(f"The length file {str(path)!r} is empty: it holds no lengths.")
-    if text.lstrip().startswith("{"):
+    if text.lstrip().startswith(("{", "[")):
         return _histogram_json(text, path)
     return LengthHistogram.of(_lines(text, path), source=str(path))
 
@@ -273,26 +294,26 @@ def _lines(text: str, path: Path) -> Iterator[int]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        if not line.isdigit() or int(line) < 1:
-            raise DataError(
-                f"{path}, line {number}: {line[:40]!r} is not a token count. A length file holds "
-                "one whole number >= 1 per line."
-            )
-        yield int(line)
+        try:
+            yield _count(line, length=True)
+        except ValueError as exc:
+            raise DataError(f"{path}, line {number}: {exc}. {_TAKES}") from None
 
 
 def _histogram_json(text: str, path: Path) -> LengthHistogram:
     problem = "it is not valid JSON"
     try:
         data = json.loads(text)
-        if "lengths" in data and "counts" in data:
+        if isinstance(data, list):  # the lengths themselves, one per example
+            hist = LengthHistogram.of((_count(n, length=True) for n in data), source=str(path))
+        elif "lengths" in data and "counts" in data:
             hist = LengthHistogram(
-                tuple(_count(n) for n in data["lengths"]),
+                tuple(_count(n, length=True) for n in data["lengths"]),
                 tuple(_count(n) for n in data["counts"]),
                 str(data.get("source") or path),
             )
         else:
-            pairs = sorted((_count(k), _count(v)) for k, v in data.items())
+            pairs = sorted((_count(k, length=True), _count(v)) for k, v in data.items())
             hist = LengthHistogram(
                 tuple(k for k, _ in pairs), tuple(v for _, v in pairs), str(path)
             )
@@ -303,20 +324,24 @@ def _histogram_json(text: str, path: Path) -> LengthHistogram:
         problem = f"line {exc.lineno}: not valid JSON ({exc.msg})"
     except (ValueError, TypeError, AttributeError) as exc:
         problem = str(exc) or "a length or count is not a whole number >= 1"
-    raise DataError(
-        f"The length file {path}: {problem}. A JSON length file is a mapping of token count to "
-        'examples, {"128": 40, "512": 7}, or autofit\'s lengths.json '
-        '({"lengths": [...], "counts": [...]}).'
-    )
+    raise DataError(f"The length file {path}: {problem}. {_TAKES}")
 
 
-def _count(value: Any) -> int:
-    """A whole number >= 1 from JSON (an int, or a key's digits)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"{value!r} is not a whole number >= 1")
-    if isinstance(value, str) and not value.strip().isdigit():
-        raise ValueError(f"{value!r} is not a whole number >= 1")
-    n = int(value)
+def _count(value: Any, length: bool = False) -> int:
+    """A whole number >= 1 from JSON (an int, or a key's digits) or a line of text; a `length`
+    at most `MAX_SEQ_LEN`, the longest `--seq-len` autofit takes."""
+    digits = str(value).strip()
+    what = "a token count (a whole number >= 1)" if length else "a whole number >= 1"
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not digits.isdigit():
+        raise ValueError(f"{digits[:40]!r} is not {what}")
+    if len(digits) > 40:
+        raise ValueError(f"{digits[:20]}... ({len(digits):,} digits) is no count of anything")
+    n = int(digits)
     if n < 1:
-        raise ValueError(f"{n} is not a whole number >= 1")
+        raise ValueError(f"{n} is not {what}")
+    if length and n > MAX_SEQ_LEN:
+        raise ValueError(
+            f"a length of {n:,} tokens is longer than the longest sequence autofit plans for "
+            f"(--seq-len at most {MAX_SEQ_LEN:,})"
+        )
     return n

@@ -16,7 +16,7 @@ from autofit.estimate.memory import (
     master_bytes,
 )
 from autofit.estimate.speed import MEM_BW_EFFICIENCY
-from autofit.layout import wrap_units
+from autofit.layout import wrap_unit_count
 from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
 from autofit.structure import Structure
 
@@ -69,7 +69,7 @@ def comm_bytes_per_micro_step(
     layers = s.layers * gathered_layer_bytes(s, quant, lora_rank, targets)
     regather = 0.0
     if reshard:
-        regather = embed_unit_bytes(s) + (layers if wrap_units(wrap, s.layers) else 0.0)
+        regather = embed_unit_bytes(s) + (layers if wrap_unit_count(wrap, s.layers) else 0.0)
     return edges + layers + regather
 
 

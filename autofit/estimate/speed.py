@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from autofit.estimate.memory import BF16, FP32
-from autofit.recipe import checkpointed_layers, trained_embedding_modules
+from autofit.recipe import checkpointed_count, trained_embedding_modules
 from autofit.settings import trained_token_count
 from autofit.structure import Structure
 
@@ -125,7 +125,7 @@ def _recompute_share(checkpointing: str, layers: int) -> float:
     0, 2, 4, ... with `every-2`), none with op-level `selective` (no matmul is recomputed)."""
     if checkpointing == "selective" or layers <= 0:
         return 0.0
-    return len(checkpointed_layers(checkpointing, layers)) / layers
+    return checkpointed_count(checkpointing, layers) / layers
 
 
 # ----- FLOP counts (for MFU and the 6N check) -----------------------------------------------------

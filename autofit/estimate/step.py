@@ -14,7 +14,7 @@ from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
-from autofit.layout import Layout, Sharding
+from autofit.layout import Layout, Sharding, wrap_unit_count
 from autofit.structure import Structure
 
 __all__ = ["step_time", "step_time_terms"]
@@ -149,9 +149,7 @@ def _transfers(
     # behind, so nothing overlaps there.
     on_cpu = hardware.source == "cpu"
     per_node = min(max(hardware.gpus_per_node, 1), n)
-    layout = Layout.of(
-        wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node, n_layers=s.layers
-    )
+    layout = Layout.of(wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node)
     sharding, fsdp, replicas = layout.sharding, layout.fsdp, layout.mesh[0]
     # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
     group = shard if fsdp else n
@@ -159,7 +157,7 @@ def _transfers(
     group_bw = comm.group_bw(hardware.link_bw_gbs, hardware.inter_node_bw_gbs, group_nodes,
                             min(group, per_node))  # fmt: skip
     latency = comm.collective_latency(on_cpu, group_nodes - 1)
-    units = len(layout.units)
+    units = wrap_unit_count(k.wrap, s.layers) if fsdp else 0  # `len(layout.units)`, counted
     gathers, reduces = comm.fsdp_collectives(units, s.tied_embeddings, k.reshard)
     prefetch_units = 1 if on_cpu or not units else gathers - units * k.reshard
     pb = mem.master_bytes(k.precision, k.optimizer)

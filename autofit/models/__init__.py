@@ -33,6 +33,12 @@ def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
     if isinstance(name_or_path, ModelSpec):
         return name_or_path
     text = str(name_or_path).strip()
+    if not text:  # Path("") is the working folder: never what an empty name meant
+        raise ModelError(
+            f"The model name is empty ({str(name_or_path)!r}). --model takes a preset name "
+            f"(e.g. {next(iter(PRESETS))}; `autofit models` lists them all) or the path of a HF "
+            "config.json or model folder."
+        )
     key = text.lower().replace("_", "-")
     if key in PRESETS:
         return PRESETS[key]

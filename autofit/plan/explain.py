@@ -17,7 +17,7 @@ from autofit.plan.prune import PruneReason, headroom_line, host_ram_bound, prune
 from autofit.plan.rank import RECIPE_KNOBS, TIE_TOLERANCE, faster, recipe_key, slower
 from autofit.rules import derive_grad_accum
 from autofit.space import Space
-from autofit.units import fmt_bytes, fmt_size, fmt_tokens_per_s
+from autofit.units import device_noun, fmt_bytes, fmt_size, fmt_tokens_per_s
 
 if TYPE_CHECKING:
     from autofit.data import LengthHistogram
@@ -238,11 +238,12 @@ def infeasible_advice(
     est = nearest.estimate
     part, size = max(est.breakdown.items(), key=lambda kv: kv[1])
     host_bound = host_ram_bound(est)
+    noun = device_noun("cpu" if hardware.source == "cpu" else "cuda")  # CPU processes' memory
     bound = (
         f"host RAM: it offloads {fmt_bytes(est.host_bytes)} to a host with "
         f"{fmt_bytes(est.host_capacity_bytes)}"
         if host_bound
-        else f"GPU memory: {fmt_bytes(est.peak_bytes)} per GPU, mostly "
+        else f"{noun} memory: {fmt_bytes(est.peak_bytes)} per {noun}, mostly "
         f"{part.replace('_', ' ')} ({fmt_bytes(size)})"
     )
     small = too_small(est, hardware.describe())
@@ -250,7 +251,7 @@ def infeasible_advice(
         return small
     lines = [
         f"Nothing in space '{space.name}' fits {hardware.describe()} "
-        f"({fmt_size(est.usable_bytes)} usable per GPU, {margin:.0%} headroom kept). Nearest: "
+        f"({fmt_size(est.usable_bytes)} usable per {noun}, {margin:.0%} headroom kept). Nearest: "
         f"'{nearest.config.short()}', bound by {bound}."
     ]
 

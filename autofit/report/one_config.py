@@ -30,17 +30,19 @@ BREAKDOWN_LABELS = {
 }
 
 
-def memory_levels_line(est: Estimate) -> str:
-    """The estimate's memory per GPU level by level, on two lines of under 80 columns: what
-    tensors hold, what the caching allocator reserves beyond them (the peak the plan compares
-    with the usable memory), what lies outside it, and what the card then holds."""
+def memory_levels_line(est: Estimate, device: str = "cuda") -> str:
+    """The estimate's memory per GPU (per CPU process on `device` cpu) level by level, on two
+    lines of under 80 columns: what tensors hold, what the caching allocator reserves beyond
+    them (the peak the plan compares with the usable memory), what lies outside it, and what the
+    card then holds."""
     outside = " + ".join(
         f"{label} {fmt_size(est.overhead[name])}"
         for name, label in (("cuda_context", "CUDA context"), ("nccl", "NCCL"))
         if est.overhead.get(name)
     )
     return (
-        f"  per GPU: allocated {fmt_size(est.peak_allocated_bytes)} + allocator slack "
+        f"  per {device_noun(device)}: allocated {fmt_size(est.peak_allocated_bytes)} + "
+        f"allocator slack "
         f"{fmt_size(est.allocator_slack_bytes)} = reserved {fmt_size(est.peak_bytes)}\n"
         f"  + {outside or 'nothing outside the allocator'} = device "
         f"{fmt_size(est.device_bytes)}"
@@ -77,7 +79,10 @@ def estimate_report(
         "held as " + held_as(est.sharding, cfg.wrap, requested_wrap, est.n_gpus, device),
         highlight=False,
     )
-    table = Table(title=f"Peak memory per GPU (at the {est.peak_phase} peak)", title_justify="left")
+    noun = device_noun(device)
+    table = Table(
+        title=f"Peak memory per {noun} (at the {est.peak_phase} peak)", title_justify="left"
+    )
     table.add_column("part")
     table.add_column("size", justify="right")
     for key, value in est.breakdown.items():
@@ -92,7 +97,7 @@ def estimate_report(
     if est.overhead.get("nccl"):
         table.add_row("NCCL buffers (outside the allocator)", fmt_size(est.overhead["nccl"]))
     table.add_row("[bold]device-level peak[/] (NVML)", f"[bold]{fmt_size(est.device_bytes)}[/]")
-    table.add_row("GPU capacity", fmt_size(est.capacity_bytes))
+    table.add_row(f"{noun} capacity", fmt_size(est.capacity_bytes))
     console.print(table)
     if est.host_bytes:
         console.print(
@@ -184,7 +189,8 @@ def trial_report(console: Console, result: TrialResult, requested_wrap: str | No
         )
         console.print(
             f"  peak {fmt_size(result.peak_bytes)} reserved "
-            f"({fmt_size(result.peak_allocated_bytes)} allocated) per GPU{device}; "
+            f"({fmt_size(result.peak_allocated_bytes)} allocated) per "
+            f"{device_noun(result.device or 'cuda')}{device}; "
             f"build peak {fmt_size(result.build_peak_bytes)}"
         )
         speed = fmt_tokens_per_s(result.tokens_per_s or 0.0, result.nprocs, result.device)

@@ -9,7 +9,7 @@ from typing import Any
 
 from autofit.files import atomic_write
 from autofit.plan import Outcome, Plan, trial_status
-from autofit.units import fmt_size, size_unit
+from autofit.units import device_noun, fmt_size, size_unit
 
 UNDER_COLOR = "#2e8b57"  # measured peak at or under the headroom line
 OVER_COLOR = "#d2691e"  # measured peak above it: ran, but cannot be the winner
@@ -77,7 +77,7 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
     ax1.axhline(cap / scale, color="#b22222", lw=1.5, label=f"capacity {fmt_size(cap)}")
     ax1.axhline(allowed_bytes / scale, color="#b22222", lw=1, ls="--",
                 label=f"headroom line ({plan.margin:.0%} margin)")  # fmt: skip
-    ax1.set_ylabel(f"peak per GPU ({unit})")
+    ax1.set_ylabel(f"peak per {device_noun(plan.device)} ({unit})")
     ax1.set_title(f"{plan.model.name} on {plan.hardware.describe()}, seq_len {plan.seq_len}")
     ax1.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
 
@@ -98,7 +98,7 @@ def trials_figure(plan: Plan, allowed_bytes: float) -> Any:
         ax2.set_title(errors, fontsize=9)
     if best is not None:
         ax2.plot([], [], "s", color="#daa520", label="winner")
-    ax2.set_ylabel("tokens/s (all GPUs)")
+    ax2.set_ylabel(f"tokens/s (all {device_noun(plan.device, 2)})")
     ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax2.set_xticks(xs)
     ax2.set_xticklabels([f"#{n} {lab}" for n, lab in zip(numbers, labels, strict=True)],

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.markup import escape
 from rich.table import Table
 
@@ -53,47 +53,88 @@ def pairs_table(hw: Hardware) -> Table | None:
     return table
 
 
-def presets_table() -> Table:
-    table = Table(title="GPU presets (--gpus KxNAME, NxKxNAME)", title_justify="left")
-    left = ("name", "GPU", "interconnect", "between nodes")
-    for col in ("name", "GPU", "memory", "bf16 TFLOP/s", "mem GB/s", "interconnect", "link GB/s",
-                "between nodes"):  # fmt: skip
-        table.add_column(col, justify="left" if col in left else "right")
-    for p in GPU_PRESETS.values():
-        table.add_row(
-            p.name,
-            p.full_name,
-            fmt_bytes(p.memory_bytes),
-            f"{p.bf16_tflops:g}",
-            f"{p.mem_bw_gbs:g}",
-            "NVLink" if p.interconnect == "nvlink" else f"PCIe gen{p.pcie_gen} x{p.pcie_width}",
-            f"{p.link_bw_gbs:g}",
-            f"{p.network} {p.inter_node_bw_gbs:g} GB/s per GPU",
-        )
+class Fitted:
+    """The first of `layouts` (renderables, widest first) that fits the width where it is
+    printed without cutting a cell that does not wrap (a name a user types, a number), else the
+    last: at 80 columns a table makes way for a narrower one rather than print `llama…`."""
+
+    def __init__(self, *layouts: RenderableType) -> None:
+        self.layouts = layouts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for layout in self.layouts[:-1]:
+            # measured unclamped: `measure` caps the minimum at the width it is given
+            narrowest = console.measure(layout, options=options.update_width(10_000)).minimum
+            if narrowest <= options.max_width:
+                yield layout
+                return
+        yield self.layouts[-1]
+
+
+def _named_table(title: str, names: list[str]) -> Table:
+    """A table whose first column holds the names a user types, never shortened or wrapped."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("name", no_wrap=True, min_width=max(map(len, names), default=0))
     return table
 
 
-def models_table(models: Iterable[ModelSpec]) -> Table:
-    table = Table(
-        title="Model presets (--model NAME, or a path to config.json)", title_justify="left"
-    )
-    for col in ("name", "model", "family", "params", "layers", "hidden", "heads/kv", "ffn",
-                "vocab"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("name", "model", "family") else "right")
+def presets_table() -> Fitted:
+    """The what-if GPU presets: a column per figure where the width allows, else the name, the
+    GPU, its memory and one column of the rest that wraps."""
+    presets = list(GPU_PRESETS.values())
+    title = "GPU presets (--gpus KxNAME, NxKxNAME)"
+
+    def interconnect(p: Any) -> str:
+        return "NVLink" if p.interconnect == "nvlink" else f"PCIe gen{p.pcie_gen} x{p.pcie_width}"
+
+    def network(p: Any) -> str:
+        return f"{p.network} {p.inter_node_bw_gbs:g} GB/s per GPU"
+
+    wide = _named_table(title, [p.name for p in presets])
+    left = ("GPU", "interconnect", "between nodes")
+    for col in ("GPU", "memory", "bf16 TFLOP/s", "mem GB/s", "interconnect", "link GB/s",
+                "between nodes"):  # fmt: skip
+        wide.add_column(col, justify="left" if col in left else "right", no_wrap=col not in left)
+    narrow = _named_table(title, [p.name for p in presets])
+    narrow.add_column("GPU")
+    narrow.add_column("memory", justify="right", no_wrap=True)
+    narrow.add_column("speed and links")
+    for p in presets:
+        wide.add_row(
+            p.name, p.full_name, fmt_bytes(p.memory_bytes), f"{p.bf16_tflops:g}",
+            f"{p.mem_bw_gbs:g}", interconnect(p), f"{p.link_bw_gbs:g}", network(p),
+        )  # fmt: skip
+        narrow.add_row(
+            p.name, p.full_name, fmt_bytes(p.memory_bytes),
+            f"bf16 {p.bf16_tflops:g} TFLOP/s, memory {p.mem_bw_gbs:g} GB/s; {interconnect(p)} "
+            f"{p.link_bw_gbs:g} GB/s; between nodes: {network(p)}",
+        )  # fmt: skip
+    return Fitted(wide, narrow)
+
+
+def models_table(models: Iterable[ModelSpec]) -> Fitted:
+    """The model presets: a column per figure where the width allows, else the name, the exact
+    parameter count and one column of the rest that wraps."""
+    models = list(models)
+    title = "Model presets (--model NAME, or a path to config.json)"
+    wide = _named_table(title, [m.name for m in models])
+    for col in ("model", "family", "params", "layers", "hidden", "heads/kv", "ffn", "vocab"):
+        left = col in ("model", "family")
+        wide.add_column(col, justify="left" if left else "right", no_wrap=col != "model")
+    narrow = _named_table(title, [m.name for m in models])
+    narrow.add_column("params", justify="right", no_wrap=True)
+    narrow.add_column("model")
     for m in models:
         n = structure_of(m).n_params
-        table.add_row(
-            m.name,
-            m.description,
-            m.model_type,
-            f"{n:,} ({fmt_count(n)})",
-            str(m.layers),
-            str(m.hidden),
-            f"{m.heads}/{m.kv_heads}",
-            str(m.intermediate),
-            str(m.vocab),
-        )
-    return table
+        shape = [str(m.layers), str(m.hidden), f"{m.heads}/{m.kv_heads}", str(m.intermediate),
+                 str(m.vocab)]  # fmt: skip
+        wide.add_row(m.name, m.description, m.model_type, f"{n:,} ({fmt_count(n)})", *shape)
+        narrow.add_row(
+            m.name, f"{n:,}",
+            f"{m.description} ({m.model_type}): {fmt_count(n)} params, {m.layers} layers, hidden "
+            f"{m.hidden}, heads/kv {m.heads}/{m.kv_heads}, ffn {m.intermediate}, vocab {m.vocab}",
+        )  # fmt: skip
+    return Fitted(wide, narrow)
 
 
 def capacity_line(plan: Plan) -> str:
@@ -174,10 +215,11 @@ def plan_report(console: Console, plan: Plan, written: list[Any] | None = None) 
     console.print(f"[bold green]Winner[/] ({how}): {best.config.short()}", highlight=False)
     if best.measured:
         console.print(
-            f"  measured peak {fmt_size(best.peak_bytes)} reserved per GPU; the estimate:",
+            f"  measured peak {fmt_size(best.peak_bytes)} reserved per "
+            f"{device_noun(plan.device)}; the estimate:",
             highlight=False,
         )
-    console.print(memory_levels_line(best.estimate), markup=False, highlight=False)
+    console.print(memory_levels_line(best.estimate, plan.device), markup=False, highlight=False)
     console.print(f"Why: {escape(plan.reason)}")
     mesh = plan.mesh_comparison()
     if mesh is not None:

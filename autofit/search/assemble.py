@@ -61,8 +61,8 @@ def assemble(
 
 
 def load_study_plan(storage: str, study: str) -> Plan:
-    """The plan of an existing study, from storage alone (no trial runs)."""
-    opt_study = st.load_study(storage, study)
+    """The plan of an existing study, from storage alone (no trial runs; nothing written)."""
+    opt_study = st.load_study(storage, study, read_only=True)
     request = st.stored_request(opt_study)
     if request is None:
         raise AutofitError(

@@ -54,6 +54,7 @@ from autofit.search.steering import (
     run_reruns,
     untried,
     wait_for_other_planners,
+    withdraw_queued,
 )
 from autofit.search.timing import expected_search
 from autofit.search.verify import ranked_under_line, verify_steps, verify_winner
@@ -197,6 +198,7 @@ def _lead(
             else:
                 enqueue_seeds(opt_study, cands, n_seeds(trials))
             start = time.monotonic()
+            stopper = _Stopper(cands, objective, trials, start, timeout)
             with quiet_optuna():
                 run_reruns(opt_study, objective)
                 for _ in range(MAX_LOST_RACES + 1 if worth_a_trial else 0):
@@ -209,8 +211,8 @@ def _lead(
                             timeout=left,
                             catch=(TrialError,),
                             callbacks=[
-                                _Stopper(cands, objective, trials, start, timeout),
-                                Recalibrate(cands, calibrator, display),
+                                stopper,
+                                Recalibrate(cands, calibrator, display, over=stopper.over),
                                 *([cluster.stop_if_failed] if cluster else []),
                             ],
                             gc_after_trial=False,
@@ -219,6 +221,7 @@ def _lead(
                     except (ValueError, RuntimeError) as exc:
                         if not lost_race(exc):
                             raise
+                withdraw_queued(opt_study)  # what it queued and did not run: none left waiting
             if cluster is not None:
                 cluster.raise_if_failed()
 
@@ -266,12 +269,15 @@ class _Stopper:
         self.cands, self.objective, self.trials = cands, objective, trials
         self.start, self.timeout = start, timeout
 
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    def over(self, study: optuna.Study) -> bool:
+        """The trial budget is spent or the search's time is up: no trial starts after this."""
         real = st.real_trials(study)
         if len([t for t in real if st.finished(t)]) >= self.trials:
-            study.stop()
-            return
-        if self.timeout is not None and time.monotonic() - self.start >= self.timeout:
+            return True
+        return self.timeout is not None and time.monotonic() - self.start >= self.timeout
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self.over(study):
             study.stop()
             return
         if self.objective.cheap_streak >= MAX_CHEAP_STREAK:

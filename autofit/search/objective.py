@@ -58,10 +58,11 @@ def timing_attrs(timing: TrialTime, limit: float) -> dict[str, float]:
 
 
 def enqueue(study: optuna.Study, cands: Candidates, cfg: Config, why: str, **attrs: Any) -> None:
-    """Queue `cfg` as the study's next fixed trial; `why` (user attr `enqueued`) says who asked."""
-    study.enqueue_trial(
-        cands.params(cfg), user_attrs={"config": cfg.to_dict(), "enqueued": why, **attrs}
-    )
+    """Queue `cfg` as the study's next fixed trial; `why` (user attr `enqueued`) says who asked,
+    `st.QUEUED_BY` which planner (what it has not run when it ends, it withdraws:
+    `steering.withdraw_queued`)."""
+    attrs = {"config": cfg.to_dict(), "enqueued": why, st.QUEUED_BY: st.owner(), **attrs}
+    study.enqueue_trial(cands.params(cfg), user_attrs=attrs)
 
 
 def memory_constraint(cands: Candidates, cand: Candidate, result: TrialResult) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 
 import optuna
 
@@ -31,14 +32,24 @@ class Recalibrate:
     calibrated best untried candidate when nothing is queued; stop when no untried candidate may
     beat the best measured one (`Calibrator.next_candidate`)."""
 
-    def __init__(self, cands: Candidates, calibrator: Calibrator, display: SearchListener) -> None:
+    def __init__(
+        self,
+        cands: Candidates,
+        calibrator: Calibrator,
+        display: SearchListener,
+        over: Callable[[optuna.Study], bool] = lambda study: False,
+    ) -> None:
         self.cands, self.calibrator, self.display = cands, calibrator, display
+        self.over = over  # the search is over (its budget or time spent): nothing is queued
         self.given: set[str] = set()  # queued and then not measured by this worker: not again
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if not self.calibrator.on:
             return
         self.calibrator.refresh(study)
+        if self.over(study):  # a candidate queued now would wait in the study for ever
+            study.stop()
+            return
         if trial.user_attrs.get("enqueued") == "calibrated" and not st.finished(trial):
             # the queued candidate cost no trial (another worker had it, the sampler's params
             # named another): queueing it again would spin; the sampler proposes instead
@@ -70,6 +81,21 @@ def enqueue_calibrated(
         return False
     enqueue(study, cands, nxt.config, "calibrated")
     return True
+
+
+def withdraw_queued(study: optuna.Study) -> None:
+    """End, as skipped, the trials this planner queued that it did not run (the napkin's seeds,
+    the calibrated next, a re-run, when the budget or the time ran out first): a finished search
+    leaves no trial waiting in its study (a resumed one queues what it needs again)."""
+    me = st.owner()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        if t.user_attrs.get(st.QUEUED_BY) != me:
+            continue  # another planner's: it runs or withdraws it
+        with st.claimed(study, t) as trial:
+            if trial is None:
+                continue  # another planner took it
+            trial.set_user_attr("outcome", st.SKIPPED)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
 
 def wait_for_other_planners(study: optuna.Study, display: SearchListener, limit: float) -> None:

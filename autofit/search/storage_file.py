@@ -5,7 +5,10 @@ file and what is wrong with it, instead of SQLAlchemy's dump."""
 
 from __future__ import annotations
 
-from autofit.checks import sqlite_path
+import sqlite3
+from collections.abc import Callable
+
+from autofit.checks import STUDY_DB_HINT, check_sqlite_exists, sqlite_path
 from autofit.errors import AutofitError
 from autofit.files import NotARegularFile, read_head
 
@@ -36,6 +39,36 @@ def check_sqlite_file(url: str) -> None:
             f"start with SQLite's header (its first bytes: {head[:8]!r}). autofit leaves it as "
             f"it is. {_FRESH}, or point it at the study.db of an earlier plan."
         )
+
+
+def check_sqlite_study(url: str, study: str) -> None:
+    """A study only read (`autofit export`) must be in an SQLite file that exists and is not
+    empty: SQLite would make a new database of either, and Optuna would fill it with its tables,
+    only to report that no study is there."""
+    check_sqlite_exists(url)
+    path = sqlite_path(url)
+    if path is not None and path.is_file() and path.stat().st_size == 0:
+        raise AutofitError(
+            f"No study named {study!r} in {path} (--storage {url}): the file is empty (0 "
+            f"bytes), so it holds no study; autofit leaves it as it is. {STUDY_DB_HINT}"
+        )
+
+
+def read_only_sqlite(url: str) -> Callable[[], sqlite3.Connection]:
+    """A connection maker that opens the SQLite file of `url` read-only (SQLite's `mode=ro`):
+    a write, Optuna's tables created in a database without them included, fails instead."""
+    path = sqlite_path(url)
+    assert path is not None, url
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    return lambda: sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False)
+
+
+def not_a_study_database(url: str) -> AutofitError:
+    """An SQLite database without Optuna's tables: no study was ever stored in it."""
+    return AutofitError(
+        f"{sqlite_path(url)} (--storage {url}) is an SQLite database but holds no Optuna study "
+        f"(it has none of Optuna's tables); autofit leaves it as it is. {STUDY_DB_HINT}"
+    )
 
 
 def storage_error(url: str, error: BaseException) -> AutofitError:

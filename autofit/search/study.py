@@ -28,7 +28,13 @@ from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.request import PlanRequest
-from autofit.search.storage_file import check_sqlite_file, storage_error
+from autofit.search.storage_file import (
+    check_sqlite_file,
+    check_sqlite_study,
+    not_a_study_database,
+    read_only_sqlite,
+    storage_error,
+)
 from autofit.space import Space
 from autofit.trials.channel import STORAGE_ERRORS
 from autofit.trials.guard import alive, hostname, identity
@@ -46,6 +52,7 @@ RERUN_OF = "rerun_of"  # user attr of a trial that re-runs an interrupted one (i
 CALIBRATED = "calibrated"  # user attr: the calibrated estimate made before the trial ran
 TIMING = "timing"  # user attr: the trial's expected seconds, its limit and its slow mark
 STOPPED = "stopped"  # user attr: why a trial was stopped without a result (a node of it lost)
+QUEUED_BY = "queued_by"  # user attr of a queued trial: the planner that queued it (`owner()`)
 
 # Trial outcomes (user attr "outcome"). Only "trial" spends a real trial.
 TRIAL = "trial"  # a real trial ran (or is running)
@@ -53,7 +60,7 @@ PRUNED = "pruned"  # the estimate rules it out: recorded as infeasible, no trial
 DUPLICATE = "duplicate"  # a finished trial already measured this config
 INVALID = "invalid"  # the sampler combined knobs that break a rule or the global batch
 BUSY = "busy"  # another worker is measuring this config right now
-SKIPPED = "skipped"  # the trial budget was spent by another worker
+SKIPPED = "skipped"  # the trial budget (or the search's time) was spent before it ran
 
 
 def config_key(cfg: Config | dict[str, Any] | None) -> str:
@@ -158,14 +165,18 @@ def storage_url(url: str) -> str:
     return "postgresql+psycopg://" + url[len(scheme) :]
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage with heartbeats (so a killed worker's trial is failed, not stuck)."""
+def open_storage(url: str, read_only: bool = False) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage with heartbeats (so a killed worker's trial is failed, not stuck).
+    `read_only`: a study only read (`autofit export`): an SQLite file is opened read-only, so
+    nothing is created or changed in it (`check_sqlite_study`), not even Optuna's tables."""
     url = storage_url(url)
     check_sqlite_file(url)  # a folder, a device, a file that is not SQLite: refused untouched
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # the heartbeat thread writes while the main thread reads: wait for the lock, don't fail
         kwargs["connect_args"] = {"timeout": 60}
+        if read_only:
+            kwargs = {"creator": read_only_sqlite(url)}
     for attempt in range(3):
         try:
             with warnings.catch_warnings():
@@ -176,10 +187,12 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                     heartbeat_interval=HEARTBEAT_S,
                     grace_period=GRACE_S,
                 )
-                if url.startswith("sqlite"):
+                if url.startswith("sqlite") and not read_only:
                     _serialize_sqlite(storage.engine)
                 return storage
         except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable DB
+            if read_only and "readonly" in str(exc).lower():  # it lacks Optuna's tables
+                raise not_a_study_database(url) from None
             # two workers creating the schema of a new database at once: one loses, retries
             racing = ("already exists", "unique constraint", "database is locked", "duplicate key")
             if attempt < 2 and any(r in str(exc).lower() for r in racing):
@@ -261,9 +274,15 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def load_study(storage: str | optuna.storages.BaseStorage, name: str) -> optuna.Study:
-    """An existing study; a clear error naming the studies that exist when it is not there."""
-    store = open_storage(storage) if isinstance(storage, str) else storage
+def load_study(
+    storage: str | optuna.storages.BaseStorage, name: str, read_only: bool = False
+) -> optuna.Study:
+    """An existing study; a clear error naming the studies that exist when it is not there.
+    `read_only` (`autofit export`): nothing in its storage is created or changed, and a missing
+    or empty SQLite file is refused, never made into a database."""
+    if isinstance(storage, str) and read_only:
+        check_sqlite_study(storage, name)
+    store = open_storage(storage, read_only) if isinstance(storage, str) else storage
     try:
         return optuna.load_study(study_name=name, storage=store)
     except KeyError:

@@ -45,7 +45,7 @@ def activation_bytes(
     fixed = head_grad_sum_bytes(model, lora_rank, loss)
     if ckpt is None:
         return micro_batch * n * kept.layer, _outside(kept.root, micro_batch, fixed)
-    k = len(recipe.checkpointed_layers(checkpointing, n))
+    k = recipe.checkpointed_count(checkpointing, n)
     per_seq = k * ckpt.layer + (n - k) * kept.layer
     return micro_batch * per_seq, _outside(ckpt.root, micro_batch, fixed)
 
@@ -198,7 +198,7 @@ def layers_keeping_activations(s: Structure, checkpointing: str) -> int:
     uncheckpointed half plus the one being recomputed with `every-2`, only the one being
     recomputed with `full` or op-level `selective` (which recomputes the pointwise ops). The
     checkpointed layers are `autofit.recipe.checkpointed_layers`, the builder's list."""
-    checkpointed = len(recipe.checkpointed_layers(checkpointing, s.layers))
+    checkpointed = recipe.checkpointed_count(checkpointing, s.layers)
     kept = s.layers - checkpointed + (1 if checkpointed else 0)
     return min(kept, s.layers)
 
