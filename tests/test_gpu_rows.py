@@ -102,3 +102,16 @@ def test_the_numbers_printed_as_measured_are_the_files(printed):
 def test_the_table_fits_80_columns(printed):
     _, lines = printed
     assert max(map(len, lines)) <= 80
+
+
+def test_every_reserved_peak_without_offload_is_estimated_within_3_percent(printed):
+    """The outside truth of the H200: `max_memory_reserved` of every trial that ran without
+    offload, the chunked loss's on Llama 3's 128K vocabulary among them (+13.4% while the
+    allocator replay ran the standard loss's allocations for it, issue 33), within 3% of this
+    commit's estimate. (`offload: params` is not yet looked into: -3.1% and +23.5%.)"""
+    rows, _ = printed
+    held = [r for r in rows if gpu_rows.ran(r) and r.config["offload"] == "none"]
+    assert len(held) == 14
+    assert any(r.config["loss"] == "chunked" for r in held)
+    for r in held:
+        assert abs(r.errors["reserved"]) <= 0.03, (r.id, r.label, r.errors["reserved"])
