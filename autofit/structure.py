@@ -247,8 +247,9 @@ class StepEvents:
     and the token ids, which exist before, left out). `marks` are the indices in `log` where the
     layer's forward begins, where it ends (the head and the loss follow), where its backward
     begins and where it ends (the embedding's backward follows). `fixed` ids do not scale with
-    the micro-batch (autocast's weight copies, parameters' gradients); `grads` are the
-    parameters' gradients, alive until the optimizer step."""
+    the micro-batch (autocast's weight copies, parameters' gradients, the chunked loss's sum of a
+    trained head's gradient); `grads` are the parameters' gradients, alive until the optimizer
+    step."""
 
     log: tuple[tuple[int, int], ...]
     marks: tuple[int, int, int, int]

@@ -40,13 +40,13 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
-    """The activation keys and the step-event keys (loss standard) a plan of a shipped space
+    """The activation keys and the step-event keys a plan of a shipped space
     (`search_spaces/*.yaml`) with its own sequence length and LoRA settings asks for: each
     LoRA rank x the checkpointing policies it traces (`none` always, `full` for `full`
     and `every-2`, `selective`) x autocast or not (the plain module or DDP under bf16-mixed, or
-    bf16 compute) x each loss as traced (`fused` is traced as `chunked`)."""
+    bf16 compute) x each loss as traced (`fused` is traced as `chunked`). Both kinds have the
+    same keys."""
     acts: dict[str, ActivationKey] = {}
-    events: dict[str, ActivationKey] = {}
     for path in [*available_spaces(), *sorted(EXAMPLES.glob("*.yaml"))]:
         space = load_space(path)
         knobs = space.knobs
@@ -60,11 +60,10 @@ def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
             for policy in sorted(policies):
                 for autocast in (False, True):
                     base = ActivationKey(space.seq_len, rank, targets, dropout, policy, autocast)
-                    events[base.text()] = base
                     for loss in losses:
                         key = ActivationKey(**{**base.__dict__, "loss": loss})
                         acts[key.text()] = key
-    return list(acts.values()), list(events.values())
+    return list(acts.values()), list(acts.values())
 
 
 def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -79,7 +78,7 @@ def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]
         [k for k in events if k.text() not in old_events],
         structure=kept.get("structure"),
     )
-    wanted_events = {k.text() for k in events}  # `shipped_keys`' events: the standard loss
+    wanted_events = {k.text() for k in events}
     return {
         "model": spec.name,
         "arch_id": arch_id(spec),

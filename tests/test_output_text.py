@@ -55,10 +55,10 @@ def test_the_readme_job_fits_80_columns_with_rows_numbered_as_shown(readme_job):
     flat = " ".join(text.split())
     assert "Order: tokens/s in steps of 0.5% (a tie); within a step, the plainest config" in flat
     # knobs no row differs in are one line, not fifteen cells: every shown row is compiled,
-    # reshards and trains in bf16-mixed (the plan itself says so)
+    # reshards and offloads nothing (the plan itself says so)
     shown = [c.config for c, _ in shown_rows(plan, 15)]
-    assert {(c.compile, c.reshard, c.precision) for c in shown} == {(True, True, "bf16-mixed")}
-    assert "Every row: shard all, reshard yes, precision bf16-mixed, compile yes." in flat
+    assert {(c.compile, c.reshard, c.offload) for c in shown} == {(True, True, "none")}
+    assert "Every row: shard all, reshard yes, offload none, compile yes." in flat
 
 
 def test_one_capacity_named_once(readme_job):

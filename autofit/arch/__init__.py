@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +116,16 @@ def traced_entry(
             },
             "events": {},
         }
-        for key in (replace(k, loss="standard") for k in event_keys):
+        for key in event_keys:
             with contextlib.suppress(RuntimeError):
                 entry["events"][key.text()] = step_events(spec, key).to_list()
     return entry
 
 
 def step_events_of(spec: ModelSpec, key: ActivationKey) -> StepEvents:
-    """The births and deaths of one micro-step of `spec`'s one-layer model for `key` (the loss
-    standard: the layers' allocations do not depend on it), memory, then disk, then a trace."""
-    key = replace(key, loss="standard")
+    """The births and deaths of one micro-step of `spec`'s one-layer model for `key`, its loss as
+    traced (`standard` or `chunked`: the layers' allocations are the same, the head's and the
+    loss's are not), memory, then disk, then a trace."""
 
     def trace() -> StepEvents:
         from autofit.builder.trace import step_events

@@ -136,6 +136,27 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None
 
 
+def per_step_loss_tensors(loss: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors the chunked loss in `loss`'s autograd graph keeps once per micro-step whatever
+    its number of tokens: the fp32 sum of the LM head weight's gradient (`vocab x hidden`, when
+    the head trains), where the rest it keeps (the hidden states' gradient) has a row per token.
+    The layer trace reads them (`autofit.builder.trace.traced_step`), so that the allocator
+    replay does not scale them with the micro-batch."""
+    found: list[torch.Tensor] = []
+    stack, seen = [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if getattr(node, "_forward_cls", None) is _ChunkedLinearCrossEntropy:
+            _grad_h, grad_w = node.saved_tensors  # `forward`'s `save_for_backward`
+            if grad_w is not None:
+                found.append(grad_w)
+        stack.extend(following for following, _ in node.next_functions)
+    return found
+
+
 def _accumulate(grad_w: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
     """`grad_w += g.T @ h` into the fp32 sum without a `vocab x hidden` temporary: CUDA's bf16
     matmul with an fp32 output (as Liger does), elsewhere an fp32 matmul of the chunk."""

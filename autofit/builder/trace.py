@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from autofit.builder.dtypes import TORCH_DTYPES
+from autofit.builder.loss import per_step_loss_tensors
 from autofit.builder.model import build_layers_model, decoder_layers, layer_types, materialize
 from autofit.config import Config
 from autofit.models import ModelSpec
@@ -226,7 +227,11 @@ def traced_step(
     checkpointing the layer recomputed with all its activations) and what the layers share
     (rotary tables). Parameters' gradients are left out: the estimator counts them from the
     parameters (each unit's unsharded gradients, `layer_unit_grad_bytes`). The loss does not
-    change it (the loss's tensors are freed before the layer's backward begins)."""
+    change it (the loss's tensors are freed before the layer's backward begins); the births and
+    deaths between the layer's forward and its backward are the key's loss's, and what the
+    chunked loss keeps once per micro-step (a trained head's gradient sum,
+    `per_step_loss_tensors`) is among the `fixed` ones, which do not scale with the
+    micro-batch."""
     model = _prepare(build_layers_model(spec, kinds), key)
     marks: dict[str, int] = {}
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -272,6 +277,11 @@ def traced_step(
             with births:
                 with autocast, unpacked_sequences():
                     loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                per_step = {
+                    births.ids[ref]
+                    for t in per_step_loss_tensors(loss)
+                    if (ref := StorageWeakRef(t.untyped_storage())) in births.ids
+                }
                 loss.backward()
                 del loss
                 births.sweep()
@@ -292,7 +302,7 @@ def traced_step(
     events = StepEvents(
         log=tuple(births.log),
         marks=(marks["forward"], marks["mid"], marks["backward"], marks.get("post", end)),
-        fixed=frozenset(births.copy_ids | grad_ids),
+        fixed=frozenset(births.copy_ids | grad_ids | per_step),
         grads=frozenset(grad_ids),
     )
     return float(peak), events
@@ -300,7 +310,10 @@ def traced_step(
 
 def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:
     """The births and deaths of one micro-step of the one-layer model (`traced_step`), of the
-    model's last layer type, per sequence: what `autofit.estimate.slack` composes into a step."""
+    model's last layer type, per sequence, with the key's loss: what `autofit.estimate.slack`
+    composes into a step (the layers' allocations do not depend on the loss, but the head's and
+    the loss's between the layers' forward and backward do: the standard loss's tensors over the
+    whole batch's vocabulary, or the chunked loss's one chunk at a time)."""
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
@@ -309,7 +322,7 @@ def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:
             warnings.simplefilter("ignore", FutureWarning)  # HF's deprecations, not the user's
             types = layer_types(spec)
             kind = types[-1] if types else None
-            return traced_step(spec, dataclasses.replace(key, loss="standard"), (kind,))[1]
+            return traced_step(spec, key, (kind,))[1]
     finally:
         fake_log.setLevel(level)
 

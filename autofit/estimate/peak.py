@@ -145,9 +145,10 @@ class Peaks:
         checkpointed = set(checkpointed_layers(c.checkpointing, layers))
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
         policy = "selective" if c.checkpointing == "selective" else "full"
+        loss = mem.traced_loss(c.loss)  # the head's and the loss's allocations differ by loss
         keys = {
             p: ActivationKey(
-                c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast
+                c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast, loss
             )  # fmt: skip
             for p in {"none", policy}
         }

@@ -407,6 +407,29 @@ def test_a_batch_replays_the_configs_nearest_the_capacity_line():
         assert 0 < e.allocator_slack_bytes < 0.25 * e.peak_allocated_bytes
 
 
+def test_a_batch_replays_the_nearest_config_of_each_loss_and_keeps_their_shares_apart():
+    """The standard loss's tensors over the whole batch's vocabulary leave holes the chunked
+    loss never makes, so a batch replays the config nearest the capacity line of each loss (its
+    slack the one `estimate` gives it alone, whatever the budget) and a config takes the slack
+    share of replayed configs of its own loss: llama-3-8b's 128K vocabulary on a 24 GiB H200
+    (the H200 rows of bench/gpu_rows.py), where a chunked config's slack is below its standard
+    twin's at every micro-batch."""
+    hw = resolve_gpus("1xh200", 24 * GiB)
+    knobs = dict(lora_rank=16, quant="nf4", wrap="none", checkpointing="full", seq_len=2048)
+    configs = [Config(micro_batch=mb, loss=loss, **knobs)
+               for loss in ("standard", "chunked") for mb in (1, 2, 4, 8, 16)]  # fmt: skip
+    spec = PRESETS["llama-3-8b"]
+    batch = estimate_many(spec, hw, configs)
+    alone = [estimate(spec, hw, c) for c in configs]
+    share = [e.peak_allocated_bytes / e.usable_bytes for e in batch]
+    for loss in ("standard", "chunked"):
+        mine = [i for i, c in enumerate(configs) if c.loss == loss]
+        nearest = min(mine, key=lambda i: abs(share[i] - 0.95))
+        assert batch[nearest].allocator_slack_bytes == alone[nearest].allocator_slack_bytes
+    for standard, chunked in zip(batch[:5], batch[5:], strict=True):
+        assert chunked.allocator_slack_bytes < standard.allocator_slack_bytes
+
+
 def test_train_embeddings_cost_their_trained_weights():
     """llama-7b LoRA with `train_embeddings: full` trains fp32 copies of its embedding and head,
     2 x 32,000 x 4,096 = 262,144,000 parameters (the model card's vocabulary and width) beside the

@@ -17,34 +17,17 @@ suite and the mark is removed, which makes the case a guard.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benches import load_bench
+
 TOL_UNDER = 0.10  # the goal: no row under by more than 10%
 TOL_OVER = 0.10  # the napkin's stated error (autofit.estimate.MEMORY_ERROR)
 GiB = 1024**3
 
-
-def _load_published() -> Any:
-    """bench/published.py as a module (bench/ is no package): registered in sys.modules before
-    it runs, as its dataclasses need."""
-    name = "autofit_bench_published"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "published.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-published = _load_published()
+published = load_bench("published")
 ROWS = published.load_rows()
 
 

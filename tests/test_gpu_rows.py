@@ -1,0 +1,117 @@
+"""`bench/gpu_rows.py` (this commit's estimate against autofit's own GPU trials) held to the files
+it reads: every trial row is there, and the numbers it prints as measured are the files' own,
+read here from the JSON without the bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.benches import load_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASUREMENTS = ROOT / "bench" / "data" / "gpu-measurements"
+GPU_CHECK = ROOT / "bench" / "data" / "gpu-check"
+GIB = 2**30
+
+
+gpu_rows = load_bench("gpu_rows")
+
+
+def _trials_in_files() -> dict[str, list[dict[str, Any]]]:
+    """Each file's trial rows as the JSON holds them, in order: the first run's whole list,
+    gpu_check's `replay` section. The measured levels as (allocated, reserved, device) bytes and
+    tokens/s."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(MEASUREMENTS.glob("autofit-h200-*.json")):
+        out[path.name] = [
+            {
+                "status": r["status"],
+                "levels": [r["measured"][k] for k in ("max_memory_allocated",
+                                                       "max_memory_reserved", "device_level")],
+                "tokens_per_s": r["measured"]["tokens_per_s"],
+            }
+            for r in json.loads(path.read_text())
+        ]  # fmt: skip
+    for path in sorted(GPU_CHECK.glob("*.json")):
+        rows = [r for r in json.loads(path.read_text())["rows"] if r["section"] == "replay"]
+        if rows:
+            out[path.name] = [
+                {
+                    "status": r["status"],
+                    "levels": [
+                        r[k] * GIB if r[k] is not None else None
+                        for k in ("allocated_gib", "peak_gib", "device_gib")
+                    ],
+                    "tokens_per_s": r["tokens_per_s"],
+                }
+                for r in rows
+            ]
+    return out
+
+
+FILES = _trials_in_files()
+
+
+@pytest.fixture(scope="module")
+def printed() -> tuple[list[Any], list[str]]:
+    rows = gpu_rows.estimate_rows(gpu_rows.load_rows())
+    return rows, gpu_rows.report(rows).splitlines()
+
+
+def test_every_trial_row_of_the_files_is_read(printed):
+    rows, _ = printed
+    # the first GPU run (11 trials) and gpu_check's replay of the same configs (11)
+    assert {name: len(trials) for name, trials in FILES.items()} == {
+        "autofit-h200-2026-11-27.json": 11,
+        "h200-2026-11-27-run1.json": 11,
+    }
+    for name, trials in FILES.items():
+        mine = [r for r in rows if r.file == name]
+        assert [r.status for r in mine] == [t["status"] for t in trials], name
+
+
+def test_the_numbers_printed_as_measured_are_the_files(printed):
+    rows, lines = printed
+    seen = 0
+    for name, trials in FILES.items():
+        mine = [r for r in rows if r.file == name]
+        for row, trial in zip(mine, trials, strict=True):
+            at = [i for i, line in enumerate(lines) if line.startswith(f"{row.id} ")]
+            if trial["status"] != "ok":
+                # listed apart, with whether the estimate said it would not fit
+                apart = next(i for i, t in enumerate(lines) if t.startswith("Out of memory"))
+                assert len(at) == 1 and at[0] > apart
+                said = lines[at[0] + 1]
+                assert said.lstrip().startswith(trial["status"] + ";"), said
+                if trial["status"] == "oom":  # both OOMs of the first run were foreseen
+                    assert "estimate OOM" in said and ": as estimated" in said, said
+                continue
+            [i] = at
+            cells = lines[i + 1].split()
+            alloc, reserved, device = trial["levels"]
+            assert cells[0::3][:3] == [f"{b / GIB:.2f}" for b in (alloc, reserved, device)]
+            assert cells[9] == f"{trial['tokens_per_s']:,.0f}"
+            seen += 1
+    assert seen == 16  # 7 trials of the first run ran, 9 of the replay
+
+
+def test_the_table_fits_80_columns(printed):
+    _, lines = printed
+    assert max(map(len, lines)) <= 80
+
+
+def test_every_reserved_peak_without_offload_is_estimated_within_3_percent(printed):
+    """The outside truth of the H200: `max_memory_reserved` of every trial that ran without
+    offload, the chunked loss's on Llama 3's 128K vocabulary among them (+13.4% while the
+    allocator replay ran the standard loss's allocations for it, issue 33), within 3% of this
+    commit's estimate. (`offload: params` is not yet looked into: -3.1% and +23.5%.)"""
+    rows, _ = printed
+    held = [r for r in rows if gpu_rows.ran(r) and r.config["offload"] == "none"]
+    assert len(held) == 14
+    assert any(r.config["loss"] == "chunked" for r in held)
+    for r in held:
+        assert abs(r.errors["reserved"]) <= 0.03, (r.id, r.label, r.errors["reserved"])
