@@ -95,6 +95,8 @@ def withdraw_queued(study: optuna.Study) -> None:
             if trial is None:
                 continue  # another planner took it
             trial.set_user_attr("outcome", st.SKIPPED)
+            if st.RERUN_OF in t.user_attrs:  # it repeats nothing: a resumed search re-queues
+                trial.set_user_attr(st.RERUN_OF, None)  # the interrupted trial (`interrupted`)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
 
