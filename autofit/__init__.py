@@ -196,6 +196,10 @@ def plan(
     hw = resolve_hardware(
         gpus, device=device, gpu_memory=gpu_memory, inter_node_bandwidth=inter_node_bandwidth
     )
+    if calibration == "auto":  # the CUDA context this machine's trials measured, if any
+        from autofit.calibration.store import with_measured_context
+
+        hw = with_measured_context(hw, device)
     sp = load_space(space)
     if settings:
         sp = sp.with_settings(**settings)

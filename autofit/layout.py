@@ -158,6 +158,18 @@ class Layout:
         return self.sharding is Sharding.FSDP2
 
     @property
+    def communicators(self) -> int:
+        """The process groups (NCCL communicators on GPUs) a rank of this run holds: none for the
+        plain module on one GPU (the job starts no process group), one for DDP and for FSDP2 (a
+        one-rank mesh on one GPU included: `fully_shard` needs a process group), two for HSDP
+        (torchtitan's `dp_replicate` x `dp_shard` mesh: a shard group and a replicate group).
+        The trial launcher starts a group where this is not 0, and the estimator counts NCCL's
+        buffers per communicator (`estimate.memory.outside_allocator_bytes`)."""
+        if self.sharding is Sharding.NONE:
+            return 0
+        return 2 if self.fsdp and self.replicas > 1 else 1
+
+    @property
     def base_dtype(self) -> str:
         """The base weights before any quantization: frozen in `recipe.FROZEN_DTYPE` under LoRA,
         the trainable dtype in a full fine-tune."""

@@ -12,7 +12,9 @@ whole, never half-written), and a short table is printed last.
 Sections:
 - `replay`: the trials of `bench/data/gpu-measurements/autofit-h200-*.json` (autofit's first GPU
   run, capped at 24 GiB per GPU as it was), the answer.ai one-GPU QLoRA path (`nf4 r64 mb2
-  offload=params`) among them, each beside the estimate of this commit for the same cap.
+  offload=params`) among them, each beside the estimate of this commit for the same cap; a launch
+  per model and per process group (the plain module's trials hold no NCCL communicator, one-GPU
+  FSDP2's do), each row with the CUDA context it measured beside the estimate's.
 - `int8`: the int8 weight-only base against bf16, eager and compiled, standard and chunked loss,
   on llama-7b's layer shape with fewer layers, in one process: step times, the CUDA kernels that
   take the time (torch.profiler), dynamo's recompiles and perf hints (`int8.log`).
@@ -108,16 +110,21 @@ def run_replay(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
     from autofit.config import Config
     from autofit.estimate import estimate
     from autofit.hardware import cpu_hardware, resolve_hardware
+    from autofit.layout import layout_of
     from autofit.models import resolve_model
     from autofit.trials import run_trials
 
     cpu = args.device == "cpu"
     cases = replay_cases(args.quick)
-    by_model: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    # on a GPU a launch per model and per whether its configs' job has a process group (one-GPU
+    # FSDP2), so that each trial holds what its own job would: the plain module no NCCL
+    # communicator (on CPU, where no device level is read, one launch per model saves a start)
+    by_model: dict[tuple[str, bool], list[tuple[dict[str, Any], str]]] = {}
     for model, config, expect in cases:
-        by_model.setdefault(model, []).append((config, expect))
+        grouped = not cpu and layout_of(Config.from_dict(config), 1).communicators > 0
+        by_model.setdefault((model, grouped), []).append((config, expect))
     hardware = cpu_hardware(1, CAP) if cpu else resolve_hardware("1", gpu_memory="24GiB")
-    for model, group in by_model.items():
+    for (model, _), group in by_model.items():
         if time.monotonic() > deadline - 10:
             rows.add({"section": "replay", "name": model, "status": "skipped",
                       "note": "the section's budget ran out"})  # fmt: skip
@@ -139,6 +146,8 @@ def run_replay(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
 
 
 def trial_row(section: str, model: str, config: Any, res: Any, est: Any, expect: str) -> dict:
+    from autofit.calibration.model import context_of
+
     peak = res.peak_bytes / GiB if res.peak_bytes else None
     est_peak = est.peak_bytes / GiB
     return {
@@ -153,6 +162,12 @@ def trial_row(section: str, model: str, config: Any, res: Any, est: Any, expect:
         "peak_error": (est_peak - peak) / peak if peak else None,
         "allocated_gib": res.peak_allocated_bytes / GiB if res.peak_allocated_bytes else None,
         "device_gib": res.device_peak_bytes / GiB if res.device_peak_bytes else None,
+        "est_device_gib": est.device_bytes / GiB,
+        # the trial's process group (NCCL's communicator on a GPU) and the CUDA context it
+        # measured (device - reserved - NCCL's buffers), beside the estimate's
+        "process_group": res.process_group,
+        "context_mib": (context_of(est, res) or 0) / 2**20 or None,
+        "est_context_mib": est.overhead.get("cuda_context", 0) / 2**20,
         "step_time_s": res.step_time_s,
         "est_step_time_s": est.step_time_s,
         "tokens_per_s": res.tokens_per_s,

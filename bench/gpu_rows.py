@@ -16,8 +16,10 @@ GPU at that cap (here the `h200` preset, as no GPU is needed: estimates only). E
 compared with the matching part of the estimate as `bench/published.py` matches them
 (`published.metric_bytes`): allocated -> `peak_allocated_bytes`, reserved -> `peak_bytes`, the
 device level (`mem_get_info`: reserved plus the CUDA context, cuBLAS and NCCL outside the
-allocator) -> `device_bytes`; tokens/s (the whole run's) -> `tokens_per_s`. Error = (estimate -
-measured) / measured.
+allocator) -> `device_bytes`, plus NCCL's one-rank buffer where the config's own layout has no
+communicator (those trials started a one-rank NCCL group for every config; autofit's trials now
+start one only where the job has one, `Layout.communicators`); tokens/s (the whole run's) ->
+`tokens_per_s`. Error = (estimate - measured) / measured.
 
 Prints one table (80 columns: a row's model and config, then its numbers), the median error, the
 median |error| and the worst per column, and the rows that ran out of memory or did not run, each
@@ -121,6 +123,7 @@ def estimate_rows(rows: list[Row]) -> list[Row]:
     """Each row's estimate, as `bench/gpu_check.py` makes its replay's, on the H200 at the cap."""
     from autofit.config import Config
     from autofit.estimate import estimate
+    from autofit.estimate.memory import NCCL_ONE_RANK_BYTES
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
 
@@ -128,6 +131,10 @@ def estimate_rows(rows: list[Row]) -> list[Row]:
     for row in rows:
         est = estimate(resolve_model(row.model), hardware, Config.from_dict(row.config))
         row.estimated = {k: float(published.metric_bytes(est, k)) for k in LEVELS}
+        # these trials ran in a one-rank NCCL group whatever the config (`trials/rank.py` of
+        # their commits): its buffer was on the device though the config's own job has none
+        if not est.overhead.get("nccl"):
+            row.estimated["device"] += NCCL_ONE_RANK_BYTES
         row.estimated["tokens_per_s"] = float(est.tokens_per_s)
         row.errors = {
             k: (row.estimated[k] - m) / m if m else None for k, m in row.measured.items()

@@ -23,7 +23,7 @@ from autofit.calibration.terms import (
     tokens,
 )
 from autofit.estimate import MEMORY_ERROR, Estimate
-from autofit.estimate.memory import usable_host_bytes
+from autofit.estimate.memory import NCCL_ONE_RANK_BYTES, usable_host_bytes
 from autofit.trials.result import TrialResult
 
 # Prior widths of the log-factors: how far from the prior one believes a factor may be (1 sigma).
@@ -65,6 +65,9 @@ class Observation:
     oom: bool = False
     step_time_s: float | None = None
     label: str = ""
+    # the CUDA context the trial's process held: its device level less its reserved peak and
+    # NCCL's buffers (`context_of`); None on CPU, or where the device level was not read
+    context_bytes: float | None = None
 
     @classmethod
     def of(cls, est: Estimate, result: TrialResult) -> Observation:
@@ -87,11 +90,25 @@ class Observation:
             oom=oom,
             step_time_s=step,
             label=est.config.short(),
+            context_bytes=context_of(est, result),
         )
 
     @property
     def informative(self) -> bool:
         return self.peak_bytes is not None or self.step_time_s is not None
+
+
+def context_of(est: Estimate, result: TrialResult) -> float | None:
+    """The CUDA context a GPU trial measured: its device level (`mem_get_info` after each step)
+    less its reserved peak and NCCL's buffers as the estimate counts them for the communicators
+    the trial held (a one-rank group where the config's layout has none: trials before
+    `TrialResult.process_group` always joined one). None without a device level."""
+    if not result.measured or not result.device_peak_bytes or not result.peak_bytes:
+        return None
+    nccl = est.overhead.get("nccl", 0)
+    if not nccl and result.nprocs <= 1 and result.process_group is not False:
+        nccl = NCCL_ONE_RANK_BYTES
+    return float(result.device_peak_bytes - result.peak_bytes - nccl)
 
 
 NAPKIN_MEMORY = {
@@ -153,6 +170,9 @@ class Calibration:
     # whether each side's fitted correction paid for itself and was applied (None: not fitted)
     memory_check: SideCheck | None = None
     speed_check: SideCheck | None = None
+    # the CUDA context this machine's GPU trials measured (the median of their `context_bytes`);
+    # None: not measured, the estimate's default stands (`estimate.memory.CUDA_CONTEXT_BYTES`)
+    context_bytes: float | None = None
 
     @property
     def is_napkin(self) -> bool:
@@ -182,8 +202,13 @@ class Calibration:
         if self.is_napkin:
             return est
         f, g = self.memory, self.speed
+        usable = est.usable_bytes
+        if self.context_bytes is not None and est.overhead.get("cuda_context"):
+            usable += est.overhead["cuda_context"] - int(self.context_bytes)
         breakdown = {k: int(round(v * f.get(k, 1.0))) for k, v in est.breakdown.items()}
         overhead = dict(est.overhead)
+        if usable != est.usable_bytes:
+            overhead["cuda_context"] = int(self.context_bytes or 0)
         if "allocator" in overhead:
             overhead["allocator"] = int(round(overhead["allocator"] * f["allocator"]))
         peak = int(round(self.peak_bytes(est)))
@@ -200,7 +225,8 @@ class Calibration:
             peak_allocated_bytes=peak - overhead.get("allocator", 0),
             breakdown=breakdown,
             overhead=overhead,
-            within_capacity=peak <= est.usable_bytes
+            usable_bytes=usable,
+            within_capacity=peak <= usable
             and est.host_bytes <= usable_host_bytes(est.host_capacity_bytes),
             step_time_s=step,
             tokens_per_s=tokens(est) / step,

@@ -36,6 +36,7 @@ class ObservationRecord(_Record):
     oom: bool = False
     step_time_s: float | None = None
     label: str = ""
+    context_bytes: float | None = None
 
     @classmethod
     def of(cls, obs: Observation, ident: str | None = None) -> ObservationRecord:
@@ -84,6 +85,7 @@ class CalibrationRecord(_Record):
     memory_check: SideCheckRecord | None = None
     speed_check: SideCheckRecord | None = None
     notes: list[str] = []
+    context_bytes: float | None = None
 
     @classmethod
     def of(cls, cal: Calibration) -> CalibrationRecord:
@@ -121,7 +123,10 @@ class CalibrationRecord(_Record):
 
 # The fields a `CalibrationRecord` holds as the `Calibration` has them (same name, same value);
 # the factors, the constants and the checks are converted each way.
-_AS_IS = ("source", "n_trials", "memory_band", "speed_band", "memory_error", "speed_error")
+_AS_IS = (
+    "source", "n_trials", "memory_band", "speed_band", "memory_error", "speed_error",
+    "context_bytes",
+)  # fmt: skip
 
 
 class StoredCalibration(_Record):

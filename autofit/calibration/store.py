@@ -57,6 +57,15 @@ def _version(dist: str) -> str:
         return "none"
 
 
+def _nccl() -> str:
+    """The NCCL wheel torch's CUDA build loads (`nvidia-nccl-cu13`, `-cu12`), as installed."""
+    for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        found = _version(dist)
+        if found != "none":
+            return found
+    return "none"
+
+
 def _cpu_model() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -80,6 +89,8 @@ def machine_key(hardware: Hardware, device: str) -> dict[str, Any]:
         key["network"] = f"{hardware.network} {hardware.inter_node_bw_gbs:g} GB/s"
     if device == "cpu":
         key["cpu"] = f"{_cpu_model()} ({hardware.cpu_cores} cores)"
+    else:  # its buffers are outside the allocator (`estimate.memory.NCCL_ONE_RANK_BYTES`)
+        key["nccl"] = _nccl()
     return key
 
 
@@ -129,6 +140,19 @@ def for_request(request: PlanRequest) -> Calibration | None:
     if request.calibration != "auto":
         return None
     return load(request.hardware, request.device)
+
+
+def with_measured_context(hardware: Hardware, device: str) -> Hardware:
+    """`hardware` with the CUDA context its stored calibration measured (`Calibration.
+    context_bytes`: the device level of this machine's GPU trials less their reserved peaks and
+    NCCL's buffers), which the estimate and the headroom line then count instead of the
+    default; `hardware` itself where nothing was measured, or on CPU."""
+    if device == "cpu":
+        return hardware
+    stored = load(hardware, device)
+    if stored is None or stored.context_bytes is None:
+        return hardware
+    return hardware.with_context(int(stored.context_bytes))
 
 
 def save(

@@ -195,11 +195,10 @@ def estimate_many(
     per_node = min(max(hardware.gpus_per_node, 1), n)
     s = structure_of(model)
     gpu = hardware.smallest_gpu
-    flat = mem.outside_allocator_bytes(device, n, hardware.link)
-    hsdp = mem.outside_allocator_bytes(device, n, hardware.link, communicators=2)
     peaks = Peaks(model, n, device, per_node,
                   workspace=mem.workspace_bytes(device, gpu.compute_capability),
-                  outside=(flat, hsdp), foreach_intermediates=foreach_intermediates,
+                  outside=mem.outsides(device, n, hardware.link, hardware.context_bytes),
+                  foreach_intermediates=foreach_intermediates,
                   expandable_segments=expandable_segments)  # fmt: skip
     step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
     parts = step_time_terms(s, hardware)  # `step_time`'s parts, per value of their knobs

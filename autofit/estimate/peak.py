@@ -81,7 +81,7 @@ class Peaks:
 
     def __init__(
         self, model: ModelSpec, n: int, device: str, gpus_per_node: int | None = None,
-        *, workspace: int = 0, outside: tuple[dict[str, int], dict[str, int]] | None = None,
+        *, workspace: int = 0, outside: mem.Outsides | None = None,
         foreach_intermediates: int | None = None, expandable_segments: bool = True,
     ) -> None:  # fmt: skip
         s = structure_of(model)
@@ -90,10 +90,9 @@ class Peaks:
         # on one node `shard: node` is the same mesh as `all` (`mesh_shape`): one memo entry
         self._hsdp = per_node < n
         self._peaks: dict[Any, Peak] = {}
-        # outside the allocator: with one communicator, and with HSDP's second (across replicas)
+        # outside the allocator, by the communicators of a config's layout (0, 1, 2)
         if outside is None:
-            flat = mem.outside_allocator_bytes(device, n)
-            outside = (flat, flat)
+            outside = mem.outsides(device, n)
         self._model_state = _model_state.memo(
             s, n, per_node, device, float(workspace), outside, foreach_intermediates
         )
@@ -178,7 +177,7 @@ class Peaks:
     def _peak(self, c: Config) -> Peak:
         m = self._state(c)
         a = self._activations(c, m.autocast)
-        outside = self._outside[1 if self._hsdp and c.shard == "node" else 0]
+        outside = self._outside[m.st.layout.communicators]
         if c.compile and mem.compiled_fusion_applies(c.lora_rank, c.checkpointing):
             fused = mem.compiled_mlp_fusion_bytes(
                 self._structure, c.micro_batch, c.seq_len, c.lora_targets
@@ -202,7 +201,7 @@ class _ModelState(NamedTuple):
        "train_embeddings", "optimizer_impl")  # fmt: skip
 def _model_state(
     k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
-    outsides: tuple[dict[str, int], dict[str, int]], foreach_intermediates: int | None, mesh: str,
+    outsides: mem.Outsides, foreach_intermediates: int | None, mesh: str,
     accumulates: bool,
 ) -> _ModelState:  # fmt: skip
     """The model state of a config: its persistent state, its gathered parameters (through
@@ -224,7 +223,7 @@ def _model_state(
         s, k.train_embeddings, st.sharding, st.shard, k.precision, k.optimizer, accumulates
     )
     g = g._replace(layer_grads=g.layer_grads + head_grad)
-    outside = outsides[1 if mesh == "node" and per_node < n else 0]
+    outside = outsides[st.layout.communicators]
     return _ModelState(st, g, autocast, *_later(st, g, device, workspace, outside))
 
 

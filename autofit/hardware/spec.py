@@ -22,6 +22,9 @@ class GPU:
     free_bytes: int | None = None
     nvlink_links: int = 0
     preset: str | None = None  # the preset its speed figures come from
+    # the CUDA context a training process holds on it, as this machine's trials measured it
+    # (`autofit.calibration.Calibration.context_bytes`); None: the estimate's default
+    context_bytes: int | None = None
 
     @property
     def bf16(self) -> bool:
@@ -102,6 +105,20 @@ class Hardware:
                 f"{self.network} {self.inter_node_bw_gbs:g} GB/s per GPU between nodes)"
             )
         return f"{self.n_gpus}x {name} ({self.link})"
+
+    @property
+    def context_bytes(self) -> int | None:
+        """The largest CUDA context this machine's trials measured on its GPUs (None: not
+        measured; the estimate takes its default, `estimate.memory.CUDA_CONTEXT_BYTES`)."""
+        found = [g.context_bytes for g in self.gpus if g.context_bytes is not None]
+        return max(found) if found else None
+
+    def with_context(self, context_bytes: int | None) -> Hardware:
+        """The same hardware with the CUDA context its trials measured (None: unmeasured)."""
+        from dataclasses import replace
+
+        gpus = tuple(replace(g, context_bytes=context_bytes) for g in self.gpus)
+        return replace(self, gpus=gpus)
 
     def with_capacity(self, memory_bytes: int) -> Hardware:
         """The same hardware with each GPU capped to `memory_bytes` (`--gpu-memory`)."""

@@ -44,10 +44,13 @@ def headroom_line(usable: float, margin: float) -> float:
 
 def request_usable_bytes(request: PlanRequest) -> float:
     """What `max_memory_reserved` may reach on each of a request's GPUs (the smallest one): its
-    capacity less the CUDA context and NCCL's buffers of one communicator (an HSDP config's
-    second communicator takes a little more; its estimate's `usable_bytes` says how much)."""
+    capacity less the CUDA context, and NCCL's buffers of one communicator on several GPUs (a
+    config with more, FSDP2's group of one on one GPU or HSDP's second, has less; its estimate's
+    `usable_bytes` says how much)."""
     hw = request.hardware
-    return usable_bytes(hw.capacity_bytes, request.device, hw.n_gpus, hw.link)
+    return usable_bytes(
+        hw.capacity_bytes, request.device, hw.n_gpus, hw.link, context=hw.context_bytes
+    )
 
 
 def allowed_bytes(request: PlanRequest) -> float:

@@ -42,6 +42,7 @@ from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
+from autofit.estimate.memory import outside_allocator_bytes
 from autofit.layout import layout_of
 from autofit.models import ModelSpec, resolve_model
 from autofit.trials import guard
@@ -137,6 +138,13 @@ def run_trial(model: str | ModelSpec, config: Config, **options: Any) -> TrialRe
     return run_trials(model, [config], **options)[0]
 
 
+def _outside_bytes(device: str, nprocs: int, configs: Sequence[Config]) -> int:
+    """What the estimate puts outside the allocator for a launch of `configs` (the CUDA context,
+    NCCL's buffers of the most communicators one of them has): a capped trial's cap counts it."""
+    k = max((layout_of(c, nprocs).communicators for c in configs), default=0)
+    return sum(outside_allocator_bytes(device, nprocs, "pcie", k).values())
+
+
 def run_trials(
     model: str | ModelSpec,
     configs: Sequence[Config],
@@ -209,6 +217,7 @@ def run_trials(
         "model": asdict(spec),
         "device": device,
         "gpu_memory": gpu_memory,
+        "outside_bytes": _outside_bytes(device, nprocs, configs),
         "steps": steps,
         "warmup": warmup,
     }

@@ -177,18 +177,20 @@ def device_used_bytes(device: torch.device) -> int:
     return int(total - free)
 
 
-def cap_cuda(gpu_memory: int | None, device: torch.device) -> int:
+def cap_cuda(gpu_memory: int | None, device: torch.device, outside: int = 0) -> int:
     """Make this GPU behave like a card of `gpu_memory` bytes; returns the capacity in force.
 
-    Call after the process group is up: what the device already holds outside PyTorch's caching
-    allocator (CUDA context, NCCL communicator buffers) is measured then and taken off the cap, so
-    the allocator may reserve only what a real card of that size would have left.
+    Call after the process group (if any) is up. What a run holds outside PyTorch's caching
+    allocator is taken off the cap, so the allocator may reserve only what a real card of that
+    size would have left: the larger of what the device holds now (the CUDA context, NCCL's
+    communicator) and `outside`, the estimate's figure for the whole run (the context grows as a
+    step loads its kernels, after this is measured).
     """
     total = torch.cuda.get_device_properties(device).total_memory
     if gpu_memory is None or gpu_memory >= total:
         return total
-    outside = device_used_bytes(device) - torch.cuda.memory_reserved(device)
-    limit = max(gpu_memory - outside, 0)
+    now = device_used_bytes(device) - torch.cuda.memory_reserved(device)
+    limit = max(gpu_memory - max(now, outside), 0)
     torch.cuda.set_per_process_memory_fraction(limit / total, device)
     return gpu_memory
 

@@ -48,6 +48,7 @@ from autofit.config import Config
 from autofit.data import LengthHistogram
 from autofit.errors import oom_kind
 from autofit.files import atomic_write
+from autofit.layout import layout_of
 from autofit.models import ModelSpec
 from autofit.trials.budget import SLOW_FACTOR, SLOW_MIN_S, warmup_steps
 from autofit.trials.memory import (
@@ -157,22 +158,48 @@ def train_step(
 
 
 def join_group(
-    device_type: str, local_rank: int, world: int, gpu_memory: int | None
+    device_type: str,
+    local_rank: int,
+    world: int,
+    gpu_memory: int | None,
+    group: bool = True,
+    outside: int = 0,
 ) -> tuple[torch.device, int | None]:
-    """Join the launch's process group, once for all its configs; returns this rank's device and
-    the capacity its trials are held to (`gpu_memory`; on CUDA as `cap_cuda` sets it)."""
-    # a one-rank launch runs without torchrun (`launcher.ONE_RANK_ENV`): its group of one meets
-    # in a store of its own, with no port to find
-    alone = world == 1 and "MASTER_ADDR" not in os.environ
-    where: dict[str, Any] = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
+    """Set up this rank for the launch's configs, once for all of them; returns its device and
+    the capacity its trials are held to (`gpu_memory`; on CUDA as `cap_cuda` sets it, counting
+    `outside`: the bytes the estimate puts outside the allocator). A process group is joined
+    only where `group`: a one-rank launch of plain-module configs starts none, as the job it
+    measures does not (`Layout.communicators`)."""
+    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
-        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=collective_timeout(), **where)
-        dist.barrier()  # the NCCL communicator and its buffers exist from here on
-        return device, cap_cuda(gpu_memory, device)
-    dist.init_process_group("gloo", timeout=collective_timeout(), **where)
-    return torch.device("cpu"), gpu_memory
+    if group or world > 1:
+        # a one-rank launch runs without torchrun (`launcher.ONE_RANK_ENV`): its group of one
+        # meets in a store of its own, with no port to find
+        alone = world == 1 and "MASTER_ADDR" not in os.environ
+        where: dict[str, Any] = (
+            {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
+        )
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        ids = {"device_id": device} if device_type == "cuda" else {}
+        dist.init_process_group(backend, timeout=collective_timeout(), **ids, **where)
+        if device_type == "cuda":
+            dist.barrier()  # the NCCL communicator and its buffers exist from here on
+    if device_type == "cuda":
+        return device, cap_cuda(gpu_memory, device, outside)
+    return device, gpu_memory
+
+
+def needs_group(configs: list[dict[str, Any]], world: int) -> bool:
+    """Whether a launch of `configs` on `world` ranks joins a process group: on several ranks,
+    or where one of its configs' layouts has a communicator (FSDP2 on one GPU)."""
+    return world > 1 or any(layout_of(Config.from_dict(c), world).communicators for c in configs)
+
+
+def all_reduce(t: torch.Tensor, op: Any) -> None:
+    """`dist.all_reduce` over the launch's ranks; nothing to do with no group (one rank)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=op)
 
 
 def release(device: torch.device) -> None:
@@ -267,11 +294,11 @@ def run(
             device_peak,
         ]
     peak_t = torch.tensor(peaks, dtype=torch.float64, device=device)
-    dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+    all_reduce(peak_t, dist.ReduceOp.MAX)
     host_t = torch.tensor([float(host_peak_bytes())], dtype=torch.float64, device=device)
-    dist.all_reduce(host_t, op=dist.ReduceOp.SUM)
+    all_reduce(host_t, dist.ReduceOp.SUM)
     loss_t = torch.stack(losses).to(torch.float64)
-    dist.all_reduce(loss_t, op=dist.ReduceOp.AVG if device_type == "cuda" else dist.ReduceOp.SUM)
+    all_reduce(loss_t, dist.ReduceOp.AVG if device_type == "cuda" else dist.ReduceOp.SUM)
     if device_type != "cuda":  # gloo has no AVG
         loss_t /= world
     measured = times[warmup:] or times
@@ -281,7 +308,7 @@ def run(
         ran = plan[warmup : len(times)] if times[warmup:] else plan[: len(times)]
         useful = [n for _, n in ran]
         useful_t = torch.tensor([float(sum(useful))], dtype=torch.float64, device=device)
-        dist.all_reduce(useful_t, op=dist.ReduceOp.SUM)
+        all_reduce(useful_t, dist.ReduceOp.SUM)
         tokens_per_s = float(useful_t.item()) / sum(measured)
     compile_report = compile_result(config, compiled, recompiled, device)
     if local_rank != 0:
@@ -291,6 +318,7 @@ def run(
         **compile_report,
         **result,
         "sharding": str(applied.sharding),
+        "process_group": dist.is_initialized(),
         "peak_bytes": int(peak_t[0].item()),
         "peak_allocated_bytes": int(peak_t[1].item()),
         "build_peak_bytes": int(peak_t[2].item()),
@@ -309,7 +337,7 @@ def _too_slow(seconds: float, limit: float | None, device: torch.device, measure
     if limit is None:
         return ""
     slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    all_reduce(slowest, dist.ReduceOp.MAX)
     took = float(slowest.item())
     if took <= limit:
         return ""
@@ -338,7 +366,7 @@ def compile_result(
         )
     seconds = torch.tensor([compiled.seconds + recompiled.seconds], dtype=torch.float64)
     seconds = seconds.to(device)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    all_reduce(seconds, dist.ReduceOp.MAX)
     total = compiled + recompiled
     report: dict[str, Any] = {
         "compile_s": float(seconds.item()),
@@ -378,7 +406,11 @@ def main(argv: list[str] | None = None) -> None:
     spec = json.loads(Path(args.spec).read_text())
     progress = Progress(out.parent / PROGRESS_FILE if local_rank == 0 else None, spec["steps"])
     try:
-        device, capacity = join_group(spec["device"], local_rank, world, spec.get("gpu_memory"))
+        group = needs_group(spec["configs"], world)
+        device, capacity = join_group(
+            spec["device"], local_rank, world, spec.get("gpu_memory"), group,
+            spec.get("outside_bytes", 0),
+        )  # fmt: skip
         for index, config in enumerate(spec["configs"]):
             progress.config = index
             if index:
@@ -398,4 +430,5 @@ def main(argv: list[str] | None = None) -> None:
         print("".join(lines[-20:]), file=sys.stderr, flush=True)
         os._exit(1)  # no process-group teardown: other ranks may be stuck in a collective
     _write(rank_file, {"status": "ok", "message": ""})
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -35,6 +35,10 @@ class TrialResult:
     nprocs: int = 1
     sharding: str | None = None
     """How the model was held: `none` (the plain module on one GPU), `ddp` or `fsdp2`."""
+    process_group: bool | None = None
+    """Whether the trial's processes held a process group (NCCL's communicator on GPUs): on
+    several ranks, and on one where the config's layout has one (`Layout.communicators`); None in
+    records older than this field."""
     peak_bytes: int | None = None
     """The max over ranks of `torch.cuda.max_memory_reserved` on CUDA; on CPU the peak of live
     tensor storage counted by the dispatch-level tracker (`memory.TensorTracker`)."""

@@ -192,3 +192,16 @@ def test_tracker_counts_live_storages_and_raises_oom_past_its_cap() -> None:
     assert tracker.peak == 4096
     with pytest.raises(torch.OutOfMemoryError), TensorTracker(cap_bytes=1000):
         torch.zeros(1000)
+
+
+def test_a_one_rank_trial_joins_a_process_group_only_where_its_job_has_one() -> None:
+    """The plain module on one device is what the exported job runs, with no process group (and
+    on a GPU no NCCL communicator, whose one-rank buffer is 512 MiB: NVIDIA/nccl#2363); FSDP2 on
+    one device needs its group of one. Each launch reports what its process held."""
+    plain = Config(**SHORT, lora_rank=8, wrap="none")
+    sharded = Config(**SHORT, lora_rank=8, wrap="layer")
+    alone = run_trials("llama-debug", [plain], nprocs=1, device="cpu", steps=1, timeout_s=240)
+    grouped = run_trials("llama-debug", [sharded], nprocs=1, device="cpu", steps=1, timeout_s=240)
+    assert [r.status for r in alone + grouped] == ["ok", "ok"], [r.message for r in alone + grouped]
+    assert (alone[0].sharding, alone[0].process_group) == ("none", False)
+    assert (grouped[0].sharding, grouped[0].process_group) == ("fsdp2", True)

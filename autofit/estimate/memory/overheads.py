@@ -47,14 +47,26 @@ def workspace_bytes(device: str, compute_capability: tuple[int, int] = (8, 0)) -
     return BLAS_HANDLES * (cublas + CUBLASLT_WORKSPACE_BYTES)
 
 
-CUDA_CONTEXT_BYTES = 512 * MiB
-"""The CUDA context of a training process, outside PyTorch's allocator: the driver's state and
-the kernels loaded into device memory. With lazy module loading (PyTorch's default since 1.13,
-`CUDA_MODULE_LOADING=LAZY`) a bare context is 287 MB (pytorch/pytorch#86509, CUDA 11.7) to
-426 MiB (unslothai/unsloth-zoo#1053: torch 2.10, CUDA 13, RTX 6000 Ada); a training step then
-loads its kernels (cuBLAS GEMMs, attention, the fused optimizer, NCCL's), which is not measured
-here: 512 MiB is assumed until a GPU session measures the device-level peak
-(`bench/gpu_trials.py`)."""
+CUDA_CONTEXT_BYTES = 813 * MiB
+"""The CUDA context of a training process once its step has run, outside PyTorch's allocator:
+the driver's state and the kernels loaded into device memory (cuBLAS's GEMMs, attention, the
+optimizer's; with lazy module loading, PyTorch's default since 1.13, each as first used).
+Measured on one H200 (compute capability 9.0; driver 580.159.04, torch 2.11.0+cu130, NCCL
+2.28.9): every trial of autofit's own (`bench/data/gpu-measurements/autofit-h200-2026-11-27.json`
+and `bench/data/gpu-check/h200-2026-11-27-run1.json`, 16 rows) held 1,324.8-1,326.8 MiB between
+the device level (`mem_get_info`) and `max_memory_reserved`, with a one-rank NCCL group whose
+first collective had run; less NCCL's one-rank buffer (`NCCL_ONE_RANK_BYTES`, 512 MiB) that is
+813 MiB. A bare context is smaller (287 MB on CUDA 11.7, pytorch/pytorch#86509; 426 MiB on
+CUDA 13 and an RTX 6000 Ada, unslothai/unsloth-zoo#1053): what a step loads on top is not
+measured apart. No other GPU class has been measured, so every class takes this figure until
+this machine's calibration measures its own (`autofit.calibration.Calibration.context_bytes`:
+each GPU trial's device peak less its reserved peak and NCCL's buffers)."""
+
+NCCL_ONE_RANK_BYTES = 512 * MiB
+"""NCCL 2.28's one-rank communicator: no peer, yet its first collective allocates the NET
+proxy's shared P2P buffer, 536,870,912 B (NVIDIA/nccl#2363: "Failed to CUDA calloc 536870912
+bytes" on NCCL 2.28.9 with torch 2.11.0+cu130; the fix proposed in NVIDIA/nccl#2366 measured
+-512 MiB). Where one GPU runs FSDP2 (`Layout.communicators`), its group of one holds it."""
 
 NCCL_CONNECTION_BYTES = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
 """NCCL's buffers for one connection of one channel, one per protocol: Simple 4 MiB
@@ -71,34 +83,68 @@ sends on the other). The upper ends: an under-estimate is the error a planner ma
 
 
 def nccl_bytes(device: str, n_gpus: int, link: str, communicators: int = 1) -> int:
-    """NCCL's buffers on each GPU: channels x one connection's buffers, per communicator (the
-    process group's: FSDP2's all-gathers and reduce-scatters and DDP's all-reduce share it; HSDP
-    has a second, across the replicas). Nothing on one GPU (no collective runs) or on CPU (gloo)."""
-    if device == "cpu" or n_gpus <= 1:
+    """NCCL's buffers on each GPU, per communicator (`Layout.communicators`: the process group's,
+    which FSDP2's all-gathers and reduce-scatters and DDP's all-reduce share; HSDP's second,
+    across the replicas): channels x one connection's buffers between GPUs, the one-rank buffer
+    on one GPU (`NCCL_ONE_RANK_BYTES`). Nothing without a communicator or on CPU (gloo)."""
+    if device == "cpu" or communicators <= 0:
         return 0
+    if n_gpus <= 1:
+        return communicators * NCCL_ONE_RANK_BYTES
     return communicators * NCCL_CHANNELS.get(link, NCCL_CHANNELS["pcie"]) * NCCL_CONNECTION_BYTES
 
 
+def default_communicators(n_gpus: int) -> int:
+    """The communicators of a run of `n_gpus` GPUs whose layout is not known: none on one GPU
+    (the plain module), one on several (DDP or FSDP2 over them all)."""
+    return 1 if n_gpus > 1 else 0
+
+
 def outside_allocator_bytes(
-    device: str, n_gpus: int = 1, link: str = "pcie", communicators: int = 1
+    device: str,
+    n_gpus: int = 1,
+    link: str = "pcie",
+    communicators: int | None = None,
+    context: int | None = None,
 ) -> dict[str, int]:
     """Device memory a training process holds outside PyTorch's caching allocator, by part:
-    the CUDA context and NCCL's buffers. What runs out on a card is the reserved bytes plus
-    these (`Estimate.device_bytes`); none on CPU trials, which count tensor bytes only."""
+    the CUDA context (`context` as this machine measured it, else `CUDA_CONTEXT_BYTES`) and
+    NCCL's buffers of its `communicators` (default: `default_communicators`).
+    What runs out on a card is the reserved bytes plus these (`Estimate.device_bytes`); none on
+    CPU trials, which count tensor bytes only."""
     if device == "cpu":
         return {"cuda_context": 0, "nccl": 0}
-    return {
-        "cuda_context": CUDA_CONTEXT_BYTES,
-        "nccl": nccl_bytes(device, n_gpus, link, communicators),
-    }
+    k = default_communicators(n_gpus) if communicators is None else communicators
+    ctx = CUDA_CONTEXT_BYTES if context is None else int(context)
+    return {"cuda_context": ctx, "nccl": nccl_bytes(device, n_gpus, link, k)}
+
+
+Outsides = tuple[dict[str, int], dict[str, int], dict[str, int]]
+"""`outside_allocator_bytes` of a run with 0, 1 and 2 communicators, indexed by
+`Layout.communicators`."""
+
+
+def outsides(
+    device: str, n_gpus: int = 1, link: str = "pcie", context: int | None = None
+) -> Outsides:
+    """What lies outside the allocator for each count of communicators a config's layout may
+    have on these GPUs (`Layout.communicators`)."""
+    a, b, c = (outside_allocator_bytes(device, n_gpus, link, k, context) for k in range(3))
+    return a, b, c
 
 
 def usable_bytes(
-    capacity: float, device: str, n_gpus: int = 1, link: str = "pcie", communicators: int = 1
+    capacity: float,
+    device: str,
+    n_gpus: int = 1,
+    link: str = "pcie",
+    communicators: int | None = None,
+    context: int | None = None,
 ) -> float:
     """What `max_memory_reserved` may reach on a GPU of `capacity`: the capacity less what sits
     outside the allocator (`outside_allocator_bytes`)."""
-    return capacity - sum(outside_allocator_bytes(device, n_gpus, link, communicators).values())
+    outside = outside_allocator_bytes(device, n_gpus, link, communicators, context)
+    return capacity - sum(outside.values())
 
 
 HOST_RAM_USABLE = 0.8
