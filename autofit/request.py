@@ -24,7 +24,7 @@ from autofit.config import MAX_COUNT
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
-from autofit.models import ModelSpec
+from autofit.models import ModelSpec, spec_from_dict
 from autofit.space import Space
 
 # The headroom a winner keeps below usable memory unless `margin` says otherwise.
@@ -141,7 +141,7 @@ class PlanRequest:
         """The inverse of `to_dict`. Keys it does not know are ignored, and the sections that
         studies written by earlier versions lack (`prune`, `budget`, `study`) take defaults."""
         return cls(
-            model=ModelSpec.from_dict(data["model"]),
+            model=spec_from_dict(data["model"]),
             hardware=Hardware.from_dict(data["hardware"]),
             space=Space.from_dict(data["space"]),
             seq_len=data["seq_len"],

@@ -61,6 +61,16 @@ def is_unit(name: str) -> bool:
     return (ROOT / name / "__init__.py").is_file() or (ROOT / f"{name}.py").is_file()
 
 
+def typing_only_nodes(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under `if TYPE_CHECKING:` (annotations only: no import at run time)."""
+    return {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+
+
 def imports() -> dict[str, set[tuple[str, str]]]:
     """unit -> {(imported unit, where)}, counting imports inside functions too, not the ones
     under `if TYPE_CHECKING:` (annotations only)."""
@@ -68,12 +78,7 @@ def imports() -> dict[str, set[tuple[str, str]]]:
     for path in ROOT.rglob("*.py"):
         module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
         tree = ast.parse(path.read_text())
-        typing_only = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)
-        }
+        typing_only = typing_only_nodes(tree)
         for node in ast.walk(tree):
             if id(node) in typing_only:
                 continue
@@ -136,6 +141,81 @@ def test_no_import_cycle_between_units():
         if reaches(dst, src)
     )
     assert not cycles, "\n".join(cycles)
+
+
+def module_imports() -> dict[str, set[str]]:
+    """module -> the autofit modules it imports (a package's `__init__` as the package's name),
+    imports inside functions included, not the ones under `if TYPE_CHECKING:`; `from P import
+    name` counts the module `P.name` where there is one, else `P`."""
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = typing_only_nodes(tree)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                         for a in node.names]  # fmt: skip
+            else:
+                continue
+            for name in names:
+                target = known(name) if name.startswith("autofit") else None
+                if target is not None and target != module:
+                    found[module].add(target)
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    """No module reaches itself through any chain of imports, inside a package or across, at any
+    depth, imports inside functions included (a function-level import hides a cycle, it does not
+    remove it): the strongly connected components of the module graph are single modules."""
+    graph = module_imports()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def test_every_unit_has_a_layer():

@@ -26,8 +26,9 @@ was kept and why, which the plan prints).
 
 Pure arithmetic on numpy; no torch.
 
-The rooms: `terms` (what a peak and a step time are made of), `model` (the calibration, its
-observations and their plain-data form), `fit` (the solver and its leave-one-out judgement).
+The rooms: `terms` (what a peak and a step time are made of), `model` (the calibration and its
+observations), `records` (their plain-data form, pydantic), `fit` (the solver and its
+leave-one-out judgement).
 """
 
 from autofit.calibration.fit import MIN_BAND, fit_calibration, median_abs
@@ -38,6 +39,7 @@ from autofit.calibration.model import (
     Observation,
     SideCheck,
 )
+from autofit.calibration.records import calibration_from_dict, calibration_to_dict
 from autofit.calibration.terms import (
     MEMORY_TERMS,
     OFFLOADED_TERMS,
@@ -64,6 +66,8 @@ __all__ = [
     "Calibration",
     "Observation",
     "SideCheck",
+    "calibration_from_dict",
+    "calibration_to_dict",
     "fit_calibration",
     "median_abs",
     "memory_terms",

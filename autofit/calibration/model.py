@@ -288,19 +288,6 @@ class Calibration:
     def _speed_vector(self) -> np.ndarray:
         return np.array([self.speed.get(k, NAPKIN_SPEED[k]) for k in SPEED_TERMS])
 
-    def to_dict(self) -> dict[str, Any]:
-        """Its JSON form (`autofit.calibration.records.CalibrationRecord`)."""
-        from autofit.calibration.records import CalibrationRecord
-
-        return CalibrationRecord.of(self).dump()
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        """The inverse of `to_dict`; raises pydantic's `ValidationError` on malformed data."""
-        from autofit.calibration.records import CalibrationRecord
-
-        return CalibrationRecord.model_validate(d).calibration()
-
 
 def _mode_capped_variance(g: np.ndarray, cov: np.ndarray, modes: slice) -> np.ndarray:
     """`g cov g'` of each row of `g`, with the modes' part (the columns `modes`) capped at its

@@ -138,3 +138,15 @@ class StoredCalibration(_Record):
     updated: str = ""
     calibration: CalibrationRecord
     observations: list[ObservationRecord] = []
+
+
+def calibration_to_dict(cal: Calibration) -> dict[str, Any]:
+    """A calibration's JSON form (`CalibrationRecord`), as a study's attrs and a plan's JSON hold
+    it."""
+    return CalibrationRecord.of(cal).dump()
+
+
+def calibration_from_dict(data: dict[str, Any]) -> Calibration:
+    """The inverse of `calibration_to_dict`; raises pydantic's `ValidationError` on malformed
+    data."""
+    return CalibrationRecord.model_validate(data).calibration()

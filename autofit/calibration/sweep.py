@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.calibration import Calibration, Observation, fit_calibration
+from autofit.calibration import Calibration, Observation, calibration_to_dict, fit_calibration
 from autofit.calibration import store as cal_store
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
@@ -93,7 +93,7 @@ class CalibrationRun:
         return {
             "machine": self.machine,
             "trials": [t.to_dict() for t in self.trials],
-            "calibration": self.calibration.to_dict() if self.calibration else None,
+            "calibration": calibration_to_dict(self.calibration) if self.calibration else None,
             "path": self.path,
             "skipped": self.skipped,
         }

@@ -14,10 +14,10 @@ allocator setting) goes into comments, and the `accelerate` and `trainer` export
 file `<name>.autofit.yaml`: the full plan, which `autofit.load_plan` reads so the training script
 can `autofit.apply` the rest.
 
-The rooms: `schema` (the plan document and `load_plan`), `plan_file` (the plan file's pydantic
-model, written and read through), `layout` (the measured sharding, mesh and device), `prose` (the
-comment lines), `render` (the three formats), `launch` (launch commands), `write` (checks and
-atomic writes).
+The rooms: `schema` (the plan document), `loaded` (`load_plan`: a plan read back), `plan_file`
+(the plan file's pydantic model, written and read through), `layout` (the measured sharding,
+mesh and device), `prose` (the comment lines), `render` (the three formats), `launch` (launch
+commands), `write` (checks and atomic writes).
 """
 
 from autofit.export.launch import (
@@ -29,21 +29,14 @@ from autofit.export.launch import (
     launch_note,
 )
 from autofit.export.layout import hsdp_env
+from autofit.export.loaded import LoadedBest, LoadedPlan, load_plan
 from autofit.export.render import (
     accelerate_config,
     render_accelerate,
     render_autofit,
     trainer_arguments,
 )
-from autofit.export.schema import (
-    FORMATS,
-    LoadedBest,
-    LoadedPlan,
-    check_format,
-    load_plan,
-    lora_section,
-    plan_document,
-)
+from autofit.export.schema import FORMATS, check_format, lora_section, plan_document
 from autofit.export.write import check_export_target, export_plan
 
 __all__ = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from autofit.errors import ModelError, closest
 from autofit.models.presets import PRESETS
@@ -24,8 +25,16 @@ from autofit.models.spec import (
 
 __all__ = [
     "DECODER_LAYER_CLASSES", "FAMILIES", "PRESETS", "Family", "ModelSpec", "check_seq_len",
-    "resolve_model", "supported_families",
+    "resolve_model", "spec_from_dict", "supported_families",
 ]  # fmt: skip
+
+
+def spec_from_dict(data: dict[str, Any]) -> ModelSpec:
+    """`ModelSpec.from_dict`, also for a record made before specs named their family (a study's
+    request of an earlier version): a preset's family is its preset's."""
+    if "model_type" not in data and data.get("name") in PRESETS:
+        data = {**data, "model_type": PRESETS[data["name"]].model_type}
+    return ModelSpec.from_dict(data)
 
 
 def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:

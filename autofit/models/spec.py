@@ -113,15 +113,10 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
         """The inverse of `to_dict` (or of `asdict`); derived counts such as `n_params` are
-        recomputed, not read."""
+        recomputed, not read. A record older than `model_type` is read by
+        `autofit.models.spec_from_dict`, which knows the presets' families."""
         names = {f.name for f in fields(cls)}
-        known = {k: v for k, v in data.items() if k in names}
-        from autofit.models.presets import PRESETS  # the presets are specs: imported when read
-
-        if "model_type" not in known and known.get("name") in PRESETS:
-            # recorded before specs named their family: a preset's family is its preset's
-            known["model_type"] = PRESETS[known["name"]].model_type
-        return cls(**known)
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str) -> ModelSpec:

@@ -124,6 +124,8 @@ def _replay_ranked_top(
 
 def plan_estimates(request: PlanRequest) -> Plan:
     """An estimate-only plan: the candidate with the highest estimated tokens/s that fits."""
+    from autofit.calibration import calibration_to_dict
+
     r = request
     cal = stored_calibration(r)  # read once: the estimates and the plan's account of them
     fitting, rejected, pruned, considered = _estimate_space(r, cal)
@@ -133,7 +135,9 @@ def plan_estimates(request: PlanRequest) -> Plan:
         ranked=fitting,
         pruned=pruned,
         considered=considered,
-        calibration={"mode": r.calibration, **cal.to_dict()} if cal is not None else None,
+        calibration={"mode": r.calibration, **calibration_to_dict(cal)}
+        if cal is not None
+        else None,
     )
     if fitting:
         plan.reason = winner_reason(

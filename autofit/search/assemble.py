@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from autofit.calibration import Calibration
+from autofit.calibration import calibration_from_dict
 from autofit.errors import AutofitError
 from autofit.plan import Candidate, Plan, loss_note, winner_reason
 from autofit.search import study as st
@@ -73,7 +73,7 @@ def load_study_plan(storage: str, study: str) -> Plan:
     cands = enumerate_candidates(setting)
     kept = opt_study.user_attrs.get(CALIBRATION_ATTR)
     if kept:  # judged as the search that made it last judged them
-        cands.recalibrate(Calibration.from_dict(kept))
+        cands.recalibrate(calibration_from_dict(kept))
     trial_cands = rebuild_trials(opt_study, cands)
     ranked = ranked_under_line(setting, trial_cands)
     best = None

@@ -28,6 +28,7 @@ from autofit.calibration import (
     SPEED_NOISE,
     Calibration,
     Observation,
+    calibration_to_dict,
     fit_calibration,
     median_abs,
 )
@@ -182,4 +183,4 @@ def summary(cands: Candidates, trials: list[Candidate]) -> dict[str, Any]:
         judged = [(napkin, ours) for napkin, ours in rows if ours is not None]
         errors[f"napkin_{side}_error"] = median_abs(n for n, _ in judged or rows)
         errors[f"calibrated_{side}_error"] = median_abs(o for _, o in judged if o is not None)
-    return {"mode": cands.setting.calibration, **cal.to_dict(), **errors}
+    return {"mode": cands.setting.calibration, **calibration_to_dict(cal), **errors}

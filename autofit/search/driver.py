@@ -28,6 +28,7 @@ from typing import Any
 
 import optuna
 
+from autofit.calibration import calibration_to_dict
 from autofit.checks import TRIAL_TIMEOUT_S, check_steps, check_trial_timeout, default_run_dir
 from autofit.plan import Candidate, Plan
 from autofit.request import PlanRequest
@@ -230,7 +231,7 @@ def _lead(
             # study measure now may (their trials teach the calibration as well)
             wait_for_other_planners(opt_study, display, budget.trial_timeout or TRIAL_TIMEOUT_S)
             calibrator.refresh(opt_study)
-            opt_study.set_user_attr(CALIBRATION_ATTR, cands.calibration.to_dict())
+            opt_study.set_user_attr(CALIBRATION_ATTR, calibration_to_dict(cands.calibration))
         trial_cands = rebuild_trials(opt_study, cands)
         ranked = ranked_under_line(setting, trial_cands)
         n_verify = verify_steps(budget.steps)

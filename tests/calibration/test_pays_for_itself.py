@@ -26,6 +26,8 @@ from autofit.calibration import (
     TIME_FACTOR_TERMS,
     Calibration,
     Observation,
+    calibration_from_dict,
+    calibration_to_dict,
     fit_calibration,
 )
 
@@ -231,7 +233,9 @@ def test_one_trial_corrects_only_what_is_beyond_measurement_noise():
 
 def test_what_was_kept_and_why_survives_the_study_and_the_store():
     cal = fit_calibration(observation(*t) for t in LLAMA_MINI_CPU)
-    again = Calibration.from_dict(cal.to_dict())
+    again = calibration_from_dict(calibration_to_dict(cal))
     assert again.memory_check == cal.memory_check and again.speed_check == cal.speed_check
-    assert again.notes == cal.notes == cal.to_dict()["notes"]
-    assert Calibration.from_dict(NAPKIN.to_dict()).memory_check is None  # records from before
+    assert again.notes == cal.notes == calibration_to_dict(cal)["notes"]
+    assert (
+        calibration_from_dict(calibration_to_dict(NAPKIN)).memory_check is None
+    )  # records from before

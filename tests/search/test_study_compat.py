@@ -99,8 +99,8 @@ def test_default_study_names_are_those_the_earlier_release_gave(tmp_path):
 def test_a_preset_recorded_without_its_family_reads_as_that_family():
     from dataclasses import asdict
 
-    from autofit.models import PRESETS, ModelSpec
+    from autofit.models import PRESETS, spec_from_dict
 
     old = {k: v for k, v in asdict(PRESETS["mistral-7b"]).items() if k != "model_type"}
-    assert ModelSpec.from_dict(old) == PRESETS["mistral-7b"]
-    assert ModelSpec.from_dict(old).decoder_layer_class == "MistralDecoderLayer"
+    assert spec_from_dict(old) == PRESETS["mistral-7b"]
+    assert spec_from_dict(old).decoder_layer_class == "MistralDecoderLayer"
