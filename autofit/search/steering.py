@@ -144,8 +144,12 @@ def run_reruns(study: optuna.Study, objective: Objective) -> None:
 
 
 def lost_race(exc: BaseException) -> bool:
-    text = str(exc)
-    return "Cannot tell a" in text or "has already finished and can not be updated" in text
+    """Another planner of the study finished the trial first: Optuna's storage raises its typed
+    `UpdateFinishedTrialError`; `Study.tell` on a trial no longer running raises a plain
+    `ValueError("Cannot tell a <STATE> trial.")` (optuna `study/_tell.py`), its only word for it."""
+    if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+        return True
+    return isinstance(exc, ValueError) and str(exc).startswith("Cannot tell a ")
 
 
 def untried(study: optuna.Study, cands: Candidates) -> list[Candidate]:

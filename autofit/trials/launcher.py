@@ -330,9 +330,7 @@ def _launch(
         """Take the results rank 0 has written since the last look; each restarts the limit."""
         while len(ended) <= len(results) and config_result(out_path, len(ended) - 1).is_file():
             result = results[len(ended) - 1]
-            data = json.loads(config_result(out_path, len(ended) - 1).read_text())
-            for key, value in data.items():
-                setattr(result, key, value)
+            result.update(json.loads(config_result(out_path, len(ended) - 1).read_text()))
             ended.append(time.monotonic())
             result.wall_s = ended[-1] - ended[-2]
             settle(len(ended) - 2)

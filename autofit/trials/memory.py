@@ -126,13 +126,22 @@ class TensorTracker(TorchDispatchMode):
 
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
         _guards._empty_strided_cpu = _dispatched_empty_strided_cpu
-        super().__enter__()
+        try:
+            super().__enter__()
+        except BaseException:  # the mode did not start: nothing stays patched
+            self._unpatch()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._unpatch()
+
+    def _unpatch(self) -> None:
         torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
         _guards._empty_strided_cpu = _EMPTY_STRIDED_CPU
-        super().__exit__(*exc)
 
 
 # Inductor's generated CPU code binds this name when it is loaded (during the first, tracked

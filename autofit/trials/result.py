@@ -90,6 +90,16 @@ class TrialResult:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
+    def update(self, report: dict[str, Any]) -> None:
+        """Take what a trial's rank 0 reported (`autofit.trials.rank.run`'s dict): each key must
+        be one of this result's fields, so a report and the result cannot drift apart unseen."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(report) - names)
+        if unknown:
+            raise ValueError(f"a trial reported fields TrialResult does not have: {unknown}")
+        for key, value in report.items():
+            setattr(self, key, value)
+
 
 def config_result(out: Path, index: int) -> Path:
     """Where a launch's rank 0 writes the result of its `index`-th config (`OUT.<index>`)."""

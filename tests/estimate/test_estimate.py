@@ -9,6 +9,7 @@ import pytest
 
 from autofit.arch import structure_of
 from autofit.config import Config
+from autofit.errors import ConfigError
 from autofit.estimate import BREAKDOWN_KEYS, estimate, estimate_many
 from autofit.estimate import memory as mem
 from autofit.hardware import resolve_gpus, resolve_hardware
@@ -224,7 +225,7 @@ def _grid_configs(**fixed):  # type: ignore[no-untyped-def]
         base.update(fixed)
         try:
             yield Config(**base)
-        except Exception:
+        except ConfigError:
             continue  # combinations the rules forbid
 
 
