@@ -332,6 +332,12 @@ def apply(
     `device`: where the model trains (default: where its parameters are; a model on meta is
     materialised there with random weights, as trials do). Returns `Applied`:
     `.model` to call, `.optimizer`, `.autocast()` and `.gradient_sync(last_micro_step)`.
+
+    What it changes on your objects, besides wrapping them: with `loss: chunked` or `fused` it
+    sets `forward` on two instances, the causal LM and its LM head (`builder.loss.apply_loss`;
+    their classes are untouched), so that the head, still called as a module (FSDP2's hooks on
+    its unit run as for the standard loss), returns the loss chunk by chunk when given labels.
+    Called without labels both compute what they did before. Trials measure these very objects.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
