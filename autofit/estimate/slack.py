@@ -110,151 +110,202 @@ def step_events(
 ) -> list[tuple[object, int]]:
     """The (key, bytes) births and (key, 0) deaths of `steps` training steps: `layer_events[i]`
     is the one-layer model's trace for layer i (its checkpointing policy)."""
-    out: list[tuple[object, int]] = []
-    alive: set[object] = set()
-    mb = shape.micro_batch
-    plans: dict[int, _Plan] = {}
-
-    def plan_of(i: int) -> _Plan:
-        ev = layer_events[i]
-        if id(ev) not in plans:
-            plans[id(ev)] = _Plan(ev)
-        return plans[id(ev)]
-
-    def alloc(key: object, size: float) -> None:
-        if key in alive or size <= 0:
-            return
-        alive.add(key)
-        out.append((key, max(int(size), 1)))
-
-    def free(key: object) -> None:
-        if key in alive:
-            alive.discard(key)
-            out.append((key, 0))
-
-    def sized(p: _Plan, sid: int, size: int) -> float:
-        return size if sid in p.fixed else size * mb
-
-    n = shape.layers
-    for i in range(n):
-        alloc(("w", i), shape.weights_per_layer)
-    alloc(("w", "root"), shape.weights_outside)
-    gather_buffer: object | None = None
-
-    def gather(step: int, where: str, i: int) -> None:
-        nonlocal gather_buffer
-        if not shape.gathered_per_layer:
-            return
-        if gather_buffer is not None:
-            free(gather_buffer)
-        gather_buffer = ("ag", step, where, i)
-        alloc(gather_buffer, shape.gathered_per_layer)
-        alloc(("unsharded", step, where, i), shape.gathered_per_layer)
-
-    def reshard(step: int, where: str, i: int) -> None:
-        if shape.gathered_per_layer and (shape.reshard or where == "b"):
-            free(("unsharded", step, where, i))
-            if where == "b":
-                free(("unsharded", step, "f", i))
-
+    replay = _Replay(layer_events, shape)
+    replay.persistent()
     for step in range(steps):
-        root = ("root", step)
-        first = plan_of(0)
-        for sid, size in first.windows[_PRE]:
-            (alloc((root, sid), sized(first, sid, size)) if size else free((root, sid)))
+        replay.step(step)
+    return replay.out
 
-        def outputs(i: int, step: int = step) -> list[object]:
-            """Layer i's tensors the trace sees die at the head: its output."""
-            p = plan_of(i)
-            return [(step, i, sid) for sid, w in p.born.items()
-                    if w == _FWD and p.died.get(sid) == _MID]  # fmt: skip
 
+class _Replay:
+    """A training step's allocation log, written in the order the step runs: the persistent
+    weights, then per step the embedding, each layer's forward (FSDP2 gathering and resharding
+    its unit), the head and the loss, each layer's backward in reverse (its unit's gradients
+    reduced), the embedding's backward, and what the step's end frees and the optimizer keeps."""
+
+    def __init__(self, layer_events: list[StepEvents], shape: StepShape) -> None:
+        self.layer_events = layer_events
+        self.shape = shape
+        self.out: list[tuple[object, int]] = []
+        self.alive: set[object] = set()
+        self.plans: dict[int, _Plan] = {}
+        self.gather_buffer: object | None = None
+
+    # ----- the log ------------------------------------------------------------------------------
+    def plan_of(self, i: int) -> _Plan:
+        ev = self.layer_events[i]
+        if id(ev) not in self.plans:
+            self.plans[id(ev)] = _Plan(ev)
+        return self.plans[id(ev)]
+
+    def alloc(self, key: object, size: float) -> None:
+        if key in self.alive or size <= 0:
+            return
+        self.alive.add(key)
+        self.out.append((key, max(int(size), 1)))
+
+    def free(self, key: object) -> None:
+        if key in self.alive:
+            self.alive.discard(key)
+            self.out.append((key, 0))
+
+    def sized(self, p: _Plan, sid: int, size: int) -> float:
+        """A traced birth at this micro-batch: activations scale with it, fixed tensors not."""
+        return size if sid in p.fixed else size * self.shape.micro_batch
+
+    def outputs(self, step: int, i: int) -> list[object]:
+        """Layer i's tensors the trace sees die at the head: its output."""
+        p = self.plan_of(i)
+        return [(step, i, sid) for sid, w in p.born.items()
+                if w == _FWD and p.died.get(sid) == _MID]  # fmt: skip
+
+    def free_input(self, step: int, i: int, sid: int) -> None:
+        """Layer i's input dies: the embedding's output, or the previous layer's output."""
+        if i == 0:
+            self.free((("root", step), sid))
+        else:
+            for key in self.outputs(step, i - 1):
+                self.free(key)
+
+    # ----- FSDP2's units ------------------------------------------------------------------------
+    def gather(self, step: int, where: str, i: int) -> None:
+        if not self.shape.gathered_per_layer:
+            return
+        if self.gather_buffer is not None:
+            self.free(self.gather_buffer)
+        self.gather_buffer = ("ag", step, where, i)
+        self.alloc(self.gather_buffer, self.shape.gathered_per_layer)
+        self.alloc(("unsharded", step, where, i), self.shape.gathered_per_layer)
+
+    def reshard(self, step: int, where: str, i: int) -> None:
+        if self.shape.gathered_per_layer and (self.shape.reshard or where == "b"):
+            self.free(("unsharded", step, where, i))
+            if where == "b":
+                self.free(("unsharded", step, "f", i))
+
+    def reduce_grads(self, step: int, i: int) -> None:
+        """FSDP2: layer i's unit's gradients reduced. The reduce-scatter input (in the reduce
+        dtype, on its own stream) is kept until the next reduce-scatter is waited on; the
+        unsharded gradients are freed, a shard of them kept."""
+        p = self.plan_of(i)
+        if not (self.shape.gathered_per_layer and p.grads):
+            return
+        unit = sum(p.size.get(sid, 0) for sid in p.grads)
+        self.alloc(("rs", step, i), unit * self.shape.reduce_ratio)
+        self.free(("rs", step, i + 1))
+        for sid in sorted(p.grads):
+            key = (step, i, sid)
+            if key in self.alive:
+                self.free(key)
+                self.alloc(("gshard", step, i, sid), p.size.get(sid, 0) * self.shape.grad_shard)
+
+    # ----- one step -----------------------------------------------------------------------------
+    def persistent(self) -> None:
+        for i in range(self.shape.layers):
+            self.alloc(("w", i), self.shape.weights_per_layer)
+        self.alloc(("w", "root"), self.shape.weights_outside)
+
+    def step(self, step: int) -> None:
+        n = self.shape.layers
+        self.embedding(step)
         for i in range(n):
-            p = plan_of(i)
-            gather(step, "f", i)
-            for sid, size in p.windows[_FWD]:
-                if size:
-                    alloc((step, i, sid), sized(p, sid, size))
-                elif p.born.get(sid) == _FWD:
-                    free((step, i, sid))
-                elif p.born.get(sid) == _PRE:  # the layer's input dies: the embedding's or ...
-                    if i == 0:
-                        free((root, sid))
-                    else:  # ... the previous layer's output
-                        for key in outputs(i - 1):
-                            free(key)
-            reshard(step, "f", i)
-        last = plan_of(n - 1)
+            self.forward(step, i)
+        self.head(step)
+        for i in reversed(range(n)):
+            self.backward(step, i)
+        self.embedding_backward(step)
+        self.end(step)
+
+    def embedding(self, step: int) -> None:
+        first, root = self.plan_of(0), ("root", step)
+        for sid, size in first.windows[_PRE]:
+            if size:
+                self.alloc((root, sid), self.sized(first, sid, size))
+            else:
+                self.free((root, sid))
+
+    def forward(self, step: int, i: int) -> None:
+        p = self.plan_of(i)
+        self.gather(step, "f", i)
+        for sid, size in p.windows[_FWD]:
+            if size:
+                self.alloc((step, i, sid), self.sized(p, sid, size))
+            elif p.born.get(sid) == _FWD:
+                self.free((step, i, sid))
+            elif p.born.get(sid) == _PRE:
+                self.free_input(step, i, sid)
+        self.reshard(step, "f", i)
+
+    def head(self, step: int) -> None:
+        """The final norm, the head and the loss: the last layer's trace between its forward and
+        its backward."""
+        n, root = self.shape.layers, ("root", step)
+        last = self.plan_of(n - 1)
         for sid, size in last.windows[_MID]:
             if size:
-                alloc((root, "mid", sid), sized(last, sid, size))
+                self.alloc((root, "mid", sid), self.sized(last, sid, size))
             elif last.born.get(sid) == _FWD:
-                free((step, n - 1, sid))
+                self.free((step, n - 1, sid))
             else:
-                free((root, "mid", sid))
-                free((root, sid))
-        for i in reversed(range(n)):
-            p = plan_of(i)
-            gather(step, "b", i)
-            for sid, size in p.windows[_BWD]:
-                if size:
-                    alloc((step, i, sid), sized(p, sid, size))
-                    continue
-                born = p.born.get(sid)
-                if born in (_FWD, _BWD):
-                    free((step, i, sid))
-                elif born == _MID:  # the gradient flowing in: the head's, or layer i + 1's
-                    if i == n - 1:
-                        free((root, "mid", sid))
-                    else:
-                        passed = plan_of(i + 1)
-                        for psid, w in passed.born.items():
-                            if w == _BWD and passed.died.get(psid) == _POST:
-                                free((step, i + 1, psid))
-                elif born == _PRE:  # the layer's input, kept for backward
-                    if i == 0:
-                        free((root, sid))
-                    else:
-                        for key in outputs(i - 1):
-                            free(key)
-            reshard(step, "b", i)
-            if shape.gathered_per_layer and p.grads:  # FSDP2: each unit's gradients reduced
-                # the reduce-scatter input (in the reduce dtype, on its own stream), kept until
-                # the next reduce-scatter is waited on; the unsharded gradients freed, a shard
-                # of them kept
-                unit = sum(p.size.get(sid, 0) for sid in p.grads)
-                alloc(("rs", step, i), unit * shape.reduce_ratio)
-                free(("rs", step, i + 1))
-                for sid in sorted(p.grads):
-                    key = (step, i, sid)
-                    if key in alive:
-                        free(key)
-                        alloc(("gshard", step, i, sid), p.size.get(sid, 0) * shape.grad_shard)
-        p0 = plan_of(0)
+                self.free((root, "mid", sid))
+                self.free((root, sid))
+
+    def backward(self, step: int, i: int) -> None:
+        p = self.plan_of(i)
+        self.gather(step, "b", i)
+        for sid, size in p.windows[_BWD]:
+            if size:
+                self.alloc((step, i, sid), self.sized(p, sid, size))
+                continue
+            born = p.born.get(sid)
+            if born in (_FWD, _BWD):
+                self.free((step, i, sid))
+            elif born == _MID:  # the gradient flowing in: the head's, or layer i + 1's
+                self.free_incoming_grad(step, i, sid)
+            elif born == _PRE:  # the layer's input, kept for backward
+                self.free_input(step, i, sid)
+        self.reshard(step, "b", i)
+        self.reduce_grads(step, i)
+
+    def free_incoming_grad(self, step: int, i: int, sid: int) -> None:
+        if i == self.shape.layers - 1:
+            self.free((("root", step), "mid", sid))
+            return
+        passed = self.plan_of(i + 1)
+        for psid, w in passed.born.items():
+            if w == _BWD and passed.died.get(psid) == _POST:
+                self.free((step, i + 1, psid))
+
+    def embedding_backward(self, step: int) -> None:
+        p0, root = self.plan_of(0), ("root", step)
         for sid, size in p0.windows[_POST]:
             if size:
-                alloc((root, "post", sid), sized(p0, sid, size))
+                self.alloc((root, "post", sid), self.sized(p0, sid, size))
             elif p0.born.get(sid) == _BWD:
-                free((step, 0, sid))
+                self.free((step, 0, sid))
             else:
-                free((root, "post", sid))
-                free((root, sid))
-        if gather_buffer is not None:
-            free(gather_buffer)
-            gather_buffer = None
-        free(("rs", step, 0))
-        # what the step leaves besides the gradients (the loss, leftovers) goes
-        grads = {(step, i, sid) for i in range(n) for sid in plan_of(i).grads}
-        grads |= {("gshard", step, i, sid) for i in range(n) for sid in plan_of(i).grads}
+                self.free((root, "post", sid))
+                self.free((root, sid))
+
+    def end(self, step: int) -> None:
+        """What the step leaves besides the gradients (the loss, leftovers) goes; after the first
+        step the optimizer's states are born; `zero_grad(set_to_none=True)` frees the
+        gradients."""
+        n = self.shape.layers
+        if self.gather_buffer is not None:
+            self.free(self.gather_buffer)
+            self.gather_buffer = None
+        self.free(("rs", step, 0))
+        grads = {(step, i, sid) for i in range(n) for sid in self.plan_of(i).grads}
+        grads |= {("gshard", step, i, sid) for i in range(n) for sid in self.plan_of(i).grads}
         # (in a fixed order: a set of keys holding text iterates differently in each process)
-        for key in [k for k in sorted(alive, key=repr) if k not in grads and _transient(k)]:
-            free(key)
+        for key in [k for k in sorted(self.alive, key=repr) if k not in grads and _transient(k)]:
+            self.free(key)
         if step == 0:  # the optimizer's states, born in its first step
             for i in range(n):
-                alloc(("opt", i), shape.opt_per_layer)
-        for key in sorted(grads & alive, key=repr):  # zero_grad(set_to_none=True)
-            free(key)
-    return out
+                self.alloc(("opt", i), self.shape.opt_per_layer)
+        for key in sorted(grads & self.alive, key=repr):
+            self.free(key)
 
 
 def _transient(key: object) -> bool:
