@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,9 @@ def search(
         cluster.lead(hardware.gpus_per_node)
         run_trial = cluster.run_trial
     try:
-        plan = _lead(setting, cands, calibrator, opt_study, run_trial, listener, name, url,
-                     folder, cluster)  # fmt: skip
+        lead = _Lead(setting, cands, calibrator, opt_study, run_trial, listener,
+                     (name, url, folder), cluster)  # fmt: skip
+        plan = lead.run()
     except BaseException as exc:
         if cluster is not None:
             cluster.finish(str(exc) or type(exc).__name__)
@@ -137,128 +139,156 @@ def search(
     return plan
 
 
-def _lead(
-    setting: Setting,
-    cands: Candidates,
-    calibrator: Calibrator,
-    opt_study: optuna.Study,
-    run_trial: Callable[..., TrialResult],
-    display: SearchListener,
-    name: str,
-    url: str,
-    folder: Path,
-    cluster: Cluster | None,
-) -> Plan:
-    """The search of one node, or of node 0 of several (see the module docstring)."""
-    model, hardware, budget = setting.model, setting.hardware, setting.budget
-    trials, timeout, device = budget.trials, budget.timeout, setting.device
-    calibrator.refresh(opt_study)  # a resumed study: its finished trials calibrate at once
+@dataclass
+class _Lead:
+    """The search of one node, or of node 0 of several (see the module docstring), as the steps
+    it takes: say what it will do, run the trials, verify the winner, assemble the plan and keep
+    this machine's calibration."""
 
-    finished = [t for t in st.real_trials(opt_study) if st.finished(t)]
-    display.intro(setting, cands, name, url, folder, len(finished))
-    if cluster is not None:
-        display.note(
-            f"node 0 of {cluster.nodes}: it chooses every trial, which spans the "
-            f"{cluster.nodes} nodes (the other nodes' planners join it)"
-        )
+    setting: Setting
+    cands: Candidates
+    calibrator: Calibrator
+    study: optuna.Study
+    run_trial: Callable[..., TrialResult]
+    display: SearchListener
+    where: tuple[str, str, Path]  # the study's name, its storage URL, the run folder
+    cluster: Cluster | None = None
+    hooks: dict[str, Any] = field(default_factory=dict)
 
-    hooks: dict[str, Any] = {"on_progress": display.trial_progress, "on_wait": display.waiting}
-    if setting.lengths is not None:  # trials draw their micro-batches from the data's lengths
-        hooks["lengths"] = setting.lengths
+    def __post_init__(self) -> None:
+        display = self.display
+        self.hooks = {"on_progress": display.trial_progress, "on_wait": display.waiting}
+        if self.setting.lengths is not None:  # trials draw micro-batches from the data's lengths
+            self.hooks["lengths"] = self.setting.lengths
 
-    def measure(cand: Candidate, n_steps: int) -> TrialResult:
-        limit = trial_limit(cands.trial_time(cand, n_steps), budget.trial_timeout)
-        return run_trial(
-            model, cand.config, nprocs=hardware.n_gpus, device=device,
-            gpu_memory=budget.gpu_memory, steps=n_steps, timeout_s=limit, **hooks,
+    def run(self) -> Plan:
+        setting, budget = self.setting, self.setting.budget
+        self.calibrator.refresh(self.study)  # a resumed study: its finished trials calibrate
+        finished = len([t for t in st.real_trials(self.study) if st.finished(t)])
+        self.intro(finished)
+        with shown(self.display, budget.trials, min(finished, budget.trials),
+                   setting.allowed_bytes):  # fmt: skip
+            if self.cands.trialable and finished < budget.trials:
+                self.trials()
+            if self.calibrator.on:
+                self.join_other_planners()
+            trial_cands = rebuild_trials(self.study, self.cands)
+            best = self.verify(ranked_under_line(setting, trial_cands))
+        name, url, folder = self.where
+        plan = assemble(setting, self.cands, self.study, trial_cands, best, url, folder,
+                        limits=(budget.trials, budget.timeout, budget.trial_timeout))  # fmt: skip
+        self.store_calibration(plan)
+        return plan
+
+    def intro(self, finished: int) -> None:
+        budget, cands, display = self.setting.budget, self.cands, self.display
+        display.intro(self.setting, cands, *self.where, finished)
+        if self.cluster is not None:
+            nodes = self.cluster.nodes
+            display.note(
+                f"node 0 of {nodes}: it chooses every trial, which spans the {nodes} nodes (the "
+                "other nodes' planners join it)"
+            )
+        if cands.trialable and finished < budget.trials:
+            expected = expected_search(cands, budget.trials, budget.steps, budget.timeout, finished)
+            display.note(expected.sentence())
+
+    def trials(self) -> None:
+        """The study's trials: re-runs of interrupted ones first, then what the calibrated search
+        (or the seeds) queue, until the budget, the time or what may gain is spent."""
+        cands, calibrator, display, study = self.cands, self.calibrator, self.display, self.study
+        budget = self.setting.budget
+        objective = Objective(
+            cands, budget, self.run_trial,
+            on_result=lambda t, c, r: display.finished(t.number, c, r),
+            on_start=display.started, trial_kwargs=self.hooks, calibrator=calibrator,
         )  # fmt: skip
+        again = objective.requeue(study)
+        if again:
+            display.note(
+                f"re-running {len(again)} interrupted trial(s) first: "
+                + ", ".join(f"#{t.number}" for t in again)
+            )
+        worth_a_trial = True
+        if calibrator.on:  # a study that stopped as nothing may gain stays stopped
+            worth_a_trial = bool(again) or enqueue_calibrated(study, cands, calibrator, display)
+        else:
+            enqueue_seeds(study, cands, n_seeds(budget.trials))
+        stopper = _Stopper(cands, objective, budget.trials, time.monotonic(), budget.timeout)
+        with quiet_optuna():
+            run_reruns(study, objective)
+            if worth_a_trial:
+                self.optimize(objective, stopper)
+            withdraw_queued(study)  # what it queued and did not run: none left waiting
+        if self.cluster is not None:
+            self.cluster.raise_if_failed()
 
-    if cands.trialable and len(finished) < trials:
-        display.note(
-            expected_search(cands, trials, budget.steps, timeout, len(finished)).sentence()
-        )
-
-    with shown(display, trials, min(len(finished), trials), setting.allowed_bytes):
-        if cands.trialable and len(finished) < trials:
-            objective = Objective(
-                cands, budget, run_trial,
-                on_result=lambda t, c, r: display.finished(t.number, c, r),
-                on_start=display.started, trial_kwargs=hooks, calibrator=calibrator,
-            )  # fmt: skip
-            again = objective.requeue(opt_study)
-            if again:
-                display.note(
-                    f"re-running {len(again)} interrupted trial(s) first: "
-                    + ", ".join(f"#{t.number}" for t in again)
+    def optimize(self, objective: Objective, stopper: _Stopper) -> None:
+        """Optuna's loop, started again where another planner of the study won a race for a
+        trial (`lost_race`), at most `MAX_LOST_RACES` times, within the search's time."""
+        timeout = self.setting.budget.timeout
+        for _ in range(MAX_LOST_RACES + 1):
+            left = None if timeout is None else timeout - (time.monotonic() - stopper.start)
+            if left is not None and left <= 0:
+                return
+            try:
+                self.study.optimize(
+                    objective,
+                    timeout=left,
+                    catch=(TrialError,),
+                    callbacks=[
+                        stopper,
+                        Recalibrate(self.cands, self.calibrator, self.display, over=stopper.over),
+                        *([self.cluster.stop_if_failed] if self.cluster else []),
+                    ],
+                    gc_after_trial=False,
                 )
-            worth_a_trial = True
-            if calibrator.on:  # a study that stopped as nothing may gain stays stopped
-                worth_a_trial = bool(again) or enqueue_calibrated(
-                    opt_study, cands, calibrator, display
-                )
-            else:
-                enqueue_seeds(opt_study, cands, n_seeds(trials))
-            start = time.monotonic()
-            stopper = _Stopper(cands, objective, trials, start, timeout)
-            with quiet_optuna():
-                run_reruns(opt_study, objective)
-                for _ in range(MAX_LOST_RACES + 1 if worth_a_trial else 0):
-                    left = None if timeout is None else timeout - (time.monotonic() - start)
-                    if left is not None and left <= 0:
-                        break
-                    try:
-                        opt_study.optimize(
-                            objective,
-                            timeout=left,
-                            catch=(TrialError,),
-                            callbacks=[
-                                stopper,
-                                Recalibrate(cands, calibrator, display, over=stopper.over),
-                                *([cluster.stop_if_failed] if cluster else []),
-                            ],
-                            gc_after_trial=False,
-                        )
-                        break
-                    except (ValueError, RuntimeError) as exc:
-                        if not lost_race(exc):
-                            raise
-                withdraw_queued(opt_study)  # what it queued and did not run: none left waiting
-            if cluster is not None:
-                cluster.raise_if_failed()
+                return
+            except (ValueError, RuntimeError) as exc:
+                if not lost_race(exc):
+                    raise
 
-        if calibrator.on:
-            # this planner stopped as nothing it may try may gain: what other planners of the
-            # study measure now may (their trials teach the calibration as well)
-            wait_for_other_planners(opt_study, display, budget.trial_timeout or TRIAL_TIMEOUT_S)
-            calibrator.refresh(opt_study)
-            opt_study.set_user_attr(CALIBRATION_ATTR, calibration_to_dict(cands.calibration))
-        trial_cands = rebuild_trials(opt_study, cands)
-        ranked = ranked_under_line(setting, trial_cands)
+    def join_other_planners(self) -> None:
+        """This planner stopped as nothing it may try may gain: what other planners of the study
+        measure now may (their trials teach the calibration as well)."""
+        timeout = self.setting.budget.trial_timeout or TRIAL_TIMEOUT_S
+        wait_for_other_planners(self.study, self.display, timeout)
+        self.calibrator.refresh(self.study)
+        self.study.set_user_attr(CALIBRATION_ATTR, calibration_to_dict(self.cands.calibration))
+
+    def verify(self, ranked: list[Candidate]) -> Candidate | None:
+        setting, display = self.setting, self.display
+        budget, hardware = setting.budget, setting.hardware
         n_verify = verify_steps(budget.steps)
 
         def run_verification(cand: Candidate) -> TrialResult:
             display.verifying(cand, n_verify)
-            return measure(cand, n_verify)
+            limit = trial_limit(self.cands.trial_time(cand, n_verify), budget.trial_timeout)
+            return self.run_trial(
+                setting.model, cand.config, nprocs=hardware.n_gpus, device=setting.device,
+                gpu_memory=budget.gpu_memory, steps=n_verify, timeout_s=limit, **self.hooks,
+            )  # fmt: skip
 
-        best = verify_winner(
-            opt_study, setting, ranked, run_verification, n_verify, display.verified,
-            hold=lambda: device_lock(device, hardware.gpus_per_node, display.waiting),
+        return verify_winner(
+            self.study, setting, ranked, run_verification, n_verify, display.verified,
+            hold=lambda: device_lock(setting.device, hardware.gpus_per_node, display.waiting),
         )  # fmt: skip
-    plan = assemble(setting, cands, opt_study, trial_cands, best, url, folder,
-                    limits=(trials, timeout, budget.trial_timeout))  # fmt: skip
-    try:
-        stored = calibrator.store(opt_study)
-    except OSError as exc:  # a full disk: the plan stands without this machine's store updated
-        stored = None
-        display.note(f"this machine's calibration could not be stored ({exc.strerror or exc})")
-    if stored is not None and plan.calibration is not None:
-        path, kept = stored
-        plan.calibration["stored"] = {"path": str(path), "n_trials": kept.n_trials}
-        display.note(
-            f"this machine's calibration now holds {kept.n_trials} measured trial(s): "
-            f"{path} (the next plan here starts from it; --no-calibration ignores it)"
-        )
-    return plan
+
+    def store_calibration(self, plan: Plan) -> None:
+        try:
+            stored = self.calibrator.store(self.study)
+        except OSError as exc:  # a full disk: the plan stands without this machine's store
+            self.display.note(
+                f"this machine's calibration could not be stored ({exc.strerror or exc})"
+            )
+            return
+        if stored is not None and plan.calibration is not None:
+            path, kept = stored
+            plan.calibration["stored"] = {"path": str(path), "n_trials": kept.n_trials}
+            self.display.note(
+                f"this machine's calibration now holds {kept.n_trials} measured trial(s): "
+                f"{path} (the next plan here starts from it; --no-calibration ignores it)"
+            )
 
 
 class _Stopper:

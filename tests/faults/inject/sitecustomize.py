@@ -3,10 +3,10 @@
 Python imports `sitecustomize` from the path at start-up of every process. `fault_env()` (in
 `__init__.py`) puts this folder on `PYTHONPATH`, which the launcher passes on to torchrun and its
 workers, and names a fault in `AUTOFIT_TEST_FAULT`. Only in a trial worker (torchrun sets
-`LOCAL_RANK`) does this file act: once the worker imports `torch.distributed` (after it guarded
+`LOCAL_RANK`) does this file act: once the worker imports `autofit.trials.rank` (after it guarded
 itself; importing torch here, at start-up, would delay that guard by seconds), it wraps
-`init_process_group`, which the worker calls through the module, so that right after a rank has
-joined the process group
+`join_group`, which every rank calls once, with a process group or without one (a one-rank
+launch of the plain module has none), so that right after a rank has set up
 
 - `hang`: every rank hangs;
 - `hang-collective`: rank 0 waits in a collective (a barrier) that the other ranks never join;
@@ -54,12 +54,14 @@ def _slow_steps(rank: types.ModuleType) -> None:
     rank.train_step = train_step
 
 
-def _inject(fault: str, dist: types.ModuleType) -> None:
-    join = dist.init_process_group
+def _inject(fault: str, rank_module: types.ModuleType) -> None:
+    join = rank_module.join_group
 
-    def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
-        join(*args, **kwargs)
-        rank = dist.get_rank()
+    def join_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        joined = join(*args, **kwargs)
+        import torch.distributed as dist
+
+        rank = int(os.environ.get("RANK", "0"))
         if fault == "hang" or (fault == "hang-collective" and rank != 0):
             _hang()
         if fault == "hang-collective":
@@ -68,8 +70,9 @@ def _inject(fault: str, dist: types.ModuleType) -> None:
             hog = []
             while True:
                 hog.append(bytearray(64 << 20))  # bytearray() touches its pages: resident at once
+        return joined
 
-    dist.init_process_group = init_process_group
+    rank_module.join_group = join_group
 
 
 class _WhenImported(importlib.abc.MetaPathFinder):
@@ -100,7 +103,4 @@ _fault = os.environ.get(FAULT_ENV, "")
 if _fault and "LOCAL_RANK" in os.environ:
     if _fault not in FAULTS:
         raise SystemExit(f"{FAULT_ENV}={_fault!r}: expected one of {', '.join(FAULTS)}")
-    if _fault == "slow-step":
-        sys.meta_path.insert(0, _WhenImported("autofit.trials.rank", _fault))
-    else:
-        sys.meta_path.insert(0, _WhenImported("torch.distributed", _fault))
+    sys.meta_path.insert(0, _WhenImported("autofit.trials.rank", _fault))
