@@ -127,6 +127,7 @@ STAMP = {"torch": "2.13.0", "transformers": "5.24.0", "peft": "0.21.2", "trace_v
         ({"torch": "2.11.0+cu130", "transformers": "5.23.0"}, True),  # a group of each
         ({"torch": "2.12.0"}, False),  # never traced: no group has it
         ({"transformers": "5.17.0"}, False),  # traced: other step logs, Gemma 2's activations
+        ({"transformers": "5.21.0"}, True),
         ({"transformers": "5.20.0"}, False),  # traced: Gemma 2's activations differ
         ({"peft": "0.21.0"}, False),
         ({"peft": None}, False),

@@ -39,11 +39,10 @@ TRACED_ALIKE: dict[str, tuple[tuple[str, ...], ...]] = {
     # the debug presets of every family were found equal, activations and step logs, traced
     # under each (`bench/ship_traces.py --check`; docs/estimator.md, "Shipped", has the table). A
     # release of no group reads only entries made with that very release. Not alike, found so:
-    # transformers 5.17 and 5.20 against 5.24 (5.17: the rotary tables' temporaries die
-    # elsewhere in every family's step log, Gemma 2's and Mixtral's activations differ; 5.20:
-    # Gemma 2's activations).
+    # transformers 5.17 to 5.20 against 5.24 (5.17 and 5.18: the rotary tables' temporaries die
+    # elsewhere in every family's step log; 5.17 to 5.20: Gemma 2's activations).
     "torch": (("2.11", "2.13"),),
-    "transformers": (("5.23", "5.24"),),
+    "transformers": (("5.21", "5.22", "5.23", "5.24"),),
     "peft": (),
 }
 """Which releases of a distribution trace alike: what changes a traced shape is the library's

@@ -52,8 +52,8 @@ class _Births(TorchDispatchMode):
     parameter (autocast's weight copies), and the peak of their live bytes after each op.
     With `series`, also the live bytes after every op, the op at which each storage was born (so
     that storages known only later, parameters' gradients, can be taken out) and the log of
-    births and deaths in order (`log`: (id, bytes) for a birth, (id, 0) for a death; a storage of
-    no bytes is left out), which the allocator model replays (`autofit.estimate.slack`)."""
+    births and deaths in order (`log`: (id, bytes) for a birth, (id, 0) for a death), which the
+    allocator model replays (`autofit.estimate.slack`)."""
 
     def __init__(self, kept: set[StorageWeakRef], *, series: bool = False) -> None:
         super().__init__()
@@ -100,9 +100,7 @@ class _Births(TorchDispatchMode):
                 if ref not in self.born:
                     kept = ref in self.kept
                     self.born[ref] = 0 if kept else storage.nbytes()
-                    # a storage of no bytes holds no memory, and the log's (id, 0) is a death
-                    # (torch 2.11's chunked loss makes two; 2.13's none)
-                    if self.series is not None and not kept and storage.nbytes():
+                    if self.series is not None and not kept:
                         self.birth_op[ref] = len(self.series)
                         self.ids[ref] = self._next_id
                         self._next_id += 1
