@@ -14,7 +14,13 @@ plan did: a warm plan's time, cold or not.) `--local-config` adds a plan of a lo
 `config.json` of a known family that no preset has: it traces (the goal allows that 15 s, with a
 progress line).
 
-Run: `python bench/cold_start.py [--repeat N] [--local-config]`; exit 1 when a command misses.
+`--fake torch=2.11.0+cu130,transformers=5.23.0` runs every command as if those releases were
+installed (`importlib.metadata.version` answers them, `faked`; nothing else changes): a preset's
+plan reads the shipped traces only where they trace alike with these
+(`autofit.arch.shipped.TRACED_ALIKE`), else it traces.
+
+Run: `python bench/cold_start.py [--repeat N] [--local-config] [--fake DIST=VERSION,...]`; exit 1
+when a command misses.
 """
 
 from __future__ import annotations
@@ -139,16 +145,45 @@ def make_study(folder: Path) -> tuple[str, str]:
     return storage, "bench"
 
 
-def run_cold(case: Case, folder: Path) -> tuple[float, list[str], int]:
+_FAKED = """
+import importlib.metadata as m, json, runpy, sys
+fake, real = json.loads(sys.argv[1]), m.version
+m.version = lambda dist: fake.get(dist) or real(dist)
+sys.argv = ["autofit", *sys.argv[2:]]
+try:
+    runpy.run_module("autofit", run_name="__main__", alter_sys=True)
+finally:
+    print("torch imported" if "torch" in sys.modules else "torch not imported", file=sys.stderr)
+"""
+FAKED_LAST_LINE = re.compile(r"^torch (not )?imported$")
+"""The line `faked` adds at the end of stderr: whether the command imported torch."""
+
+
+def faked(args: list[str], fake: dict[str, str]) -> list[str]:
+    """The interpreter arguments of `python -m autofit ...` (`args`) run as if the releases of
+    `fake` were installed: `importlib.metadata.version` answers them (the versions autofit
+    reads, `autofit.arch.shipped.installed_versions`); stderr's last line says whether torch
+    was imported."""
+    assert args[:2] == ["-m", "autofit"], args
+    return ["-c", _FAKED, json.dumps(fake), *args[2:]]
+
+
+def run_cold(
+    case: Case, folder: Path, fake: dict[str, str] | None = None
+) -> tuple[float, list[str], int]:
     """Wall seconds, the stderr lines not autofit's own, and the exit code of one cold run."""
     env = {**os.environ, "AUTOFIT_CACHE_DIR": tempfile.mkdtemp(dir=folder, prefix="cache-")}
     env.pop("AUTOFIT_VERBOSE", None)
+    args = faked(case.args, fake) if fake and case.args[:2] == ["-m", "autofit"] else case.args
     started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, *case.args], env=env, capture_output=True, text=True, cwd=folder
-    )
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                          cwd=folder)  # fmt: skip
     took = time.perf_counter() - started
-    foreign = [line for line in done.stderr.splitlines() if line and not OWN_LINES.match(line)]
+    foreign = [
+        line
+        for line in done.stderr.splitlines()
+        if line and not OWN_LINES.match(line) and not FAKED_LAST_LINE.match(line)
+    ]
     return took, foreign, done.returncode
 
 
@@ -156,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="cold runs each; the median shown")
     parser.add_argument("--local-config", action="store_true", help="also plan a traced model")
+    parser.add_argument("--fake", default="", help="DIST=VERSION,...: releases to fake")
     args = parser.parse_args(argv)
+    fake = dict(pair.split("=", 1) for pair in args.fake.split(",") if pair)
     with tempfile.TemporaryDirectory(prefix="autofit-cold-") as tmp:
         folder = Path(tmp)
         study = make_study(folder)
@@ -164,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         missed = 0
         print(f"{'command':40} {'s':>7} {'x import':>9} {'goal':>7}  stderr")
         for case in cases(folder, study, args.local_config):
-            runs = [run_cold(case, folder) for _ in range(max(args.repeat, 1))]
+            runs = [run_cold(case, folder, fake) for _ in range(max(args.repeat, 1))]
             took = statistics.median(r[0] for r in runs)
             foreign = [line for r in runs for line in r[1]]
             failed = [r[2] for r in runs if r[2] not in (0,)]

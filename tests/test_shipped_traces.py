@@ -1,19 +1,24 @@
 """The traces shipped in the package (`autofit/arch/shipped/`, made by `bench/ship_traces.py`):
 one preset's traced again now must give the very numbers shipped, every preset has its file made
-with this environment's versions, and a file made with other versions is not read."""
+with this environment's versions, a file is read under releases that trace alike with those
+(`TRACED_ALIKE`: the README's main job under the GPU machine's torch reads it, cold, without
+torch) and not under others (a release that changes a traced shape traces anew)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from autofit.arch import TRACE_VERSION, traced_entry
+from autofit.arch import TRACE_VERSION, shipped, traced_entry
 from autofit.arch.shipped import made_with, read_shipped, shipped_path
 from autofit.models import PRESETS
+from tests.benches import load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "ship_traces.py"
 
@@ -101,3 +106,78 @@ def test_a_presets_count_is_read_without_torch(tmp_path):
     env = {"AUTOFIT_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.stdout.split() == ["6738415616", "False"], done.stderr
+
+
+COLD_START = load_bench("cold_start")
+
+
+def _installed(monkeypatch, **versions):  # type: ignore[no-untyped-def]
+    found = {"torch": "2.13.0+cpu", "transformers": "5.24.0", "peft": "0.21.2", **versions}
+    monkeypatch.setattr(shipped, "installed_versions", lambda: found)
+
+
+STAMP = {"torch": "2.13.0", "transformers": "5.24.0", "peft": "0.21.2", "trace_version": 8}
+
+
+@pytest.mark.parametrize(
+    ("versions", "alike"),
+    [
+        ({}, True),
+        ({"torch": "2.13.1+cu130"}, True),  # a patch release, another build
+        ({"torch": "2.11.0+cu130", "transformers": "5.23.0"}, True),  # a group of each
+        ({"torch": "2.12.0"}, False),  # never traced: no group has it
+        ({"transformers": "5.17.0"}, False),  # traced: other step logs, Gemma 2's activations
+        ({"transformers": "5.21.0"}, True),
+        ({"transformers": "5.20.0"}, False),  # traced: Gemma 2's activations differ
+        ({"peft": "0.21.0"}, False),
+        ({"peft": None}, False),
+    ],
+)
+def test_an_entry_is_read_where_the_releases_trace_alike(monkeypatch, versions, alike):
+    _installed(monkeypatch, **versions)
+    assert shipped.traces_alike(STAMP, 8) is alike
+    assert shipped.traces_alike(STAMP, 9) is False
+
+
+def test_every_alike_group_holds_the_releases_the_shipped_files_were_made_with():
+    """A group that left out the shipping release would serve nothing; the claim of each group
+    is the check's (`bench/ship_traces.py --check` under its releases: docs/architecture.md)."""
+    stamp = SHIP.read(shipped_path(PRESETS["llama-debug"]))["made_with"]
+    for dist, groups in shipped.TRACED_ALIKE.items():
+        for group in groups:
+            assert any(stamp[dist].startswith(prefix + ".") for prefix in group), (dist, group)
+
+
+def _faked(tmp_path, fake, *args):  # type: ignore[no-untyped-def]
+    env = {**os.environ, "AUTOFIT_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("AUTOFIT_VERBOSE", None)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, *COLD_START.faked(["-m", "autofit", *args], fake)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    return done, time.perf_counter() - started
+
+
+@pytest.mark.slow
+def test_the_readme_main_job_reads_the_shipped_traces_under_the_gpu_machines_torch(tmp_path):
+    """torch 2.11 (the H200 machine's, issue 33) and transformers 5.23 trace alike with the
+    releases the files were made with: the README's main job, cold, traces nothing and imports
+    no torch (its time, about 3 s on the 2-core machine: `bench/cold_start.py --fake ...`)."""
+    fake = {"torch": "2.11.0+cu130", "transformers": "5.23.0"}
+    done, took = _faked(tmp_path, fake, "plan", "--model", "llama-7b", "--gpus", "2xrtx3090",
+                        "--no-trials")  # fmt: skip
+    print(f"cold, faked {fake}: {took:.2f} s")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["torch not imported"], done.stderr
+    assert "Winner" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_release_that_changes_a_traced_shape_traces_anew(tmp_path):
+    """transformers 5.17 (found to trace other step logs than 5.24) reads no shipped entry: a
+    shipped preset's estimate traces, and says so."""
+    done, _ = _faked(tmp_path, {"transformers": "5.17.0"}, "estimate", "--model", "llama-debug",
+                     "--gpus", "1", "--device", "cpu")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("Tracing llama-debug's decoder layer"), lines
+    assert lines[-1] == "torch imported"

@@ -5,8 +5,12 @@ its first run traces nothing and imports no torch.
 (`activations_of`, `step_events_of`) of every `ActivationKey` a plan of a shipped search space asks
 for (`shipped_keys`). Each is one gzipped JSON file in `autofit/arch/shipped/`, named by the hash of
 the architecture (`arch_id`: a local `config.json` equal to a preset's reads it too) and stamped
-with the versions it was made with (`made_with`). An entry whose versions are not this
-environment's is not read: the plan traces, as without it. This module imports no torch.
+with the versions it was made with (`made_with`). An entry is read where this environment's
+versions trace alike with those (`traces_alike`): the same release, or two releases of one group
+of `TRACED_ALIKE`, each group checked by tracing under its releases (`bench/ship_traces.py
+--check`, docs/architecture.md). Elsewhere it is not read: the plan traces, as without it. This
+module imports no torch, nor any library it names: versions are read from the installed
+distributions' metadata.
 """
 
 from __future__ import annotations
@@ -23,12 +27,27 @@ from autofit.models import ModelSpec
 
 __all__ = [
     "SHIPPED_DIR", "arch_fields", "arch_id", "installed_versions", "made_with", "read_shipped",
-    "shipped_path",
+    "shipped_path", "TRACED_ALIKE", "traces_alike",
 ]  # fmt: skip
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
 _DISTRIBUTIONS = ("torch", "transformers", "peft")
+
+TRACED_ALIKE: dict[str, tuple[tuple[str, ...], ...]] = {
+    # A group: release series (a prefix of the release: "2.11" is every 2.11.x) whose traces of
+    # the debug presets of every family were found equal, activations and step logs, traced
+    # under each (`bench/ship_traces.py --check`; docs/estimator.md, "Shipped", has the table). A
+    # release of no group reads only entries made with that very release. Not alike, found so:
+    # transformers 5.17 to 5.20 against 5.24 (5.17 and 5.18: the rotary tables' temporaries die
+    # elsewhere in every family's step log; 5.17 to 5.20: Gemma 2's activations).
+    "torch": (("2.11", "2.13"),),
+    "transformers": (("5.21", "5.22", "5.23", "5.24"),),
+    "peft": (),
+}
+"""Which releases of a distribution trace alike: what changes a traced shape is the library's
+code, and that is known only by tracing under it. Add a group (or a release to one) only with
+the check's result."""
 
 
 def arch_fields(spec: ModelSpec) -> dict[str, Any]:
@@ -66,19 +85,49 @@ def made_with(trace_version: int) -> dict[str, Any]:
     return found
 
 
+def _release(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def _in_group(version: str, group: tuple[str, ...]) -> bool:
+    release = _release(version)
+    return any(release == prefix or release.startswith(prefix + ".") for prefix in group)
+
+
+def traces_alike(stamp: dict[str, Any], trace_version: int) -> bool:
+    """Whether an entry stamped `stamp` (`made_with` where it was made) holds the traces this
+    environment would make: the same `trace_version`, and for each of torch, transformers and
+    peft the same release (a build's local label aside) or two releases of one group of
+    `TRACED_ALIKE`."""
+    if stamp.get("trace_version") != trace_version:
+        return False
+    for dist, installed in installed_versions().items():
+        made = stamp.get(dist)
+        if installed is None or made is None:
+            if installed != made:
+                return False
+        elif _release(installed) != _release(made) and not any(
+            _in_group(installed, group) and _in_group(made, group)
+            for group in TRACED_ALIKE.get(dist, ())
+        ):
+            return False
+    return True
+
+
 def shipped_path(spec: ModelSpec) -> Path:
     return SHIPPED_DIR / f"{arch_id(spec)}.json.gz"
 
 
 def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
     """The shipped entry of `spec`'s architecture (`structure`, `activations`, `events`, as the
-    disk cache holds them), or {} where none is shipped or it was made with other versions."""
+    disk cache holds them), or {} where none is shipped or it was made with versions that do
+    not trace alike with this environment's (`traces_alike`)."""
     path = shipped_path(spec)
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return {}
-    if data.get("made_with") != made_with(trace_version):
+    if not traces_alike(data.get("made_with") or {}, trace_version):
         return {}
     return {k: data[k] for k in ("structure", "activations", "events") if k in data}
