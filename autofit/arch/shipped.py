@@ -71,8 +71,8 @@ def shipped_path(spec: ModelSpec) -> Path:
 
 
 def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
-    """The shipped entry of `spec`'s architecture (`structure`, `activations`, `events`, as the
-    disk cache holds them), or {} where none is shipped or it was made with other versions."""
+    """The shipped entry of `spec`'s architecture (`structure`, `activations`, `events`, `ops`, as
+    the disk cache holds them), or {} where none is shipped or it was made with other versions."""
     path = shipped_path(spec)
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -81,4 +81,4 @@ def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
         return {}
     if data.get("made_with") != made_with(trace_version):
         return {}
-    return {k: data[k] for k in ("structure", "activations", "events") if k in data}
+    return {k: data[k] for k in ("structure", "activations", "events", "ops") if k in data}
