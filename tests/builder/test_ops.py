@@ -58,7 +58,9 @@ def test_estimated_ops_are_a_real_layers_dispatched_ops_nf4_above_bf16(checkpoin
                         wrap="none")  # fmt: skip
         counted[quant] = _dispatched(config)
         estimated[quant] = _estimated(OpsKey(quant, True, None, False, checkpointing))
-    assert estimated == pytest.approx(counted, rel=0.01)
+    # every layer's ops exactly; the root (masks, loss) within a few ops of this batch's shape
+    # (2 x 64 tokens here, 1 x 16 counted): 2 of ~1,600-4,400 measured
+    assert estimated == pytest.approx(counted, abs=4)
     assert counted["nf4"] > 1.5 * counted["none"]
 
 
