@@ -265,3 +265,39 @@ class StepEvents:
         log, marks, fixed, grads = data
         return cls(tuple((int(i), int(n)) for i, n in log), tuple(marks), frozenset(fixed),
                    frozenset(grads))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OpsKey:
+    """What the number of ops a micro-step dispatches depends on besides the architecture: the
+    base weights' `quant`, whether LoRA adapts the layers (`lora`: the rank changes the shapes,
+    not the ops) and which projections, whether LoRA's dropout runs (`dropout`), the checkpointing
+    of every counted layer (`policy`: none | full | selective), autocast, and the loss (the chunked
+    loss runs its ops once per chunk). Not the width, the sequence length nor the micro-batch: an
+    op of a dense layer is one op whatever its shapes (`autofit.builder.ops`)."""
+
+    quant: str = "none"  # none | nf4 | int8
+    lora: bool = False
+    lora_targets: tuple[str, ...] | None = None
+    dropout: bool = False
+    policy: str = "none"
+    autocast: bool = False
+    loss: str = "standard"
+
+    def text(self) -> str:
+        targets = ",".join(self.lora_targets) if self.lora_targets else "all"
+        lora = f"lora:{targets}" if self.lora else "full"
+        amp = "amp" if self.autocast else "bf16"
+        drop = "|dropout" if self.dropout else ""
+        return f"{self.quant}|{lora}{drop}|{self.policy}|{amp}|{self.loss}"
+
+
+@dataclass(frozen=True)
+class StepOps:
+    """The ops one micro-step dispatches (aten ops, as a `TorchDispatchMode` sees them), forward
+    and backward, recomputation included: `layer` per decoder layer (the mean over the model's
+    layer types, weighted by their counts) and `root` outside the layers (embedding, final norm,
+    head, loss, rotary tables and masks)."""
+
+    layer: float
+    root: float

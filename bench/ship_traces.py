@@ -12,10 +12,12 @@ with these very versions keeps its structure and traces, and only the keys it la
 (after a space gained a rank, say); `--fresh` traces everything again.
 
 Run: `python bench/ship_traces.py` (every preset from scratch: about half an hour on two cores),
-or `--models llama-7b,llama-debug`, `--fresh`; `--check NAME` compares a fresh trace of NAME with
-its shipped file (its structure, traces and step logs, not the versions stamped) and exits 1 where
-they differ: run under other releases of torch, transformers or peft, it is the evidence a group
-of `autofit.arch.shipped.TRACED_ALIKE` needs.
+or `--models llama-7b,llama-debug`, `--fresh`; `--ops` adds only the op counts a plan reads
+(`autofit.arch.ops_of`, the files' `ops` section: a few minutes; with `--fresh` counted again);
+`--check NAME` compares a fresh trace of NAME with its shipped file (its structure, traces and
+step logs, not the versions stamped) and exits 1 where they differ: run under other releases of
+torch, transformers or peft, it is the evidence a group of `autofit.arch.shipped.TRACED_ALIKE`
+needs.
 """
 
 from __future__ import annotations
@@ -26,51 +28,90 @@ import io
 import json
 import sys
 import time
+from collections.abc import Iterator
+from itertools import product
 from pathlib import Path
 from typing import Any
 
-from autofit.arch import TRACE_VERSION, traced_entry
+from autofit.arch import TRACE_VERSION, ops_entry, traced_entry
 from autofit.arch.shipped import SHIPPED_DIR, arch_id, made_with, shipped_path
 from autofit.config import Config
 from autofit.estimate.memory.widths import traced_loss
 from autofit.files import atomic_write
 from autofit.models import PRESETS, ModelSpec
 from autofit.space_file import available_spaces, load_space
-from autofit.structure import ActivationKey
+from autofit.structure import ActivationKey, OpsKey
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
-    """The activation keys and the step-event keys a plan of a shipped space
-    (`search_spaces/*.yaml`) with its own sequence length and LoRA settings asks for: each
-    LoRA rank x the checkpointing policies it traces (`none` always, `full` for `full`
-    and `every-2`, `selective`) x autocast or not (the plain module or DDP under bf16-mixed, or
-    bf16 compute) x each loss as traced (`fused` is traced as `chunked`). Both kinds have the
-    same keys."""
-    acts: dict[str, ActivationKey] = {}
+def _spaces() -> Iterator[tuple[Any, dict[str, Any], list[str], Config]]:
+    """Each shipped space (`search_spaces/*.yaml`) and the README's example space: the space,
+    its knobs, the checkpointing policies a trace tells apart (`none` always, `full` for `full`
+    and `every-2`, `selective`) and its LoRA settings (else their defaults)."""
     for path in [*available_spaces(), *sorted(EXAMPLES.glob("*.yaml"))]:
         space = load_space(path)
         knobs = space.knobs
         policies = {"none"} | {
             "selective" if c == "selective" else "full" for c in knobs["checkpointing"]
         }
+        yield space, knobs, sorted(policies), Config(**space.settings)
+
+
+def shipped_keys() -> tuple[list[ActivationKey], list[ActivationKey]]:
+    """The activation keys and the step-event keys a plan of a shipped space with its own
+    sequence length and LoRA settings asks for: each LoRA rank x the checkpointing policies it
+    traces x autocast or not (the plain module or DDP under bf16-mixed, or bf16 compute) x each
+    loss as traced (`fused` is traced as `chunked`). Both kinds have the same keys."""
+    acts: dict[str, ActivationKey] = {}
+    for space, knobs, policies, lora in _spaces():
         losses = sorted({traced_loss(v) for v in knobs["loss"]})
-        lora = Config(**space.settings)  # the space's LoRA settings, else their defaults
-        for rank in knobs["lora_rank"]:
-            targets, dropout = lora.lora_targets, lora.lora_dropout
-            for policy in sorted(policies):
-                for autocast in (False, True):
-                    base = ActivationKey(space.seq_len, rank, targets, dropout, policy, autocast)
-                    for loss in losses:
-                        key = ActivationKey(**{**base.__dict__, "loss": loss})
-                        acts[key.text()] = key
+        targets, dropout = lora.lora_targets, lora.lora_dropout
+        for rank, policy, autocast in product(knobs["lora_rank"], policies, (False, True)):
+            base = ActivationKey(space.seq_len, rank, targets, dropout, policy, autocast)
+            for loss in losses:
+                key = ActivationKey(**{**base.__dict__, "loss": loss})
+                acts[key.text()] = key
     return list(acts.values()), list(acts.values())
 
 
+def shipped_ops_keys() -> list[OpsKey]:
+    """The op-count keys a plan of a shipped space asks for (`autofit.estimate.step._host_ops`):
+    each quantization x LoRA or not (quantization only with LoRA) x the space's targets and
+    dropout x the checkpointing policies it counts x autocast or not; the standard loss."""
+    keys: dict[str, OpsKey] = {}
+    for _, knobs, policies, lora in _spaces():
+        for quant, rank in product(knobs["quant"], knobs["lora_rank"]):
+            if rank == 0 and quant != "none":
+                continue
+            for policy, autocast in product(policies, (False, True)):
+                key = OpsKey(
+                    quant, rank > 0, lora.lora_targets if rank else None,
+                    bool(rank) and lora.lora_dropout > 0, policy, autocast,
+                )  # fmt: skip
+                keys[key.text()] = key
+    return list(keys.values())
+
+
+def add_ops(spec: ModelSpec, fresh: bool = False) -> int:
+    """Add the op counts of `shipped_ops_keys` to `spec`'s shipped file (its `ops` section;
+    nothing else in it changes), counting only the keys it lacks (all of them again when
+    `fresh`). Returns the keys counted."""
+    path = shipped_path(spec)
+    data = read(path)
+    if fresh:
+        data.pop("ops", None)
+    have = data.setdefault("ops", {})
+    missing = [k for k in shipped_ops_keys() if k.text() not in have]
+    have.update(ops_entry(spec, missing))
+    atomic_write(path, gzipped(data))
+    return len(missing)
+
+
 def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The shipped file's content for `spec`: what it is, the versions, and the traces; those
-    `kept` (an earlier file made with these versions) are reused and only the rest traced."""
+    """The shipped file's content for `spec`: what it is, the versions, the traces and the op
+    counts; those `kept` (an earlier file made with these versions) are reused and only the rest
+    traced or counted."""
     acts, events = shipped_keys()
     kept = kept or {}
     old_acts, old_events = kept.get("activations", {}), kept.get("events", {})
@@ -81,6 +122,10 @@ def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]
         structure=kept.get("structure"),
     )
     wanted_events = {k.text() for k in events}
+    old_ops = kept.get("ops", {})
+    ops_keys = shipped_ops_keys()
+    fresh_ops = ops_entry(spec, [k for k in ops_keys if k.text() not in old_ops])
+    wanted_ops = [k.text() for k in ops_keys]
     return {
         "model": spec.name,
         "arch_id": arch_id(spec),
@@ -95,6 +140,7 @@ def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]
             for k in sorted(wanted_events)
             if k in old_events or k in fresh["events"]
         },
+        "ops": {t: old_ops[t] if t in old_ops else fresh_ops[t] for t in wanted_ops},
     }
 
 
@@ -167,7 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated presets (default: every preset)")
     parser.add_argument("--check", metavar="NAME", help="compare a fresh trace with the shipped")
     parser.add_argument("--fresh", action="store_true", help="trace every key again")
+    parser.add_argument("--ops", action="store_true", help="add the op counts only")
     args = parser.parse_args(argv)
+    if args.ops:
+        for name in args.models.split(",") if args.models else list(PRESETS):
+            started = time.perf_counter()
+            n = add_ops(PRESETS[name], args.fresh)
+            print(f"{name}: {n} op counts, {time.perf_counter() - started:.0f} s", flush=True)
+        return 0
     if args.check:
         return check(PRESETS[args.check])
     names = args.models.split(",") if args.models else list(PRESETS)

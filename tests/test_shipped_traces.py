@@ -44,6 +44,7 @@ def test_every_preset_ships_every_key_a_shipped_space_asks_for(name):
     if PRESETS[name].experts:  # HF's grouped-mm experts refuse fp32 (full fine-tune) weights
         events = [k for k in events if k.lora_rank or not k.autocast]
     assert set(data["events"]) == {k.text() for k in events}
+    assert set(data["ops"]) == {k.text() for k in SHIP.shipped_ops_keys()}
 
 
 def test_a_fresh_trace_of_a_small_preset_gives_the_shipped_numbers():
@@ -181,3 +182,18 @@ def test_a_release_that_changes_a_traced_shape_traces_anew(tmp_path):
     lines = done.stderr.splitlines()
     assert lines[0].startswith("Tracing llama-debug's decoder layer"), lines
     assert lines[-1] == "torch imported"
+
+
+def test_a_presets_step_time_reads_the_shipped_op_counts_without_torch(tmp_path):
+    """A preset's estimate reads its op counts (the host's term of the step time) from the
+    shipped file: no count is made, torch is not imported."""
+    code = (
+        "import sys; from autofit.estimate import estimate; from autofit.config import Config;"
+        "from autofit.hardware import resolve_hardware; from autofit.models import PRESETS;"
+        "e = estimate(PRESETS['llama-7b'], resolve_hardware('1xh200'),"
+        " Config(quant='nf4', lora_rank=64, checkpointing='full', wrap='none'));"
+        "print(e.time_breakdown['host'] > 0, 'torch' in sys.modules)"
+    )
+    env = {"AUTOFIT_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.split() == ["True", "False"], done.stderr

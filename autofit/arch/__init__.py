@@ -39,11 +39,18 @@ from autofit.arch.shipped import arch_fields, installed_versions, read_shipped
 from autofit.files import atomic_write
 from autofit.models import ModelSpec
 from autofit.quiet import quiet_libraries
-from autofit.structure import ActivationKey, LayerActivations, StepEvents, Structure
+from autofit.structure import (
+    ActivationKey,
+    LayerActivations,
+    OpsKey,
+    StepEvents,
+    StepOps,
+    Structure,
+)
 
 __all__ = [
-    "activations_of", "cache_dir", "step_events_of", "structure_of", "trace_notices",
-    "traced_entry",
+    "activations_of", "cache_dir", "ops_entry", "ops_of", "step_events_of", "structure_of",
+    "trace_notices", "traced_entry",
 ]  # fmt: skip
 
 TRACE_VERSION = 8
@@ -54,6 +61,7 @@ TRACE_VERSION = 8
 _STRUCTURES: dict[ModelSpec, Structure] = {}
 _ACTIVATIONS: dict[tuple[ModelSpec, ActivationKey], LayerActivations] = {}
 _EVENTS: dict[tuple[ModelSpec, ActivationKey], StepEvents] = {}
+_OPS: dict[tuple[ModelSpec, OpsKey], StepOps] = {}
 
 
 def structure_of(spec: ModelSpec) -> Structure:
@@ -135,8 +143,34 @@ def step_events_of(spec: ModelSpec, key: ActivationKey) -> StepEvents:
     return _traced(spec, key, "events", _EVENTS, StepEvents.from_list, trace, StepEvents.to_list)
 
 
+def ops_of(spec: ModelSpec, key: OpsKey) -> StepOps:
+    """The ops one micro-step of `spec` dispatches for `key`, per decoder layer and outside the
+    layers (`autofit.builder.ops`, counted at a reduced width): memory, then disk (the entry's
+    `ops` section, which the shipped files carry too), then a count."""
+
+    def count() -> StepOps:
+        from autofit.builder.ops import count_step_ops
+
+        return count_step_ops(spec, key)
+
+    return _traced(spec, key, "ops", _OPS, lambda v: StepOps(*v), count, _ops_list)
+
+
+def _ops_list(o: StepOps) -> list[float]:
+    return [o.layer, o.root]
+
+
+def ops_entry(spec: ModelSpec, keys: Iterable[OpsKey]) -> dict[str, list[float]]:
+    """`spec`'s op counts for `keys`, counted now (no cache read or written), as the entry's
+    `ops` section holds them: what `bench/ship_traces.py` ships."""
+    from autofit.builder.ops import count_step_ops
+
+    with quiet_libraries():
+        return {k.text(): _ops_list(count_step_ops(spec, k)) for k in keys}
+
+
 def _traced(
-    spec: ModelSpec, key: ActivationKey, section: str, memo: dict[Any, Any],
+    spec: ModelSpec, key: Any, section: str, memo: dict[Any, Any],
     load: Callable[[Any], Any], trace: Callable[[], Any], dump: Callable[[Any], Any],
 ) -> Any:  # fmt: skip
     """A trace result of `spec` for `key`: from `memo`, else the disk cache's `section`, else
@@ -146,6 +180,8 @@ def _traced(
         return found
     text = key.text()
     stored = _disk(spec).get(section, {}).get(text)
+    if stored is None:  # a disk entry made before its section existed: the shipped one's
+        stored = read_shipped(spec, TRACE_VERSION).get(section, {}).get(text)
     if stored is not None:
         found = load(stored)
     else:

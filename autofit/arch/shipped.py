@@ -119,8 +119,8 @@ def shipped_path(spec: ModelSpec) -> Path:
 
 
 def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
-    """The shipped entry of `spec`'s architecture (`structure`, `activations`, `events`, as the
-    disk cache holds them), or {} where none is shipped or it was made with versions that do
+    """The shipped entry of `spec`'s architecture (`structure`, `activations`, `events`, `ops`, as
+    the disk cache holds them), or {} where none is shipped or it was made with versions that do
     not trace alike with this environment's (`traces_alike`)."""
     path = shipped_path(spec)
     try:
@@ -130,4 +130,4 @@ def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
         return {}
     if not traces_alike(data.get("made_with") or {}, trace_version):
         return {}
-    return {k: data[k] for k in ("structure", "activations", "events") if k in data}
+    return {k: data[k] for k in ("structure", "activations", "events", "ops") if k in data}

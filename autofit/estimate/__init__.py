@@ -201,7 +201,7 @@ def estimate_many(
                   foreach_intermediates=foreach_intermediates,
                   expandable_segments=expandable_segments)  # fmt: skip
     step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
-    parts = step_time_terms(s, hardware)  # `step_time`'s parts, per value of their knobs
+    parts = step_time_terms(s, hardware, model)  # `step_time`'s parts, per value of their knobs
     capacity = gpu.memory_bytes
     host_cap = hardware.host_ram_bytes
     host_usable = mem.usable_host_bytes(host_cap)

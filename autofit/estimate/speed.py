@@ -1,5 +1,5 @@
 """Napkin step time on one GPU: a roofline per matmul, memory-bound kernels, dequantisation, the
-CPU's per-call overheads; what moves between GPUs and host (communication, offload, the optimizer
+host's dispatched ops; what moves between GPUs and host (communication, offload, the optimizer
 step) is `autofit.estimate.comm`'s.
 
 Pure arithmetic. Each term is one function with its source; the constants are assumptions until a
@@ -9,10 +9,14 @@ GPU measurement calibrates them, and docs/accuracy.md tracks them. The terms (`T
   backward and recomputation, each max(FLOPs / tensor throughput, bytes / HBM bandwidth);
 - `memory_bound`: norms, the activation, RoPE, residual adds, LoRA's scale-and-add, the
   cross-entropy over the vocabulary;
-- `overhead`: the CPU-side cost of module calls (peft adds three per adapted projection) and of
-  FSDP2's per-parameter work in each collective: a term of its own, since it scales with the
-  number of modules and parameter tensors rather than with bytes or FLOPs, and dominates small
-  models and CPU trials;
+- `overhead`: the device's time between its kernels, a cost per dispatched op (`launch_gaps`),
+  which no roofline holds; none on a CPU trial;
+- `host`: the host's work that the device's does not hide: the ops a micro-step dispatches
+  (counted from the model, `autofit.arch.ops_of`, at `HOST_OP_S` each: `host_time`) and FSDP2's
+  per-parameter work in each collective. On a GPU the host issues kernels while the device runs
+  earlier ones, so a micro-step lasts the longer of the two (`autofit.estimate.step`) and only
+  the host's excess is `host`: none at a large micro-batch, a third of the step at micro-batch 1
+  (issue 33). On a CPU trial the device is the host: all of it;
 - `dequant`: NF4/int8 base weights dequantized to bf16 before each matmul;
 - `communication`: the exposed (not overlapped) part of all-gathers and gradient reductions;
 - `offload`: the exposed part of host<->device copies (FSDP2 `CPUOffloadPolicy`, torchao's
@@ -30,7 +34,8 @@ from autofit.settings import trained_token_count
 from autofit.structure import Structure
 
 TIME_KEYS = (
-    "compute", "memory_bound", "overhead", "dequant", "communication", "offload", "optimizer",
+    "compute", "memory_bound", "overhead", "host", "dequant", "communication", "offload",
+    "optimizer",
 )  # fmt: skip
 """The step-time terms, in `Estimate.time_breakdown` order; they sum to the step time."""
 
@@ -74,22 +79,32 @@ LORA_MERGE_BYTES = (10, 4)
 #   logits' gradient back to bf16 4+2. `loss: chunked|fused` bound the memory, not these bytes
 #   (Liger's fused kernel still reads and writes each logit chunk), so `loss` is not timed.
 CE_BYTES = (14, 18)
-# CPU-side cost of one nn.Module call in eager PyTorch (Python `__call__`, hooks, and the dispatch
-# of its few ops at a few microseconds each), and as much again for its autograd nodes in
-# backward. Assumed: 10 us, the order PyTorch's own profiler shows per module in eager HF layers.
-MODULE_CALL_S = 10e-6
-# Extra module calls per LoRA-adapted projection: peft's `LoraLayer.forward` wraps the base layer
-# and calls `lora_dropout`, `lora_A` and `lora_B` (peft `tuners/lora/layer.py` `Linear.forward`).
-LORA_MODULE_CALLS = 3
-# Module calls of a decoder layer besides its projections: the layer, two norms, attention, MLP,
-# activation (transformers' LlamaDecoderLayer).
-LAYER_MODULE_CALLS = 6
+# ----- the host -----------------------------------------------------------------------------------
+# Host seconds per dispatched op (an aten op as a `TorchDispatchMode` sees it: Python, the
+# dispatcher, autograd and the kernel launch it issues), the ops counted from the model itself
+# (`autofit.arch.ops_of`). Derived from autofit's own H200 trials (issue 33;
+# bench/data/gpu-measurements/autofit-h200-2026-11-27.json and gpu-check/h200-2026-11-27-run1.json,
+# torch 2.11, transformers 5.17): llama-7b LoRA r64 `ckpt=full` at micro-batch 1 dispatches 37,156
+# ops per step with an NF4 base and 20,652 with a bf16 one, and took 0.55-0.72 s and 0.36-0.42 s
+# (the two runs differ by 17-31%): 14.7-20.4 us per op; 17.5 us puts the four rows nearest. On
+# this project's 2-core CPU machine an eager op costs about as much (21 us: llama-7b's layers at a
+# reduced width, forward and backward). Other hosts differ (Qwen's published A100 rows at 256
+# tokens imply about 8 us, docs/accuracy.md): a machine's calibration fits its own (`host`).
+HOST_OP_S = 17.5e-6
+# Device seconds between two kernels, per dispatched op (`launch_gaps`): what the rooflines leave
+# out of each kernel (its launch on the device, a tail that does not fill the GPU). The H200 rows
+# that the device bounds (micro-batch 2-4) ran 3.1-6.6 us per op slower than the rooflines; the
+# published long-sequence rows (section 3 of docs/accuracy.md) were already below them. 2.5 us,
+# half of `KERNEL_LAUNCH_S`, is a compromise of the two, assumed; a calibration fits it
+# (`overhead`).
+DEVICE_OP_GAP_S = 2.5e-6
 # FSDP2 per-parameter CPU work for each all-gather (copy-in, `init_unsharded_param`, DTensor
 # wrapping) and each reduce-scatter (`foreach_reduce`'s per-parameter views):
 # torch `_fsdp_param.py`, `_fsdp_collectives.py`. Assumed: 5 us per parameter per collective.
 FSDP2_PER_PARAM_S = 5e-6
 # Kernel launch latency, CUDA: ~5 us per launch (NVIDIA's CUDA Graphs blog, "Getting started with
-# CUDA Graphs", 2019). Bounds the dequantisation of small weights.
+# CUDA Graphs", 2019). Bounds the dequantisation of small weights, and is the host's cost of each
+# op of a compiled layer (`compiled_host_time`).
 KERNEL_LAUNCH_S = 5e-6
 
 # ----- dequantisation -----------------------------------------------------------------------------
@@ -273,13 +288,6 @@ def trained_embedding_bytes(
     return modules * 2.0 * BF16 * weight, BF16 * weight + 2.0 * BF16 * tokens * s.hidden
 
 
-def layer_module_calls(s: Structure, rank: int, targets: tuple[str, ...] | None) -> int:
-    """nn.Module calls of one decoder layer's forward: the layer's own (`LAYER_MODULE_CALLS`), one
-    per projection, and peft's three more per adapted projection."""
-    lora = LORA_MODULE_CALLS * len(s.targets(targets)) if rank > 0 else 0
-    return LAYER_MODULE_CALLS + len(s.projections) + lora
-
-
 @lru_cache(maxsize=1024)
 def layer_param_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None) -> int:
     """Parameter tensors of one decoder layer: projection weights and biases, norm scales (one per
@@ -301,10 +309,10 @@ def micro_step_times(
 ) -> dict[str, float]:  # fmt: skip
     """Seconds of one eager micro-step on one GPU, memoised by value (an equal structure is the
     same model, so an entry never answers for another; the returned dict is shared: read it):
-    `compute` (matmuls), `memory_bound` (elementwise kernels) and `overhead` (CPU-side module
-    calls), each split as `layers_*` (inside the decoder layers, what compile touches) and the
-    whole; `backward` is the part of
-    both that runs in backward (what a reduce-scatter or gradient copy can hide behind).
+    `compute` (matmuls) and `memory_bound` (elementwise kernels), each split as `layers_*`
+    (inside the decoder layers, what compile touches) and the whole; `backward` is the part of
+    both that runs in backward (what a reduce-scatter or gradient copy can hide behind). The
+    host's work, which issues them, is `host_time`'s.
 
     `flops_per_s` and `bytes_per_s` are the achievable throughputs (peak x efficiency). A LoRA
     run that trains the embeddings and head (`train_embeddings`) computes the head's weight
@@ -328,13 +336,11 @@ def micro_step_times(
 
     mem_bw = bytes_per_s  # achievable HBM bandwidth, as for the GEMMs' bytes
     ew_fwd, ew_bwd = layer_elementwise_bytes(s, tokens, rank, targets)
-    calls = layer_module_calls(s, rank, targets) * MODULE_CALL_S  # forward, and as much backward
     layer_fwd_mb = ew_fwd / mem_bw
     layer_bwd_mb = ew_bwd / mem_bw
     ce_f, ce_b = cross_entropy_bytes(s, tokens)
     root_mb_fwd = ce_f / mem_bw
     root_mb_bwd = ce_b / mem_bw
-    root_calls = 4 * MODULE_CALL_S  # embedding, final norm, head, loss; forward and backward
     if not frozen:  # the embedding's gradient: a scatter-add of tokens x hidden (read + write)
         root_mb_bwd += 2.0 * FP32 * tokens * s.hidden / mem_bw
     elif train_embeddings != "none":
@@ -347,18 +353,17 @@ def micro_step_times(
     recompute_mb = 1.0 if checkpointing == "selective" else recompute
     layers_mm = s.layers * (layer_fwd_mm * (1.0 + recompute) + layer_bwd_mm)
     layers_mb = s.layers * (layer_fwd_mb * (1.0 + recompute_mb) + layer_bwd_mb)
-    layers_calls = s.layers * calls * (2.0 + recompute_mb)
-    backward = s.layers * (
-        layer_fwd_mm * recompute + layer_bwd_mm + (layer_fwd_mb + calls) * recompute_mb
-        + layer_bwd_mb + calls
-    ) + head_bwd + root_mb_bwd + root_calls  # fmt: skip
+    backward = (
+        s.layers
+        * (layer_fwd_mm * recompute + layer_bwd_mm + layer_fwd_mb * recompute_mb + layer_bwd_mb)
+        + head_bwd
+        + root_mb_bwd
+    )
     return {
         "layers_compute": layers_mm,
         "compute": layers_mm + hf + head_bwd,
         "layers_memory_bound": layers_mb,
         "memory_bound": layers_mb + root_mb_fwd + root_mb_bwd,
-        "layers_overhead": layers_calls,
-        "overhead": layers_calls + 2 * root_calls,
         "backward": backward,
     }
 
@@ -378,6 +383,26 @@ def compiled_compute_time(compute_s: float) -> float:
     """Time of work of which `COMPILE_TIME_SAVED` is removed when it is all compiled (no
     memory-bound part to take it from first): the published share, applied whole."""
     return compiled_layer_time(compute_s, 0.0)[0]
+
+
+def host_time(layer_ops: float, root_ops: float, layers: int, compiled: bool) -> float:
+    """Host seconds of one micro-step: `layers` decoder layers of `layer_ops` dispatched ops each
+    (forward, backward and recomputation, as counted: `autofit.arch.ops_of`) and the `root_ops`
+    outside them, `HOST_OP_S` each. A compiled layer (`compile: true`) runs Inductor's generated
+    code, which launches its kernels without the dispatcher or autograd: assumed at most one
+    launch per eager op (fusion merges pointwise ops, so fewer), `KERNEL_LAUNCH_S` each."""
+    per_op = KERNEL_LAUNCH_S if compiled else HOST_OP_S
+    return layers * layer_ops * per_op + root_ops * HOST_OP_S
+
+
+def launch_gaps(layer_ops: float, root_ops: float, layers: int) -> float:
+    """Device seconds between the kernels of one micro-step: the rooflines time each kernel's
+    FLOPs and bytes, not the device's own cost of starting it, which bounds a small kernel (a
+    LoRA matmul, a norm at micro-batch 1): `DEVICE_OP_GAP_S` per dispatched op (views launch
+    none, some ops several). With it a step the host does not bound is not read as free of
+    per-op costs: the H200 rows at micro-batch 2-4 (issue 33) ran 4-21% slower than the kernels'
+    rooflines."""
+    return (layers * layer_ops + root_ops) * DEVICE_OP_GAP_S
 
 
 # ----- dequantisation -----------------------------------------------------------------------------

@@ -6,52 +6,64 @@ each computed once per value of the knobs it reads, and how much of the moves th
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from autofit.arch import ops_of
 from autofit.config import Config
 from autofit.estimate import comm
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
-from autofit.layout import Layout, Sharding, wrap_unit_count
-from autofit.structure import Structure
+from autofit.layout import Layout, Sharding, uses_autocast, wrap_unit_count
+from autofit.models import ModelSpec
+from autofit.recipe import checkpointed_count
+from autofit.structure import OpsKey, Structure
 
 __all__ = ["step_time", "step_time_terms"]
 
 
-def step_time_terms(s: Structure, hardware: Hardware) -> tuple[Callable[..., Any], ...]:
-    """`step_time`'s two parts for configs of one model on one piece of hardware, each computed
-    once per value of the knobs it reads (`autofit.estimate.terms`)."""
-    return _gpu_work.memo(s, hardware), _transfers.memo(s, hardware)
+def step_time_terms(
+    s: Structure, hardware: Hardware, model: ModelSpec
+) -> tuple[Callable[..., Any], ...]:
+    """`step_time`'s three parts for configs of `model` (whose structure `s` is) on one piece of
+    hardware, each computed once per value of the knobs it reads (`autofit.estimate.terms`)."""
+    return _gpu_work.memo(s, hardware), _host_work.memo(s, model), _transfers.memo(s, hardware)
 
 
 def step_time(
     s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int,
-    terms: tuple[Callable[..., Any], ...] | None = None,
+    terms: tuple[Callable[..., Any], ...],
 ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
     """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step;
     and the `communication` by link (`LINK_KEYS`).
 
     Per micro-step the GPU runs the matmuls (`compute`), the memory-bound kernels
-    (`memory_bound`) and the dequantisation (`dequant`), and the CPU issues them: module calls and
-    FSDP2's per-parameter work (`overhead`): `_gpu_work`. FSDP2 prefetches
-    the next unit's all-gather and, with `offload: params`, its H2D copy behind that work
+    (`memory_bound`) and the dequantisation (`dequant`) (`_gpu_work`), and the host issues them:
+    the ops it dispatches and FSDP2's per-parameter work (`_host_work`). The host runs ahead of
+    the device (CUDA's launches are asynchronous), so a micro-step lasts the longer of the two: the
+    device's time between its kernels is `overhead`, the host's excess over the device's work
+    `host`; on a CPU trial the device is the host, and the two add (`_per_op_time`). FSDP2
+    prefetches the next unit's all-gather and, with `offload: params`, its H2D copy behind that work
     (`comm.prefetched_exposed`), and the last micro-step's reduce-scatter (and gradient D2H copy)
     runs behind its backward: `_transfers` sizes them. Only the exposed parts count as
     `communication` and `offload`. Past one node each collective moves at its group's link
     (`_transfers`); the exposed communication is split by link in proportion to the seconds each
     link's collectives take. `terms` (`step_time_terms`, of the same model and hardware) keeps
-    both parts per value of the knobs they read: `estimate_many` scores a space with it.
+    its parts per value of the knobs they read: `estimate_many` scores a space with it.
     """
-    work_of, transfers_of = terms or step_time_terms(s, hardware)
-    work = work_of(config)
+    work_of, host_of, transfers_of = terms
+    compute, memory_bound, dequant, backward = work_of(config)
+    host, gaps = host_of(config, hardware.n_gpus, hardware.gpus_per_node)
     tr = transfers_of(config, trainable, shard)
-    compute, memory_bound, overhead, dequant, backward = work
     (gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim,
      gather_net, reduce_net, reduce_busy_net) = tr  # fmt: skip
-    busy = compute + memory_bound + overhead + dequant
     on_cpu = hardware.source == "cpu"
+    device = compute + memory_bound + dequant
+    overhead, exposed = _per_op_time(host + overhead_micro, device, gaps, on_cpu)
+    busy = device + overhead + exposed  # one micro-step, what prefetched transfers hide behind
+    backward *= busy / device if device > 0 else 1.0  # as long as the host's share of it
 
     exposed_comm = offload = gathered = 0.0
     if gather + h2d > 0:  # prefetched behind each micro-step's work
@@ -75,7 +87,8 @@ def step_time(
     times = {
         "compute": config.grad_accum * compute,
         "memory_bound": config.grad_accum * memory_bound,
-        "overhead": config.grad_accum * (overhead + overhead_micro) + overhead_step,
+        "overhead": config.grad_accum * overhead,
+        "host": config.grad_accum * exposed + overhead_step,
         "dequant": config.grad_accum * dequant,
         "communication": exposed_comm,
         "offload": offload + h2d_step,
@@ -90,13 +103,29 @@ def step_time(
     return times, {"intra": times["communication"] - inter, "inter": inter, "network_busy": network}
 
 
+def _per_op_time(host: float, device: float, gaps: float, on_cpu: bool) -> tuple[float, float]:
+    """What one micro-step takes beyond the device's kernels (`device` seconds), as (`overhead`,
+    `host`). On a GPU the host issues kernels while the device runs the earlier ones (CUDA C++
+    Programming Guide, "Asynchronous Concurrent Execution": a launch returns to the host before
+    its kernel runs), so the micro-step lasts the longer of the host's work and the device's:
+    where the device's (its kernels and the `gaps` between them) is the longer, the gaps; else
+    the host's excess over the kernels, in which the device waits for the host and its gaps
+    hide. On a CPU trial, where the device is the host, all of the host's work (the host's cost
+    per op is the time between two ops there)."""
+    if on_cpu:
+        return 0.0, host
+    if host > device + gaps:
+        return 0.0, host - device
+    return gaps, 0.0
+
+
 @reads("micro_batch", "seq_len", "lora_rank", "lora_targets", "checkpointing", "compile", "quant",
        "train_embeddings")  # fmt: skip
 def _gpu_work(k: Any, s: Structure, hardware: Hardware) -> tuple[float, ...]:
-    """One micro-step's (compute, memory_bound, overhead, dequant, backward) seconds on one GPU,
-    with `compile` applied (`speed.compiled_layer_time`: its saving taken from the CPU overhead
-    first, then the memory-bound kernels); `backward` is the part of the four that runs in
-    backward, what a reduce-scatter or a gradient copy can hide behind."""
+    """One micro-step's (compute, memory_bound, dequant, backward) seconds on one GPU, with
+    `compile` applied (`speed.compiled_layer_time`: its saving taken from the memory-bound
+    kernels first, then the matmuls); `backward` is the part of the three that runs in backward,
+    what a reduce-scatter or a gradient copy can hide behind."""
     gpu = hardware.smallest_gpu
     flops_per_s = gpu.bf16_tflops * 1e12 * spd.GEMM_EFFICIENCY
     bytes_per_s = gpu.mem_bw_gbs * 1e9 * spd.MEM_BW_EFFICIENCY
@@ -105,20 +134,59 @@ def _gpu_work(k: Any, s: Structure, hardware: Hardware) -> tuple[float, ...]:
         k.lora_targets, k.checkpointing, flops_per_s, bytes_per_s,
         k.train_embeddings,
     )  # fmt: skip
-    compute, memory_bound, overhead = micro["compute"], micro["memory_bound"], micro["overhead"]
+    compute, memory_bound = micro["compute"], micro["memory_bound"]
     if k.compile:
-        layers_oh = micro["layers_overhead"]
-        layers_mm, layers_rest = spd.compiled_layer_time(
-            micro["layers_compute"], micro["layers_memory_bound"] + layers_oh
+        layers_mm, layers_mb = spd.compiled_layer_time(
+            micro["layers_compute"], micro["layers_memory_bound"]
         )
-        removed = micro["layers_memory_bound"] + layers_oh - layers_rest
         compute += layers_mm - micro["layers_compute"]
-        overhead -= min(removed, layers_oh)
-        memory_bound -= removed - min(removed, layers_oh)
+        memory_bound += layers_mb - micro["layers_memory_bound"]
     dequant = spd.dequant_time(s, k.quant, k.checkpointing, gpu.mem_bw_gbs)
-    eager = micro["compute"] + micro["memory_bound"] + micro["overhead"] + dequant
-    busy = compute + memory_bound + overhead + dequant
-    return compute, memory_bound, overhead, dequant, micro["backward"] * busy / eager
+    eager = micro["compute"] + micro["memory_bound"] + dequant
+    device = compute + memory_bound + dequant
+    return compute, memory_bound, dequant, micro["backward"] * device / eager
+
+
+@reads("lora_rank", "lora_targets", "lora_dropout", "checkpointing", "compile", "quant",
+       "precision", "optimizer", "wrap", "shard")  # fmt: skip
+def _host_work(
+    k: Any, s: Structure, model: ModelSpec, n_gpus: int, gpus_per_node: int
+) -> tuple[float, float]:
+    """One micro-step's (host, gaps) seconds: what the host takes to issue its ops
+    (`speed.host_time`; a compiled layer's at a kernel launch each) and the device's time
+    between its kernels (`speed.launch_gaps`), from the ops it dispatches (`_host_ops`)."""
+    layer_ops, root_ops = _host_ops(k, s, model, n_gpus, gpus_per_node)
+    return (
+        spd.host_time(layer_ops, root_ops, s.layers, k.compile),
+        spd.launch_gaps(layer_ops, root_ops, s.layers),
+    )
+
+
+def _host_ops(
+    k: Any, s: Structure, model: ModelSpec, n_gpus: int, gpus_per_node: int
+) -> tuple[float, float]:
+    """Ops one micro-step dispatches per decoder layer (the mean over the layers: the
+    checkpointed ones, `recipe.checkpointed_count`, rerun their forward) and outside the layers,
+    as counted on the model (`autofit.arch.ops_of`) with its quantization, LoRA, dropout and
+    dtypes (autocast: `layout.uses_autocast`). Counted with the standard loss: the chunked one
+    adds a few ops per chunk."""
+    n = max(n_gpus, 1)
+    per_node = min(max(gpus_per_node, 1), n)
+    layout = Layout.of(wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node)
+    lora = k.lora_rank > 0
+    key = OpsKey(
+        quant=k.quant, lora=lora, lora_targets=k.lora_targets if lora else None,
+        dropout=lora and k.lora_dropout > 0,
+        autocast=uses_autocast(k.precision, k.optimizer, layout.sharding),
+    )  # fmt: skip
+    plain = ops_of(model, key)
+    if k.checkpointing == "none":
+        return plain.layer, plain.root
+    policy = "selective" if k.checkpointing == "selective" else "full"
+    checked = ops_of(model, replace(key, policy=policy))
+    count = s.layers if policy == "selective" else checkpointed_count(k.checkpointing, s.layers)
+    layer = (count * checked.layer + (s.layers - count) * plain.layer) / max(s.layers, 1)
+    return layer, checked.root  # the first layer is checkpointed (`recipe.checkpointed_layers`)
 
 
 @reads("wrap", "shard", "reshard", "quant", "lora_rank", "lora_targets", "offload", "precision",

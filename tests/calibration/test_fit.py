@@ -182,3 +182,24 @@ def test_a_fitted_mode_share_never_makes_a_step_free():
     assert MIN_STEP_SHARE == 0.1 and steps[0] == pytest.approx(0.1)
     row[len(TIME_FACTOR_TERMS)] = 0.0  # a config not in that mode keeps the napkin's 1.0 s
     assert cal.step_times(np.array([row]), np.array([1.0]))[0] == pytest.approx(1.0)
+
+
+def test_a_slow_host_moves_the_host_term():
+    # The host's exposed work is its own term (`host`), which calibration fits per machine: on
+    # this machine's trials the host's excess over the device takes 1.5x the napkin's. Steps the
+    # host bounds (micro-batch 1) are that much slower; those the device bounds are as estimated.
+    from autofit.calibration.terms import memory_terms, time_terms
+
+    h200 = resolve_hardware("1xh200")
+    obs = []
+    for quant in ("none", "int8", "nf4"):
+        for mb, ckpt in ((1, "full"), (1, "every-2"), (8, "full")):
+            config = Config(quant=quant, lora_rank=64, micro_batch=mb, checkpointing=ckpt,
+                            wrap="none")  # fmt: skip
+            est = estimate(resolve_model("llama-7b"), h200, config)
+            measured = est.step_time_s + 0.5 * est.time_breakdown["host"]
+            obs.append(Observation(memory_terms(est), time_terms(est), 1, None, False, measured))
+    assert sum(o.time[SPEED_TERMS.index("host")] > 0 for o in obs) == 6
+    cal = fit_calibration(obs)
+    assert cal.speed["host"] == pytest.approx(1.5, rel=0.1)
+    assert cal.speed["compute"] == pytest.approx(1.0, abs=0.05)

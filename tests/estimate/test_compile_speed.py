@@ -38,7 +38,8 @@ def test_compile_takes_its_share_from_memory_bound_work_first(knobs: dict) -> No
     # the share applies to the decoder layers only (not the head, the loss, FSDP2's overhead)
     assert 0 < saved < spd.COMPILE_TIME_SAVED * work_before
     assert after["overhead"] + after["memory_bound"] < before["overhead"] + before["memory_bound"]
-    assert after["overhead"] < before["overhead"]  # the Python overhead goes first
+    # the layers' ops cost the host a kernel launch each (`speed.host_time`), not an eager op
+    assert after["overhead"] <= before["overhead"] and after["host"] <= before["host"]
     assert after["compute"] <= before["compute"]
     assert after["optimizer"] == before["optimizer"] and after["dequant"] == before["dequant"]
     # less work to hide the prefetched copies behind: exposed offload can only grow

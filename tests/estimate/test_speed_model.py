@@ -110,7 +110,8 @@ def test_ddp_full_fine_tune_beats_fsdp2_lora_on_cpu() -> None:
 # ----- the breakdown contract ---------------------------------------------------------------------
 def test_time_breakdown_has_the_calibration_terms_and_sums_to_the_step() -> None:
     assert TIME_KEYS == SPEED_TIME_KEYS == (
-        "compute", "memory_bound", "overhead", "dequant", "communication", "offload", "optimizer"
+        "compute", "memory_bound", "overhead", "host", "dequant", "communication", "offload",
+        "optimizer",
     )  # fmt: skip
     cfg = Config(quant="nf4", lora_rank=16, micro_batch=2, grad_accum=2, offload="params")
     e = estimate(resolve_model("llama-7b"), resolve_gpus("2xrtx3090"), cfg)

@@ -47,9 +47,11 @@ def test_the_first_trial_is_the_napkins_fastest_fitting_candidate(tmp_path: Path
     hardware = resolve_hardware("1xh200")
     estimated = autofit.plan("llama-7b", "1xh200", trials=0)  # the napkin's own plan
     assert estimated.best is not None
-    # what the issue quoted for this setting (`lora r16 mb8x1 compiled`), held as the plain module
-    assert estimated.best.config.short() == "lora r16 mb8x1 wrap=none compiled"
-    assert round(estimated.best.estimate.tokens_per_s) == 16644
+    # the issue quoted `lora r16 mb8x1 compiled` for this setting (the plain module, 16,644
+    # tokens/s then); since the host's ops count (issue 33) its pure-bf16 twin, without
+    # autocast's casts of the adapters, is 0.2% faster and ranks first
+    assert estimated.best.config.short() == "lora r16 mb8x1 wrap=none bf16 compiled"
+    assert round(estimated.best.estimate.tokens_per_s) == 16445
     fake = EstimatedTrials(hardware)
     search(model=resolve_model("llama-7b"), hardware=hardware, space=load_space("default"),
            seq_len=2048, trials=1, run_dir=tmp_path / "run", run_trial=fake,
