@@ -46,7 +46,8 @@ def test_the_crawling_int8_trial_is_stopped_at_its_first_measured_step() -> None
     cfg = Config(quant="int8", lora_rank=16, micro_batch=4, checkpointing="selective",
                  loss="chunked", compile=True, wrap="none")  # fmt: skip
     est = estimate(resolve_model("llama-7b"), resolve_hardware("1xh200"), cfg)
-    assert est.step_time_s == pytest.approx(0.61, abs=0.01)  # as the issue quotes it
+    # the issue quoted 0.61 s; with the host's ops as a term of their own (issue 33) 0.64 s
+    assert est.step_time_s == pytest.approx(0.61, rel=0.1)
     timing = trial_time(resolve_model("llama-7b"), cfg, est.step_time_s, 3)
     assert timing.slow_after_s < 26.0  # its first measured step ends it as slow ...
     first_measured_step_done = 10 + 36 + 26  # s: build, warm-up with compile, one step
