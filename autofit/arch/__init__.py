@@ -181,7 +181,7 @@ def _traced(
     text = key.text()
     stored = _disk(spec).get(section, {}).get(text)
     if stored is None:  # a disk entry made before its section existed: the shipped one's
-        stored = read_shipped(spec, TRACE_VERSION).get(section, {}).get(text)
+        stored = _shipped(spec).get(section, {}).get(text)
     if stored is not None:
         found = load(stored)
     else:
@@ -243,6 +243,15 @@ def _cache_file(spec: ModelSpec) -> Path:
 
 
 _DISK: dict[ModelSpec, dict[str, Any]] = {}
+_SHIPPED: dict[ModelSpec, dict[str, Any]] = {}
+
+
+def _shipped(spec: ModelSpec) -> dict[str, Any]:
+    """What the package ships for `spec`'s architecture, read (and decompressed) once per
+    process; never written to (`_disk_update` replaces a section, it does not mutate it)."""
+    if spec not in _SHIPPED:
+        _SHIPPED[spec] = read_shipped(spec, TRACE_VERSION)
+    return _SHIPPED[spec]
 
 
 def _disk(spec: ModelSpec) -> dict[str, Any]:
@@ -251,7 +260,7 @@ def _disk(spec: ModelSpec) -> dict[str, Any]:
         try:
             _DISK[spec] = json.loads(_cache_file(spec).read_text())
         except (OSError, ValueError):
-            _DISK[spec] = read_shipped(spec, TRACE_VERSION)
+            _DISK[spec] = dict(_shipped(spec))
     return _DISK[spec]
 
 
@@ -262,7 +271,7 @@ def _disk_update(spec: ModelSpec, **parts: Any) -> None:
     entry = _disk(spec)
     for name, value in parts.items():
         if isinstance(value, dict) and name != "structure":
-            entry.setdefault(name, {}).update(value)
+            entry[name] = {**entry.get(name, {}), **value}
         else:
             entry[name] = value
     path = _cache_file(spec)

@@ -202,13 +202,13 @@ class Calibration:
         if self.is_napkin:
             return est
         f, g = self.memory, self.speed
-        usable = est.usable_bytes
-        if self.context_bytes is not None and est.overhead.get("cuda_context"):
-            usable += est.overhead["cuda_context"] - int(self.context_bytes)
         breakdown = {k: int(round(v * f.get(k, 1.0))) for k, v in est.breakdown.items()}
         overhead = dict(est.overhead)
-        if usable != est.usable_bytes:
-            overhead["cuda_context"] = int(self.context_bytes or 0)
+        if self.context_bytes is not None and overhead.get("cuda_context"):  # a GPU's
+            overhead["cuda_context"] = int(self.context_bytes)
+        usable = (
+            est.usable_bytes + est.overhead.get("cuda_context", 0) - overhead.get("cuda_context", 0)
+        )
         if "allocator" in overhead:
             overhead["allocator"] = int(round(overhead["allocator"] * f["allocator"]))
         peak = int(round(self.peak_bytes(est)))

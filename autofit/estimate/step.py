@@ -16,7 +16,7 @@ from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
-from autofit.layout import Layout, Sharding, uses_autocast, wrap_unit_count
+from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_unit_count
 from autofit.models import ModelSpec
 from autofit.recipe import checkpointed_count
 from autofit.structure import OpsKey, Structure
@@ -55,7 +55,7 @@ def step_time(
     """
     work_of, host_of, transfers_of = terms
     compute, memory_bound, dequant, backward = work_of(config)
-    host, gaps = host_of(config, hardware.n_gpus, hardware.gpus_per_node)
+    host, gaps = host_of(config, hardware.n_gpus)
     tr = transfers_of(config, trainable, shard)
     (gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim,
      gather_net, reduce_net, reduce_busy_net) = tr  # fmt: skip
@@ -148,36 +148,29 @@ def _gpu_work(k: Any, s: Structure, hardware: Hardware) -> tuple[float, ...]:
 
 
 @reads("lora_rank", "lora_targets", "lora_dropout", "checkpointing", "compile", "quant",
-       "precision", "optimizer", "wrap", "shard")  # fmt: skip
-def _host_work(
-    k: Any, s: Structure, model: ModelSpec, n_gpus: int, gpus_per_node: int
-) -> tuple[float, float]:
+       "precision", "optimizer", "wrap")  # fmt: skip
+def _host_work(k: Any, s: Structure, model: ModelSpec, n_gpus: int) -> tuple[float, float]:
     """One micro-step's (host, gaps) seconds: what the host takes to issue its ops
     (`speed.host_time`; a compiled layer's at a kernel launch each) and the device's time
     between its kernels (`speed.launch_gaps`), from the ops it dispatches (`_host_ops`)."""
-    layer_ops, root_ops = _host_ops(k, s, model, n_gpus, gpus_per_node)
+    layer_ops, root_ops = _host_ops(k, s, model, n_gpus)
     return (
         spd.host_time(layer_ops, root_ops, s.layers, k.compile),
         spd.launch_gaps(layer_ops, root_ops, s.layers),
     )
 
 
-def _host_ops(
-    k: Any, s: Structure, model: ModelSpec, n_gpus: int, gpus_per_node: int
-) -> tuple[float, float]:
+def _host_ops(k: Any, s: Structure, model: ModelSpec, n_gpus: int) -> tuple[float, float]:
     """Ops one micro-step dispatches per decoder layer (the mean over the layers: the
     checkpointed ones, `recipe.checkpointed_count`, rerun their forward) and outside the layers,
     as counted on the model (`autofit.arch.ops_of`) with its quantization, LoRA, dropout and
     dtypes (autocast: `layout.uses_autocast`). Counted with the standard loss: the chunked one
     adds a few ops per chunk."""
-    n = max(n_gpus, 1)
-    per_node = min(max(gpus_per_node, 1), n)
-    layout = Layout.of(wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node)
     lora = k.lora_rank > 0
     key = OpsKey(
         quant=k.quant, lora=lora, lora_targets=k.lora_targets if lora else None,
         dropout=lora and k.lora_dropout > 0,
-        autocast=uses_autocast(k.precision, k.optimizer, layout.sharding),
+        autocast=uses_autocast(k.precision, k.optimizer, sharding_for(k.wrap, max(n_gpus, 1))),
     )  # fmt: skip
     plain = ops_of(model, key)
     if k.checkpointing == "none":

@@ -162,18 +162,18 @@ def join_group(
     local_rank: int,
     world: int,
     gpu_memory: int | None,
-    group: bool = True,
+    group: bool,
     outside: int = 0,
 ) -> tuple[torch.device, int | None]:
     """Set up this rank for the launch's configs, once for all of them; returns its device and
     the capacity its trials are held to (`gpu_memory`; on CUDA as `cap_cuda` sets it, counting
     `outside`: the bytes the estimate puts outside the allocator). A process group is joined
-    only where `group`: a one-rank launch of plain-module configs starts none, as the job it
-    measures does not (`Layout.communicators`)."""
+    only where `group` (`needs_group`: a one-rank launch of plain-module configs starts none, as
+    the job it measures does not)."""
     device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
         torch.cuda.set_device(device)
-    if group or world > 1:
+    if group:
         # a one-rank launch runs without torchrun (`launcher.ONE_RANK_ENV`): its group of one
         # meets in a store of its own, with no port to find
         alone = world == 1 and "MASTER_ADDR" not in os.environ
