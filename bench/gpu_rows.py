@@ -78,6 +78,9 @@ class Row:
     errors: dict[str, float | None] = field(default_factory=dict)
     estimated_oom: bool = False  # the estimate's device level above the cap
     message: str = ""
+    # whether the trial joined a process group: None where the file does not say (the first
+    # run's and 2026-11-27's gpu_check rows, whose trials all joined a one-rank NCCL group)
+    process_group: bool | None = None
 
 
 def source_files() -> list[Path]:
@@ -112,7 +115,8 @@ def load_rows(files: list[Path] | None = None) -> list[Row]:
 
 
 def _row(id_: str, path: Path, r: dict[str, Any], measured: dict[str, Any], msg: str) -> Row:
-    return Row(id_, path.name, r["model"], r["config"], "", r["status"], measured, message=msg)
+    return Row(id_, path.name, r["model"], r["config"], "", r["status"], measured, message=msg,
+               process_group=r.get("process_group"))  # fmt: skip
 
 
 def _bytes(gib: float | None) -> float | None:
@@ -123,7 +127,7 @@ def estimate_rows(rows: list[Row]) -> list[Row]:
     """Each row's estimate, as `bench/gpu_check.py` makes its replay's, on the H200 at the cap."""
     from autofit.config import Config
     from autofit.estimate import estimate
-    from autofit.estimate.memory import NCCL_ONE_RANK_BYTES
+    from autofit.estimate.memory import nccl_bytes
     from autofit.hardware import resolve_hardware
     from autofit.models import resolve_model
 
@@ -131,10 +135,11 @@ def estimate_rows(rows: list[Row]) -> list[Row]:
     for row in rows:
         est = estimate(resolve_model(row.model), hardware, Config.from_dict(row.config))
         row.estimated = {k: float(published.metric_bytes(est, k)) for k in LEVELS}
-        # these trials ran in a one-rank NCCL group whatever the config (`trials/rank.py` of
-        # their commits): its buffer was on the device though the config's own job has none
-        if not est.overhead.get("nccl"):
-            row.estimated["device"] += NCCL_ONE_RANK_BYTES
+        # trials before `TrialResult.process_group` ran in a one-rank NCCL group whatever the
+        # config (`trials/rank.py` of their commits): its communicator was on the device though
+        # the config's own job has none
+        if not est.overhead.get("nccl") and row.process_group is not False:
+            row.estimated["device"] += nccl_bytes("cuda", 1, "pcie", 1)
         row.estimated["tokens_per_s"] = float(est.tokens_per_s)
         row.errors = {
             k: (row.estimated[k] - m) / m if m else None for k, m in row.measured.items()

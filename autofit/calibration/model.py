@@ -23,7 +23,7 @@ from autofit.calibration.terms import (
     tokens,
 )
 from autofit.estimate import MEMORY_ERROR, Estimate
-from autofit.estimate.memory import NCCL_ONE_RANK_BYTES, usable_host_bytes
+from autofit.estimate.memory import nccl_bytes, usable_host_bytes
 from autofit.trials.result import TrialResult
 
 # Prior widths of the log-factors: how far from the prior one believes a factor may be (1 sigma).
@@ -107,7 +107,7 @@ def context_of(est: Estimate, result: TrialResult) -> float | None:
         return None
     nccl = est.overhead.get("nccl", 0)
     if not nccl and result.nprocs <= 1 and result.process_group is not False:
-        nccl = NCCL_ONE_RANK_BYTES
+        nccl = nccl_bytes("cuda", 1, "pcie", 1)
     return float(result.device_peak_bytes - result.peak_bytes - nccl)
 
 

@@ -47,26 +47,35 @@ def workspace_bytes(device: str, compute_capability: tuple[int, int] = (8, 0)) -
     return BLAS_HANDLES * (cublas + CUBLASLT_WORKSPACE_BYTES)
 
 
-CUDA_CONTEXT_BYTES = 813 * MiB
+CUDA_CONTEXT_BYTES = 767 * MiB
 """The CUDA context of a training process once its step has run, outside PyTorch's allocator:
 the driver's state and the kernels loaded into device memory (cuBLAS's GEMMs, attention, the
 optimizer's; with lazy module loading, PyTorch's default since 1.13, each as first used).
-Measured on one H200 (compute capability 9.0; driver 580.159.04, torch 2.11.0+cu130, NCCL
-2.28.9): every trial of autofit's own (`bench/data/gpu-measurements/autofit-h200-2026-11-27.json`
-and `bench/data/gpu-check/h200-2026-11-27-run1.json`, 16 rows) held 1,324.8-1,326.8 MiB between
-the device level (`mem_get_info`) and `max_memory_reserved`, with a one-rank NCCL group whose
-first collective had run; less NCCL's one-rank buffer (`NCCL_ONE_RANK_BYTES`, 512 MiB) that is
-813 MiB. A bare context is smaller (287 MB on CUDA 11.7, pytorch/pytorch#86509; 426 MiB on
-CUDA 13 and an RTX 6000 Ada, unslothai/unsloth-zoo#1053): what a step loads on top is not
-measured apart. No other GPU class has been measured, so every class takes this figure until
-this machine's calibration measures its own (`autofit.calibration.Calibration.context_bytes`:
-each GPU trial's device peak less its reserved peak and NCCL's buffers)."""
+Measured on one H200 (compute capability 9.0; driver 580.159.04, torch 2.11.0+cu130):
+766.8 MiB between the device level (`mem_get_info`) and `max_memory_reserved` in each of the 7
+plain-module trials of `bench/data/gpu-check/h200-2026-11-28-run2.json` (no process group: four
+llama-7b LoRA/QLoRA configs, tinyllama full, llama-3-8b QLoRA with either loss), the same to
+0.1 MiB whatever the model, micro-batch or quantization. The two one-GPU FSDP2 trials beside
+them (`offload: params`, which loads the host-copy and FSDP kernels too) held 2-20 MiB more over
+their communicator. A bare context is smaller (287 MB on CUDA 11.7, pytorch/pytorch#86509;
+426 MiB on CUDA 13 and an RTX 6000 Ada, unslothai/unsloth-zoo#1053). No other GPU class has been
+measured, so every class takes this figure until this machine's calibration measures its own
+(`autofit.calibration.Calibration.context_bytes`: each GPU trial's device peak less its reserved
+peak and NCCL's bytes)."""
 
 NCCL_ONE_RANK_BYTES = 512 * MiB
 """NCCL 2.28's one-rank communicator: no peer, yet its first collective allocates the NET
 proxy's shared P2P buffer, 536,870,912 B (NVIDIA/nccl#2363: "Failed to CUDA calloc 536870912
 bytes" on NCCL 2.28.9 with torch 2.11.0+cu130; the fix proposed in NVIDIA/nccl#2366 measured
 -512 MiB). Where one GPU runs FSDP2 (`Layout.communicators`), its group of one holds it."""
+
+NCCL_COMMUNICATOR_BYTES = 48 * MiB
+"""What a communicator holds besides its buffers: NCCL's kernels loaded into the context and the
+communicator's device state. Measured on the H200 as the same seven configs with and without a
+one-rank NCCL group whose first collective had run: 1,324.8-1,326.8 MiB outside the allocator
+with it (`bench/data/gpu-measurements/autofit-h200-2026-11-27.json`, whose trials all joined
+one), 766.8 without (`bench/data/gpu-check/h200-2026-11-28-run2.json`): 558-560 MiB, the 512 MiB
+buffer (`NCCL_ONE_RANK_BYTES`) and 46-48 MiB more."""
 
 NCCL_CONNECTION_BYTES = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
 """NCCL's buffers for one connection of one channel, one per protocol: Simple 4 MiB
@@ -90,8 +99,10 @@ def nccl_bytes(device: str, n_gpus: int, link: str, communicators: int = 1) -> i
     if device == "cpu" or communicators <= 0:
         return 0
     if n_gpus <= 1:
-        return communicators * NCCL_ONE_RANK_BYTES
-    return communicators * NCCL_CHANNELS.get(link, NCCL_CHANNELS["pcie"]) * NCCL_CONNECTION_BYTES
+        buffers = NCCL_ONE_RANK_BYTES
+    else:
+        buffers = NCCL_CHANNELS.get(link, NCCL_CHANNELS["pcie"]) * NCCL_CONNECTION_BYTES
+    return communicators * (buffers + NCCL_COMMUNICATOR_BYTES)
 
 
 def default_communicators(n_gpus: int) -> int:
