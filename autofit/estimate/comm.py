@@ -15,7 +15,7 @@ from autofit.estimate.memory import (
     head_unit_bytes,
     master_bytes,
 )
-from autofit.estimate.speed import MEM_BW_EFFICIENCY
+from autofit.estimate.speed import HOST_OP_S, MEM_BW_EFFICIENCY
 from autofit.layout import wrap_unit_count
 from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
 from autofit.structure import Structure
@@ -39,9 +39,29 @@ NET_STEP_LATENCY_S = 9.6e-6
 # (`python bench/gloo_latency.py`): 0.6-0.8 ms per `all_gather_into_tensor`, 1.0-1.5 ms per
 # `reduce_scatter_tensor` of 256 to 65,536 values. 1 ms.
 GLOO_LATENCY_S = 1e-3
-# torch's CPU AdamW (foreach) updates about this many parameters per second per process; the
-# ZeRO-Offload paper (Ren et al. 2021) reports stock PyTorch CPU Adam at ~0.3-1 G params/s.
+# torch's CPU AdamW for an optimizer this file does not count (torchao's low-bit ones under
+# `offload: optimizer`): about this many parameters per second per process; the ZeRO-Offload
+# paper (Ren et al. 2021) reports stock PyTorch CPU Adam at ~0.3-1 G params/s.
 CPU_ADAM_PARAMS_PER_S = 0.4e9
+# torch AdamW's step on host tensors, per implementation (`recipe.ADAMW_IMPLS`), from torch's own
+# code (`torch/optim/adam.py`, weight decay 0, fp32 states): (aten ops per parameter tensor, bytes
+# moved per parameter). The for-loop (`_single_tensor_adam`, what `offload: params` steps: FSDP2's
+# sharded parameters are host DTensors) runs `step_t += 1`, `exp_avg.lerp_(grad)`,
+# `exp_avg_sq.mul_()`, `.addcmul_(grad, grad)`, a `.item()` of the step, `sqrt()`,
+# `/ bias_correction2_sqrt`, `.add_(eps)` and `param.addcdiv_()`: 9 ops a tensor, each a pass over
+# memory: 12 + 8 + 12 + 8 + 8 + 8 + 16 = 72 B per fp32 parameter. foreach makes the same passes
+# in list-wide ops, and reads two bias corrections per tensor (`.item()`). The fused kernel
+# (`_fused_adamw_`, one op for every tensor; torchao's `CPUOffloadOptimizer` on CUDA) reads the
+# parameter, gradient and both moments and writes three: 28 B. `tests/estimate/test_speed_model.py`
+# counts the ops with a dispatch mode.
+CPU_ADAMW_COST = {"for-loop": (9, 72), "foreach": (2, 72), "fused": (0, 28)}
+# The host memory bandwidth those passes run at (all cores of a GPU server's host): autofit's own
+# H200 machine (16 cores) stepped tinyllama-1.1b's full fine-tune under `offload: params` (1.10 G
+# fp32 parameters, 201 tensors) in 1.6-1.9 s beyond the rest of its step (rows b7 and e8 of
+# `bench/gpu_rows.py`: 1.79 and 2.14 s a step, 0.20 s of it on the GPU): 41-50 GB/s of the
+# for-loop's 72 B per parameter. Assumed for every host until a machine's calibration fits its
+# own (`optimizer`); on this project's 2-core CPU machine the same loop measured 25 GB/s.
+HOST_MEM_BW_BYTES_PER_S = 45e9
 # DDP's default gradient bucket (`bucket_cap_mb=25`, torch.nn.parallel.DistributedDataParallel).
 DDP_BUCKET_BYTES = 25 * 1024**2
 
@@ -144,12 +164,24 @@ def ddp_exposed_reduce_time(reduce_s: float, backward_s: float, grad_bytes: floa
 
 
 def optimizer_step_time(
-    trainable_per_gpu: float, optimizer: str, precision: str, mem_bw_gbs: float, on_cpu: bool
+    trainable_per_gpu: float,
+    optimizer: str,
+    precision: str,
+    mem_bw_gbs: float,
+    on_cpu: bool,
+    tensors: int = 0,
+    impl: str | None = None,
 ) -> float:
     """AdamW is memory-bound: it reads param, grad and two states and writes param and states.
-    On the GPU that is bytes / HBM bandwidth; on the CPU (offload) a measured update rate."""
+    On the GPU that is bytes / HBM bandwidth. On the host (offload) torch's AdamW of `impl`
+    (`recipe.adamw_impl`) over `tensors` parameter tensors: its ops at the host's cost per op
+    (`speed.HOST_OP_S`) and its passes over memory at the host's bandwidth (`CPU_ADAMW_COST`,
+    `HOST_MEM_BW_BYTES_PER_S`); torchao's low-bit AdamWs at a measured update rate."""
     if on_cpu:
-        return trainable_per_gpu / CPU_ADAM_PARAMS_PER_S
+        if impl not in CPU_ADAMW_COST:
+            return trainable_per_gpu / CPU_ADAM_PARAMS_PER_S
+        ops, moved = CPU_ADAMW_COST[impl]
+        return tensors * ops * HOST_OP_S + trainable_per_gpu * moved / HOST_MEM_BW_BYTES_PER_S
     pb = master_bytes(precision, optimizer)
     state = state_value_bytes(optimizer, pb)
     touched = trainable_per_gpu * (2 * pb + pb + 4 * state)

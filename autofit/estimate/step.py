@@ -18,7 +18,7 @@ from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
 from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_unit_count
 from autofit.models import ModelSpec
-from autofit.recipe import checkpointed_count
+from autofit.recipe import adamw_impl, checkpointed_count
 from autofit.structure import OpsKey, Structure
 
 __all__ = ["step_time", "step_time_terms"]
@@ -182,8 +182,16 @@ def _host_ops(k: Any, s: Structure, model: ModelSpec, n_gpus: int) -> tuple[floa
     return layer, checked.root  # the first layer is checkpointed (`recipe.checkpointed_layers`)
 
 
+def trainable_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None) -> int:
+    """The parameter tensors an optimizer steps: two per LoRA adapter of every layer, or every
+    layer's tensors and the embedding, final norm and (untied) head of a full fine-tune."""
+    if rank > 0:
+        return s.layers * 2 * len(s.targets(targets))
+    return s.layers * spd.layer_param_tensors(s, 0, None) + 2 + (not s.tied_embeddings)
+
+
 @reads("wrap", "shard", "reshard", "quant", "lora_rank", "lora_targets", "offload", "precision",
-       "optimizer")  # fmt: skip
+       "optimizer", "optimizer_impl")  # fmt: skip
 def _transfers(
     k: Any, s: Structure, hardware: Hardware, trainable: int, shard: int
 ) -> tuple[Any, ...]:
@@ -261,9 +269,12 @@ def _transfers(
     d2h = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload != "none" else 0.0
     # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
     h2d_step = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload == "optimizer" else 0.0
+    # the host's step: torch AdamW as the builder makes it (on host tensors under offload)
+    impl = adamw_impl(k.optimizer_impl, k.optimizer, "cpu" if on_cpu else "cuda", k.offload)
     optim = comm.optimizer_step_time(
-        per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != "none"
-    )
+        per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != "none",
+        tensors=trainable_tensors(s, k.lora_rank, k.lora_targets), impl=impl,
+    )  # fmt: skip
     return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
             reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim, net, reduce_net,
             busy_net)  # fmt: skip
