@@ -93,11 +93,11 @@ def shipped_ops_keys() -> list[OpsKey]:
     return list(keys.values())
 
 
-def add_ops(spec: ModelSpec, fresh: bool = False) -> int:
+def add_ops(spec: ModelSpec, fresh: bool = False, variant: str | None = None) -> int:
     """Add the op counts of `shipped_ops_keys` to `spec`'s shipped file (its `ops` section;
     nothing else in it changes), counting only the keys it lacks (all of them again when
     `fresh`). Returns the keys counted."""
-    path = shipped_path(spec)
+    path = shipped_path(spec, variant)
     data = read(path)
     if fresh:
         data.pop("ops", None)
@@ -144,10 +144,10 @@ def entry(spec: ModelSpec, kept: dict[str, Any] | None = None) -> dict[str, Any]
     }
 
 
-def _kept(spec: ModelSpec) -> dict[str, Any] | None:
-    """The shipped file of `spec` if it was made with these versions, else None."""
+def _kept(spec: ModelSpec, variant: str | None = None) -> dict[str, Any] | None:
+    """The shipped file of `spec` (`variant`) if it was made with these versions, else None."""
     try:
-        data = read(shipped_path(spec))
+        data = read(shipped_path(spec, variant))
     except (OSError, ValueError):
         return None
     return data if data.get("made_with") == made_with(TRACE_VERSION) else None
@@ -184,10 +184,11 @@ def without_empty(events: list[Any]) -> list[Any]:
             sorted(ids[i] for i in grads if i in ids)]  # fmt: skip
 
 
-def check(spec: ModelSpec) -> int:
-    """Trace `spec` now and compare every section but the stamp with its shipped file (step logs
-    `without_empty`): 0 where all are the same, else 1 (the differing keys of each are named)."""
-    fresh, shipped = entry(spec), read(shipped_path(spec))
+def check(spec: ModelSpec, variant: str | None = None) -> int:
+    """Trace `spec` now and compare every section but the stamp with its shipped file (or that
+    `variant`; step logs `without_empty`): 0 where all are the same, else 1 (the differing keys of
+    each are named)."""
+    fresh, shipped = entry(spec), read(shipped_path(spec, variant))
     stamp = ", ".join(f"{k} {v}" for k, v in sorted(shipped["made_with"].items()))
     print(f"{spec.name}: traced with {made_with(TRACE_VERSION)}; shipped made with {stamp}")
     differ = 0
@@ -214,29 +215,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", metavar="NAME", help="compare a fresh trace with the shipped")
     parser.add_argument("--fresh", action="store_true", help="trace every key again")
     parser.add_argument("--ops", action="store_true", help="add the op counts only")
+    parser.add_argument("--variant", help="the files of releases that trace otherwise, by name")
     args = parser.parse_args(argv)
+    variant = args.variant
     if args.ops:
         for name in args.models.split(",") if args.models else list(PRESETS):
             started = time.perf_counter()
-            n = add_ops(PRESETS[name], args.fresh)
+            n = add_ops(PRESETS[name], args.fresh, variant)
             print(f"{name}: {n} op counts, {time.perf_counter() - started:.0f} s", flush=True)
         return 0
     if args.check:
-        return check(PRESETS[args.check])
+        return check(PRESETS[args.check], variant)
     names = args.models.split(",") if args.models else list(PRESETS)
     made = set()
     for name in names:
         spec = PRESETS[name]
         started = time.perf_counter()
-        data = entry(spec, None if args.fresh else _kept(spec))
-        atomic_write(shipped_path(spec), gzipped(data))
-        made.add(shipped_path(spec).name)
+        data = entry(spec, None if args.fresh else _kept(spec, variant))
+        path = shipped_path(spec, variant)
+        atomic_write(path, gzipped(data))
+        made.add(path.name)
         took = time.perf_counter() - started
         print(f"{name}: {len(data['activations'])} traces, {len(data['events'])} step logs, "
-              f"{took:.0f} s -> {shipped_path(spec).name}", flush=True)  # fmt: skip
-    if not args.models:
-        for stale in SHIPPED_DIR.glob("*.json.gz"):
-            if stale.name not in made:
+              f"{took:.0f} s -> {path.name}", flush=True)  # fmt: skip
+    if not args.models:  # this variant's files (or the pinned releases') of no preset
+        suffix = f".{variant}.json.gz" if variant else ".json.gz"
+        for stale in SHIPPED_DIR.glob(f"*{suffix}"):
+            if len(stale.name) == 20 + len(suffix) and stale.name not in made:
                 stale.unlink()
                 print(f"removed {stale.name} (no preset has its architecture)")
     return 0

@@ -27,7 +27,7 @@ from autofit.models import ModelSpec
 
 __all__ = [
     "SHIPPED_DIR", "arch_fields", "arch_id", "installed_versions", "made_with", "read_shipped",
-    "shipped_path", "TRACED_ALIKE", "traces_alike",
+    "shipped_path", "shipped_paths", "TRACED_ALIKE", "traces_alike",
 ]  # fmt: skip
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
@@ -114,20 +114,32 @@ def traces_alike(stamp: dict[str, Any], trace_version: int) -> bool:
     return True
 
 
-def shipped_path(spec: ModelSpec) -> Path:
-    return SHIPPED_DIR / f"{arch_id(spec)}.json.gz"
+def shipped_path(spec: ModelSpec, variant: str | None = None) -> Path:
+    """The shipped file of `spec`'s architecture: the one made with the pinned releases, or a
+    `variant` made with others whose traces differ (named by them, e.g. `transformers-5.17`)."""
+    suffix = f".{variant}" if variant else ""
+    return SHIPPED_DIR / f"{arch_id(spec)}{suffix}.json.gz"
+
+
+def shipped_paths(spec: ModelSpec) -> list[Path]:
+    """Every shipped file of `spec`'s architecture: the pinned releases' first, then its
+    variants by name."""
+    arch = arch_id(spec)
+    return [shipped_path(spec), *sorted(SHIPPED_DIR.glob(f"{arch}.*.json.gz"))]
 
 
 def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
     """The shipped entry of `spec`'s architecture (`structure`, `activations`, `events`, `ops`, as
-    the disk cache holds them), or {} where none is shipped or it was made with versions that do
-    not trace alike with this environment's (`traces_alike`)."""
-    path = shipped_path(spec)
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    if not traces_alike(data.get("made_with") or {}, trace_version):
+    the disk cache holds them) made with versions that trace alike with this environment's
+    (`traces_alike`), the pinned releases' file or a variant's; {} where none is."""
+    for path in shipped_paths(spec):
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if traces_alike(data.get("made_with") or {}, trace_version):
+            break
+    else:
         return {}
     return {k: data[k] for k in ("structure", "activations", "events", "ops") if k in data}
