@@ -112,6 +112,7 @@ class FakeNVML:
     gpus: list[FakeGPU]
     nvlink_pairs: set[frozenset[int]] = field(default_factory=set)
     fail_init: bool = False
+    driver: str = "580.159.04"  # the H200 machine's (bench/data/gpu-check/README.md)
 
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("pynvml")
@@ -123,7 +124,7 @@ class FakeNVML:
         mod.NVML_P2P_CAPS_INDEX_NVLINK = 3
         mod.NVML_P2P_STATUS_OK = 0
         mod.NVML_P2P_STATUS_NOT_SUPPORTED = 5
-        gpus, pairs, fail = self.gpus, self.nvlink_pairs, self.fail_init
+        gpus, pairs, fail, driver = self.gpus, self.nvlink_pairs, self.fail_init, self.driver
 
         def init() -> None:
             if fail:
@@ -140,6 +141,7 @@ class FakeNVML:
 
         mod.nvmlInit = init
         mod.nvmlShutdown = lambda: None
+        mod.nvmlSystemGetDriverVersion = lambda: driver
         mod.nvmlDeviceGetCount = lambda: len(gpus)
         mod.nvmlDeviceGetHandleByIndex = lambda i: i
         mod.nvmlDeviceGetName = lambda h: gpus[h].name

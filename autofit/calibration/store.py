@@ -4,8 +4,9 @@ One JSON file per machine (`<cache>/calibration/<key digest>.json`, the cache of
 `autofit.arch.cache_dir`, or `$AUTOFIT_CALIBRATION_DIR`): the machine it is for, the napkin
 version its terms came from, the measured observations (latest `MAX_OBSERVATIONS`) and the
 calibration fitted on all of them. A machine is its device kind, its GPUs' model and count, how
-they are linked, the host CPU for CPU trials, and the torch and torchao versions (a new kernel or
-allocator changes what is measured). A record whose napkin version differs from this install's is
+they are linked, the host CPU for CPU trials, the torch and torchao versions (a new kernel or
+allocator changes what is measured), and on GPUs the NCCL wheel and the driver's version (what
+lies outside the allocator). A record whose napkin version differs from this install's is
 not used: its terms were computed by other formulas.
 
 Writes are atomic (a temporary file renamed over the old one); two planners that finish at once
@@ -33,6 +34,7 @@ from autofit.calibration import Calibration, Observation, fit_calibration
 from autofit.calibration.records import CalibrationRecord, ObservationRecord, StoredCalibration
 from autofit.files import atomic_write
 from autofit.hardware import Hardware
+from autofit.hardware.nvml import driver_version
 from autofit.request import PlanRequest
 
 MAX_OBSERVATIONS = 500
@@ -89,8 +91,10 @@ def machine_key(hardware: Hardware, device: str) -> dict[str, Any]:
         key["network"] = f"{hardware.network} {hardware.inter_node_bw_gbs:g} GB/s"
     if device == "cpu":
         key["cpu"] = f"{_cpu_model()} ({hardware.cpu_cores} cores)"
-    else:  # its buffers are outside the allocator (`estimate.memory.NCCL_ONE_RANK_BYTES`)
+    else:  # what lies outside the allocator: NCCL's buffers (`estimate.memory.nccl_bytes`) and
+        # the CUDA context, which the driver's version changes (`Calibration.context_bytes`)
         key["nccl"] = _nccl()
+        key["driver"] = driver_version()
     return key
 
 

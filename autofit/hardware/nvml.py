@@ -96,3 +96,16 @@ def _pair_link(nv: Any, a: Any, b: Any) -> str:
     ok = getattr(nv, "NVML_P2P_STATUS_OK", 0)
     status = _try(nv.nvmlDeviceGetP2PStatus, a, b, caps)
     return "nvlink" if status == ok else "pcie"
+
+
+def driver_version() -> str:
+    """The NVIDIA driver's version as NVML reports it (`580.159.04`), or "none" without one."""
+    try:
+        nv = _pynvml()
+        nv.nvmlInit()
+    except Exception:  # no nvidia-ml-py, no driver, no GPU visible
+        return "none"
+    try:
+        return _text(_try(nv.nvmlSystemGetDriverVersion, default="none"))
+    finally:
+        _try(nv.nvmlShutdown)

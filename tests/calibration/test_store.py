@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -133,3 +134,16 @@ def test_a_calibration_sweep_is_stored_and_the_next_plan_here_starts_from_it():
         off.best.estimate.peak_bytes
         == estimate(resolve_model("llama-debug"), hw, off.best.config, device="cpu").peak_bytes
     )
+
+
+def test_a_gpu_machine_is_also_its_nccl_and_driver(fake_nvml, monkeypatch):
+    """What lies outside the allocator (the CUDA context a calibration measures, NCCL's buffers)
+    changes with the driver and the NCCL wheel: on GPUs both name the machine, as NVML reports the
+    driver; on CPU neither does (its stored calibrations keep their key)."""
+    h200 = resolve_hardware("1xh200")
+    key = cal_store.machine_key(h200, "cuda")
+    assert key["driver"] == "580.159.04" and "nccl" in key
+    assert "driver" not in cal_store.machine_key(resolve_hardware("2", device="cpu"), "cpu")
+    fake_nvml.driver = "590.10"
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.module())
+    assert cal_store.machine_key(h200, "cuda")["driver"] == "590.10"
