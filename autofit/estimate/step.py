@@ -18,7 +18,7 @@ from autofit.estimate.terms import reads
 from autofit.hardware import Hardware
 from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_unit_count
 from autofit.models import ModelSpec
-from autofit.recipe import adamw_impl, checkpointed_count
+from autofit.recipe import checkpointed_count
 from autofit.structure import OpsKey, Structure
 
 __all__ = ["step_time", "step_time_terms"]
@@ -218,7 +218,11 @@ def _transfers(
     # behind, so nothing overlaps there.
     on_cpu = hardware.source == "cpu"
     per_node = min(max(hardware.gpus_per_node, 1), n)
-    layout = Layout.of(wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node)
+    layout = Layout.of(
+        wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node, precision=k.precision,
+        optimizer=k.optimizer, offload=k.offload, optimizer_impl=k.optimizer_impl,
+        device="cpu" if on_cpu else "cuda",
+    )  # fmt: skip
     sharding, fsdp, replicas = layout.sharding, layout.fsdp, layout.mesh[0]
     # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
     group = shard if fsdp else n
@@ -269,11 +273,10 @@ def _transfers(
     d2h = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload != "none" else 0.0
     # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
     h2d_step = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload == "optimizer" else 0.0
-    # the host's step: torch AdamW as the builder makes it (on host tensors under offload)
-    impl = adamw_impl(k.optimizer_impl, k.optimizer, "cpu" if on_cpu else "cuda", k.offload)
+    # the host's step under offload: torch AdamW as the builder makes it (`Layout.adamw`)
     optim = comm.optimizer_step_time(
         per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != "none",
-        tensors=trainable_tensors(s, k.lora_rank, k.lora_targets), impl=impl,
+        tensors=trainable_tensors(s, k.lora_rank, k.lora_targets), impl=layout.adamw,
     )  # fmt: skip
     return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
             reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim, net, reduce_net,
