@@ -172,11 +172,58 @@ def test_the_readme_main_job_reads_the_shipped_traces_under_the_gpu_machines_tor
     assert "Winner" in done.stdout
 
 
+GPU_MACHINE = {"torch": "2.11.0+cu130", "transformers": "5.17.0"}
+"""What the lent GPU machine has installed (`../shared/gpu/README.md`; its rows'
+`bench/data/gpu-check/`): transformers 5.17 traces other step logs than the pinned 5.24."""
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_ships_a_variant_for_the_gpu_machines_transformers(name):
+    """Each preset's `transformers-5.17` file holds every key a shipped space asks for, made
+    with transformers 5.17 and this file's trace format, and is the one read there."""
+    spec = PRESETS[name]
+    data = SHIP.read(shipped_path(spec, "transformers-5.17"))
+    acts, events = SHIP.shipped_keys()
+    assert data["made_with"]["transformers"] == "5.17.0"
+    assert data["made_with"]["trace_version"] == TRACE_VERSION
+    assert set(data["activations"]) == {k.text() for k in acts}
+    if spec.experts:  # as the pinned releases' files
+        events = [k for k in events if k.lora_rank or not k.autocast]
+    assert set(data["events"]) == {k.text() for k in events}
+    assert set(data["ops"]) == {k.text() for k in SHIP.shipped_ops_keys()}
+
+
+def test_the_gpu_machines_releases_read_the_variant_and_the_pinned_ones_the_main_file(
+    monkeypatch,
+):
+    spec = PRESETS["llama-7b"]
+    variant = SHIP.read(shipped_path(spec, "transformers-5.17"))
+    main = SHIP.read(shipped_path(spec))
+    assert variant["events"] != main["events"]  # the step logs differ (rotary temporaries)
+    _installed(monkeypatch, **GPU_MACHINE)
+    assert read_shipped(spec, TRACE_VERSION)["events"] == variant["events"]
+    _installed(monkeypatch)
+    assert read_shipped(spec, TRACE_VERSION)["events"] == main["events"]
+
+
+@pytest.mark.slow
+def test_the_readme_main_job_reads_the_variant_under_the_gpu_machines_releases(tmp_path):
+    """torch 2.11 and transformers 5.17, the H200 machine's (issue 33: a cold plan there traced
+    llama-7b's layer at real width, 19-29 s): the README's main job, cold, reads the
+    `transformers-5.17` file, traces nothing and imports no torch."""
+    done, took = _faked(tmp_path, GPU_MACHINE, "plan", "--model", "llama-7b", "--gpus",
+                        "2xrtx3090", "--no-trials")  # fmt: skip
+    print(f"cold, faked {GPU_MACHINE}: {took:.2f} s")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["torch not imported"], done.stderr
+    assert "Winner" in done.stdout
+
+
 @pytest.mark.slow
 def test_a_release_that_changes_a_traced_shape_traces_anew(tmp_path):
-    """transformers 5.17 (found to trace other step logs than 5.24) reads no shipped entry: a
-    shipped preset's estimate traces, and says so."""
-    done, _ = _faked(tmp_path, {"transformers": "5.17.0"}, "estimate", "--model", "llama-debug",
+    """transformers 5.20 (found to trace Gemma 2's activations otherwise than 5.24, and shipped
+    in no variant) reads no shipped entry: a shipped preset's estimate traces, and says so."""
+    done, _ = _faked(tmp_path, {"transformers": "5.20.0"}, "estimate", "--model", "llama-debug",
                      "--gpus", "1", "--device", "cpu")  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()

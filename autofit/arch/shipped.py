@@ -40,7 +40,8 @@ TRACED_ALIKE: dict[str, tuple[tuple[str, ...], ...]] = {
     # under each (`bench/ship_traces.py --check`; docs/estimator.md, "Shipped", has the table). A
     # release of no group reads only entries made with that very release. Not alike, found so:
     # transformers 5.17 to 5.20 against 5.24 (5.17 and 5.18: the rotary tables' temporaries die
-    # elsewhere in every family's step log; 5.17 to 5.20: Gemma 2's activations).
+    # elsewhere in every family's step log; 5.17 to 5.20: Gemma 2's activations). 5.17 has
+    # variant files of its own (`shipped_paths`); 5.18 against them: Mixtral's traces differ.
     "torch": (("2.11", "2.13"),),
     "transformers": (("5.21", "5.22", "5.23", "5.24"),),
     "peft": (),
@@ -122,10 +123,18 @@ def shipped_path(spec: ModelSpec, variant: str | None = None) -> Path:
 
 
 def shipped_paths(spec: ModelSpec) -> list[Path]:
-    """Every shipped file of `spec`'s architecture: the pinned releases' first, then its
-    variants by name."""
+    """Every shipped file of `spec`'s architecture, the likeliest to be read first: a variant
+    named by an installed release (`transformers-5.17` where transformers 5.17.x is), then the
+    pinned releases' file, then the other variants by name (each file's stamp decides)."""
     arch = arch_id(spec)
-    return [shipped_path(spec), *sorted(SHIPPED_DIR.glob(f"{arch}.*.json.gz"))]
+    variants = sorted(SHIPPED_DIR.glob(f"{arch}.*.json.gz"))
+    mine = {
+        f"{dist}-{'.'.join(_release(v).split('.')[:2])}"
+        for dist, v in installed_versions().items()
+        if v is not None
+    }
+    named = [p for p in variants if p.name[len(arch) + 1 : -len(".json.gz")] in mine]
+    return [*named, shipped_path(spec), *(p for p in variants if p not in named)]
 
 
 def read_shipped(spec: ModelSpec, trace_version: int) -> dict[str, Any]:
