@@ -4,11 +4,12 @@ moments that can hold the peak (end of forward, optimizer step, the root's first
 A space repeats the same few knob values tens of thousands of times, so `Peaks` computes each
 group of terms once per distinct value of the knobs it reads: the model state (parameters,
 gradients, optimizer state, gathered copies, and with them the two moments after forward:
-`_model_state`), the activations (`_activations`), and the peak once per value of every knob but
-`compile`. Memory is eager but for one case: a compiled config shares the peak of its eager twin
-(compiling keeps less for backward, which the estimate does not count: the safe side), except
-LoRA with `full` or `every-2` recomputation, whose compiled MLP backward holds more at once
-(`memory.compiled_mlp_fusion_bytes`).
+`_model_state`), the activations (`_activations`), and the peak once per value of every knob
+(the allocator's slack once per value of every knob but `compile`: its replay is eager). A
+compiled config's activations are its eager twin's less what AOTAutograd's partitioner recomputes
+in the layers that keep theirs (`memory.compiled_recomputed_bytes`: the MLP's activation output),
+and, for LoRA with `full` or `every-2` recomputation, plus what its fused MLP backward holds at
+once (`memory.compiled_mlp_fusion_bytes`).
 """
 
 from __future__ import annotations
@@ -108,9 +109,7 @@ class Peaks:
 
     def of(self, config: Config) -> Peak:
         key = EAGER_KNOBS(config)
-        if config.compile and mem.compiled_fusion_applies(
-            config.lora_rank, config.checkpointing
-        ):  # the one compiled case that holds more than its eager twin
+        if config.compile:  # its peak differs from its eager twin's (`_peak`)
             key = (key, True)
         found = self._peaks.get(key)
         if found is None:
@@ -178,6 +177,11 @@ class Peaks:
         m = self._state(c)
         a = self._activations(c, m.autocast)
         outside = self._outside[m.st.layout.communicators]
+        if c.compile:  # the partitioner recomputes what the uncheckpointed layers' MLPs saved
+            recomputed = mem.compiled_recomputed_bytes(
+                self._structure, c.micro_batch, c.seq_len, c.checkpointing
+            )
+            a = a._replace(kept=a.kept - recomputed)
         if c.compile and mem.compiled_fusion_applies(c.lora_rank, c.checkpointing):
             fused = mem.compiled_mlp_fusion_bytes(
                 self._structure, c.micro_batch, c.seq_len, c.lora_targets
