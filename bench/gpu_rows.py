@@ -84,8 +84,10 @@ class Row:
 
 
 def source_files() -> list[Path]:
-    """The files read, in order: the first run's, then gpu_check's."""
-    return [*sorted(MEASUREMENTS.glob("autofit-h200-*.json")), *sorted(GPU_CHECK.glob("*.json"))]
+    """The files read, in order: the first run's, then gpu_check's (not the plan documents its
+    `plan` sections wrote beside them, `*-plan.json`)."""
+    checks = [p for p in sorted(GPU_CHECK.glob("*.json")) if not p.name.endswith("-plan.json")]
+    return [*sorted(MEASUREMENTS.glob("autofit-h200-*.json")), *checks]
 
 
 def load_rows(files: list[Path] | None = None) -> list[Row]:
