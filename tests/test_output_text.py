@@ -54,11 +54,13 @@ def test_the_readme_job_fits_80_columns_with_rows_numbered_as_shown(readme_job):
     assert all(b <= a * 1.005 for a, b in zip(speeds, speeds[1:], strict=False))
     flat = " ".join(text.split())
     assert "Order: tokens/s in steps of 0.5% (a tie); within a step, the plainest config" in flat
-    # knobs no row differs in are one line, not fifteen cells: every shown row is compiled,
-    # reshards and offloads nothing (the plan itself says so)
+    # knobs no row differs in are one line, not fifteen cells: every shown row is compiled and
+    # reshards (the plan itself says so); offload differs between rows, so it is in the cells
     shown = [c.config for c, _ in shown_rows(plan, 15)]
-    assert {(c.compile, c.reshard, c.offload) for c in shown} == {(True, True, "none")}
-    assert "Every row: shard all, reshard yes, offload none, compile yes." in flat
+    assert {(c.compile, c.reshard) for c in shown} == {(True, True)}
+    assert {c.offload for c in shown} == {"none", "params"}
+    assert "Every row: shard all, reshard yes, compile yes." in flat
+    assert sum("offload=params" in row for row in rows) == sum(c.offload == "params" for c in shown)
 
 
 def test_one_capacity_named_once(readme_job):
