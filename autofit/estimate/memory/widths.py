@@ -31,6 +31,16 @@ def base_bytes_per_param(quant: str) -> float:
     return float(recipe.DTYPE_BYTES[recipe.FROZEN_DTYPE])
 
 
+def bnb_nf4_weight_bytes(
+    out_features: int, in_features: int, double_quant: bool = False, quant_storage: str = "uint8"
+) -> int:
+    """Bytes bitsandbytes stores for one NF4 weight of shape (`out_features`, `in_features`):
+    the packed codes in `quant_storage`, the fp32 absmax per 64-weight block (double quantization:
+    uint8 codes, an fp32 absmax per 256 of them, their offset and code map) and the NF4 levels;
+    `autofit.recipe.bnb_nf4_bytes` reads the layout from bitsandbytes 0.50's `quantize_4bit`."""
+    return recipe.bnb_nf4_bytes(out_features * in_features, double_quant, quant_storage)
+
+
 def master_bytes(precision: str, optimizer: str = "adamw") -> int:
     """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
     `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32; the plain module
