@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autofit.settings import trained_token_count
+from autofit.settings import BNB_QUANT_STORAGES, trained_token_count
 
 
 def fp32_trainable(precision: str, optimizer: str) -> bool:
@@ -324,9 +324,10 @@ BNB_NF4_LEVELS = 16
 BNB_DYNAMIC_MAP_ENTRIES = 256
 """fp32 entries of the double-quantized absmax's code (`create_dynamic_map()`, 8-bit)."""
 
-BNB_QUANT_STORAGE: dict[str, int] = {"uint8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
-"""`bnb_4bit_quant_storage` names -> bytes per element: the dtype the packed codes are viewed as
-(uint8 by default; FSDP needs it equal to the other parameters' dtype, e.g. bf16)."""
+BNB_QUANT_STORAGE: dict[str, int] = dict(zip(BNB_QUANT_STORAGES, (1, 2, 2, 4), strict=True))
+"""`bnb_4bit_quant_storage` names (`autofit.settings.BNB_QUANT_STORAGES`) -> bytes per element:
+the dtype the packed codes are viewed as (uint8 by default; FSDP needs it equal to the other
+parameters' dtype, e.g. bf16)."""
 
 
 def bnb_nf4_bytes(numel: int, double_quant: bool, quant_storage: str = "uint8") -> int:
@@ -348,6 +349,29 @@ def bnb_nf4_bytes(numel: int, double_quant: bool, quant_storage: str = "uint8") 
         return codes + blocks * fp32 + levels
     second = -(-blocks // BNB_ABSMAX_BLOCK)  # uint8 absmax codes, fp32 offset, absmax2, map
     return codes + blocks + fp32 + second * fp32 + BNB_DYNAMIC_MAP_ENTRIES * fp32 + levels
+
+
+@dataclass(frozen=True)
+class Bnb4bit:
+    """How bitsandbytes stores a run's NF4 base projections (`quant_backend: bitsandbytes`): the
+    builder passes these to `Linear4bit` / `Params4bit` (with `NF4_BLOCK`), the estimator counts
+    `bnb_nf4_bytes` of them."""
+
+    double_quant: bool = False  # `compress_statistics`, `bnb_4bit_use_double_quant`
+    quant_storage: str = "uint8"  # a `BNB_QUANT_STORAGE` name
+
+    def weight_bytes(self, numel: int) -> int:
+        return bnb_nf4_bytes(numel, self.double_quant, self.quant_storage)
+
+
+def bnb_storage(
+    quant: str, quant_backend: str, double_quant: bool = False, quant_storage: str = "uint8"
+) -> Bnb4bit | None:
+    """bitsandbytes' storage of a run's base (`quant: nf4` with `quant_backend: bitsandbytes`),
+    or None (torchao's, or no quantization)."""
+    if quant != "nf4" or quant_backend != "bitsandbytes":
+        return None
+    return Bnb4bit(double_quant, quant_storage)
 
 
 NF4_QUANTIZE_CHUNK = 1024**2

@@ -109,3 +109,12 @@ def test_lora_over_linear4bit_trains_on_cpu() -> None:
     assert losses[-1] < losses[0]
     q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj.base_layer
     assert isinstance(q_proj, bnb.nn.Linear4bit) and q_proj.weight.quant_state.nested
+
+
+def test_the_builders_storage_dtypes_are_the_recipes_names() -> None:
+    from autofit.builder.quantize import BNB_STORAGE_DTYPES
+    from autofit.recipe import BNB_QUANT_STORAGE
+
+    assert list(BNB_STORAGE_DTYPES) == list(BNB_QUANT_STORAGE)
+    for name, dtype in BNB_STORAGE_DTYPES.items():
+        assert dtype.itemsize == BNB_QUANT_STORAGE[name]

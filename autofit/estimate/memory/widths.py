@@ -76,8 +76,11 @@ def trainable_params(s: Structure, lora_rank: int, targets: Targets = None) -> i
     return s.lora_params(lora_rank, targets) if lora_rank > 0 else s.n_params
 
 
-def base_weight_bytes(s: Structure, quant: str) -> float:
-    """All frozen projection weights of a LoRA run at their storage width (unsharded)."""
+def base_weight_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None = None) -> float:
+    """All frozen projection weights of a LoRA run at their storage width (unsharded); with
+    `bnb` (NF4 by bitsandbytes) each weight's exact `recipe.bnb_nf4_bytes`."""
+    if quant == "nf4" and bnb is not None:
+        return float(s.layers * sum(bnb.weight_bytes(p.weight_params) for p in s.projections))
     total = s.linear_params * base_bytes_per_param(quant)
     if quant == "int8":
         rows = sum(p.out_features for p in s.projections)
