@@ -118,3 +118,33 @@ def test_the_builders_storage_dtypes_are_the_recipes_names() -> None:
     assert list(BNB_STORAGE_DTYPES) == list(BNB_QUANT_STORAGE)
     for name, dtype in BNB_STORAGE_DTYPES.items():
         assert dtype.itemsize == BNB_QUANT_STORAGE[name]
+
+
+@pytest.mark.timeout(120)
+def test_the_builder_stores_what_the_estimate_counts_under_peft() -> None:
+    """`quantize_layer` with `Layout.bnb` replaces peft's `base_layer` with a `Linear4bit` of the
+    settings' storage, whose bytes are the estimate's count; the adapter still runs on it."""
+    from peft import LoraConfig, get_peft_model
+
+    from autofit.builder.quantize import quantize_layer
+    from autofit.recipe import Bnb4bit
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj = nn.Linear(1024, 512, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.q_proj(x)
+
+    torch.manual_seed(0)
+    model = get_peft_model(Layer(), LoraConfig(r=4, target_modules=["q_proj"]))
+    layer = model.base_model.model
+    quantize_layer(layer, "nf4", {"q_proj"}, bnb=Bnb4bit(double_quant=True, quant_storage="bf16"))
+    base = layer.q_proj.base_layer
+    assert isinstance(base, bnb.nn.Linear4bit) and base.weight.dtype == torch.bfloat16
+    assert base.weight.quant_state.nested and not base.weight.requires_grad
+    assert stored_bytes(base.weight) == bnb_nf4_weight_bytes(512, 1024, True, "bf16")
+    out = model(torch.randn(3, 1024, dtype=torch.bfloat16))
+    out.float().sum().backward()
+    assert layer.q_proj.lora_B["default"].weight.grad is not None
