@@ -130,6 +130,9 @@ def plan(
     lora_dropout: float | None = None,
     train_embeddings: str | None = None,
     optimizer_impl: str | None = None,
+    quant_backend: str | None = None,
+    bnb_4bit_use_double_quant: bool | None = None,
+    bnb_4bit_quant_storage: str | None = None,
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
@@ -151,7 +154,9 @@ def plan(
     full fine-tunes (`lora_rank: 0`, which train the embeddings anyway) are skipped.
     `optimizer_impl` (`auto`, `fused`, `foreach`, `for-loop`) is how torch AdamW runs its step
     in every candidate (None: the space's, default `auto`: fused on a GPU); set, the space's
-    torchao low-bit AdamW candidates are skipped.
+    torchao low-bit AdamW candidates are skipped. `quant_backend` ("torchao", "bitsandbytes"),
+    `bnb_4bit_use_double_quant` and `bnb_4bit_quant_storage` store the NF4 candidates' base as
+    that library does (bitsandbytes: `wrap: none` candidates only, the others skipped).
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -189,6 +194,8 @@ def plan(
     settings = lora_settings(
         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
         train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
+        quant_backend=quant_backend, bnb_4bit_use_double_quant=bnb_4bit_use_double_quant,
+        bnb_4bit_quant_storage=bnb_4bit_quant_storage,
     )  # fmt: skip
     spec = resolve_model(model)
     check_model_size(spec)

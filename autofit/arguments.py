@@ -17,13 +17,15 @@ def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
     `train_embeddings` checked against `spec`'s vocabulary, its `shard` against `hw`'s nodes, and
     no LoRA setting without LoRA."""
     from autofit.config import check_known
-    from autofit.rules import lora_settings_unused, shard_unavailable
+    from autofit.rules import lora_settings_unused, rule_violation, shard_unavailable
 
     check_known(knobs)
     config = Config(**knobs)
     check_train_embeddings(config.train_embeddings, spec)
     problem = lora_settings_unused(config.settings(), [config.lora_rank])
     problem = problem or shard_unavailable(config.shard, hw.nodes)
+    # `wrap: auto` as it runs on these GPUs (a rule of quant_backend reads the wrap)
+    problem = problem or rule_violation(config.resolved(hw.n_gpus))
     if problem:
         raise ConfigError(problem)
     return config

@@ -26,7 +26,7 @@ from autofit.data.batching import BATCHINGS
 from autofit.errors import ConfigError
 from autofit.layout import AUTO_WRAP, resolve_wrap
 from autofit.rules import rule_violation
-from autofit.settings import OPTIMIZER_IMPLS, coerce_setting
+from autofit.settings import OPTIMIZER_IMPLS, QUANT_BACKENDS, coerce_setting
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,28 @@ class Config:
         "step: two the size of the largest); optimizer=adamw only",
         metavar="|".join(OPTIMIZER_IMPLS),
         label=lambda c: f"adamw={c.optimizer_impl}" if c.optimizer_impl != "auto" else None,
+    )  # fmt: skip
+    quant_backend: str = setting(
+        "torchao", "the library that stores quant=nf4 weights: torchao (default; NF4Tensor) or "
+        "bitsandbytes (Linear4bit, as HF Trainer's BitsAndBytesConfig loads them: the plain "
+        "module on one GPU, pip install 'autofit[bnb]'); quant=nf4 only",
+        metavar="|".join(QUANT_BACKENDS),
+        label=lambda c: "bnb" if c.quant_backend == "bitsandbytes" else None,
+    )  # fmt: skip
+    bnb_4bit_use_double_quant: bool = setting(
+        False, "bitsandbytes double quantization (BitsAndBytesConfig's bnb_4bit_use_double_quant): "
+        "NF4's fp32 absmax scales stored as 8-bit codes; default false; "
+        "quant_backend=bitsandbytes only",
+        metavar="true|false", label=lambda c: "dq" if c.bnb_4bit_use_double_quant else None,
+    )  # fmt: skip
+    bnb_4bit_quant_storage: str = setting(
+        "uint8", "the dtype bitsandbytes views its packed 4-bit codes as "
+        "(BitsAndBytesConfig's bnb_4bit_quant_storage): uint8 (default), bf16, fp16 or fp32, "
+        "the same bytes; quant_backend=bitsandbytes only",
+        metavar="uint8|bf16|fp16|fp32",
+        label=lambda c: (
+            f"storage={c.bnb_4bit_quant_storage}" if c.bnb_4bit_quant_storage != "uint8" else None
+        ),
     )  # fmt: skip
 
     def __post_init__(self) -> None:

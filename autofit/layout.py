@@ -21,7 +21,9 @@ from autofit.recipe import (
     COMPUTE_DTYPE,
     FP32,
     FROZEN_DTYPE,
+    Bnb4bit,
     adamw_impl,
+    bnb_storage,
     checkpointed_layers,
     fp32_trainable,
     reduce_dtype,
@@ -149,6 +151,7 @@ class Layout:
     checkpointed: tuple[int, ...] = ()  # decoder layers checkpointed (`recipe.checkpointed_layers`)
     selective: bool = False  # op-level: inside them, matmul and attention outputs are saved
     quant: str | None = None  # how the frozen base projections are stored (`nf4`, `int8`)
+    bnb: Bnb4bit | None = None  # NF4 by bitsandbytes (`quant_backend`); None: torchao's
     quantized: tuple[str, ...] = ()  # the projections stored so: every one with `quant`
     adapted: tuple[str, ...] = ()  # the projections with LoRA adapters (`settings.targeted`)
     trains_all: bool = True  # a full fine-tune; else the adapters and `train_embeddings`' modules
@@ -193,6 +196,7 @@ class Layout:
         offload: str = "none", optimizer_impl: str = "auto", device: str = "cuda",
         checkpointing: str = "none", quant: str = "none", lora_rank: int = 0,
         lora_targets: tuple[str, ...] | None = None, projections: tuple[str, ...] = (),
+        bnb: Bnb4bit | None = None,
     ) -> Layout:  # fmt: skip
         """The layout of a run of these knob values on `n_gpus` GPUs, `gpus_per_node` a node
         (default: one node), of a model of `n_layers` decoder layers (0: units and checkpointed
@@ -215,6 +219,7 @@ class Layout:
             checkpointed=checkpointed_layers(checkpointing, n_layers),
             selective=checkpointing == "selective",
             quant=stored,
+            bnb=bnb if stored == "nf4" else None,
             quantized=projections if stored is not None else (),
             adapted=tuple(p for p in projections if targeted(p, lora_targets)) if lora else (),
             trains_all=not lora,
@@ -236,4 +241,8 @@ def layout_of(
         offload=config.offload, optimizer_impl=config.optimizer_impl, device=device,
         checkpointing=config.checkpointing, quant=config.quant, lora_rank=config.lora_rank,
         lora_targets=config.lora_targets, projections=projections,
+        bnb=bnb_storage(
+            config.quant, config.quant_backend, config.bnb_4bit_use_double_quant,
+            config.bnb_4bit_quant_storage,
+        ),
     )  # fmt: skip

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autofit.settings import trained_token_count
+from autofit.settings import BNB_QUANT_STORAGES, trained_token_count
 
 
 def fp32_trainable(precision: str, optimizer: str) -> bool:
@@ -291,7 +291,8 @@ def base_stays_whole(quant: str, shard: int) -> bool:
 
 # ----- NF4 (QLoRA) storage ----------------------------------------------------------------------
 NF4_BLOCK = 64
-"""Weights per absmax scale: QLoRA's block of 64 (Dettmers et al. 2023; torchao `to_nf4`)."""
+"""Weights per absmax scale: QLoRA's block of 64 (Dettmers et al. 2023; torchao `to_nf4`;
+bitsandbytes' `blocksize`, which autofit passes to it rather than rely on its default)."""
 
 NF4_SCALER_BLOCK = 256
 """int8 scales per double-quantization block (torchao `to_nf4` default)."""
@@ -301,6 +302,76 @@ def nf4_bytes_per_param(block: int = NF4_BLOCK, scaler_block: int = NF4_SCALER_B
     """torchao `NF4Tensor`: 4-bit codes (0.5 B), one int8 scale per `block` weights, and one
     quantization factor in the weight's dtype (bf16, 2 B) per `block x scaler_block` weights."""
     return 0.5 + 1 / block + 2 / (block * scaler_block)
+
+
+# ----- NF4 (QLoRA) storage by bitsandbytes --------------------------------------------------------
+# bitsandbytes 0.50 (`functional.quantize_4bit`, `Params4bit._quantize`) stores a weight of n
+# elements as: the packed 4-bit codes, ceil(n / 2) bytes viewed as `quant_storage` (a flat
+# `(bytes / itemsize, 1)` tensor: the dtype changes the element count, never the bytes); one fp32
+# absmax per block of `NF4_BLOCK` weights, the last block short; and the 16 fp32 NF4 levels
+# (`QuantState.code`, a fresh tensor per weight). With double quantization
+# (`compress_statistics`, transformers' `bnb_4bit_use_double_quant`) the absmax are stored as
+# uint8 codes of their difference from their mean (`offset`, a 0-d fp32), blocks of
+# `BNB_ABSMAX_BLOCK` of them sharing one fp32 absmax, with the 256-entry fp32 dynamic map of
+# those codes (`state2.code`, copied per weight) beside them.
+BNB_ABSMAX_BLOCK = 256
+"""absmax per second-level block under double quantization: bitsandbytes' fixed `blocksize=256`
+in `quantize_4bit` (`compress_statistics`); no argument changes it."""
+
+BNB_NF4_LEVELS = 16
+"""fp32 entries of `QuantState.code` for NF4 (`get_4bit_type("nf4")`)."""
+
+BNB_DYNAMIC_MAP_ENTRIES = 256
+"""fp32 entries of the double-quantized absmax's code (`create_dynamic_map()`, 8-bit)."""
+
+BNB_QUANT_STORAGE: dict[str, int] = dict(zip(BNB_QUANT_STORAGES, (1, 2, 2, 4), strict=True))
+"""`bnb_4bit_quant_storage` names (`autofit.settings.BNB_QUANT_STORAGES`) -> bytes per element:
+the dtype the packed codes are viewed as (uint8 by default; FSDP needs it equal to the other
+parameters' dtype, e.g. bf16)."""
+
+
+def bnb_nf4_bytes(numel: int, double_quant: bool, quant_storage: str = "uint8") -> int:
+    """Bytes bitsandbytes stores for one NF4 weight of `numel` elements (`Params4bit` data plus
+    every tensor of its `QuantState`, the nested one included), `NF4_BLOCK` weights per absmax.
+    A `quant_storage` wider than a byte must divide the packed bytes (bitsandbytes' `view`
+    fails otherwise): ValueError."""
+    codes = -(-numel // 2)
+    width = BNB_QUANT_STORAGE[quant_storage]
+    if codes % width:
+        raise ValueError(
+            f"bitsandbytes cannot store the {codes} bytes of a {numel}-element NF4 weight as "
+            f"{quant_storage} ({width} B each): use bnb_4bit_quant_storage=uint8"
+        )
+    fp32 = DTYPE_BYTES[FP32]
+    blocks = -(-numel // NF4_BLOCK)
+    levels = BNB_NF4_LEVELS * fp32
+    if not double_quant:
+        return codes + blocks * fp32 + levels
+    second = -(-blocks // BNB_ABSMAX_BLOCK)  # uint8 absmax codes, fp32 offset, absmax2, map
+    return codes + blocks + fp32 + second * fp32 + BNB_DYNAMIC_MAP_ENTRIES * fp32 + levels
+
+
+@dataclass(frozen=True)
+class Bnb4bit:
+    """How bitsandbytes stores a run's NF4 base projections (`quant_backend: bitsandbytes`): the
+    builder passes these to `Linear4bit` / `Params4bit` (with `NF4_BLOCK`), the estimator counts
+    `bnb_nf4_bytes` of them."""
+
+    double_quant: bool = False  # `compress_statistics`, `bnb_4bit_use_double_quant`
+    quant_storage: str = "uint8"  # a `BNB_QUANT_STORAGE` name
+
+    def weight_bytes(self, numel: int) -> int:
+        return bnb_nf4_bytes(numel, self.double_quant, self.quant_storage)
+
+
+def bnb_storage(
+    quant: str, quant_backend: str, double_quant: bool = False, quant_storage: str = "uint8"
+) -> Bnb4bit | None:
+    """bitsandbytes' storage of a run's base (`quant: nf4` with `quant_backend: bitsandbytes`),
+    or None (torchao's, or no quantization)."""
+    if quant != "nf4" or quant_backend != "bitsandbytes":
+        return None
+    return Bnb4bit(double_quant, quant_storage)
 
 
 NF4_QUANTIZE_CHUNK = 1024**2

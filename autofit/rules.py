@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofit.settings import ADAPTER_SETTINGS
+from autofit.settings import ADAPTER_SETTINGS, BNB_SETTINGS
 
 if TYPE_CHECKING:
     from autofit.config import Config
@@ -90,6 +90,9 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             f"quant={cfg.quant} needs LoRA: a quantized base cannot be fully fine-tuned. "
             "Set lora_rank > 0 (e.g. 16 or 64), or use quant=none for a full fine-tune.",
         )
+    bnb = _bnb_rule(cfg)
+    if bnb:
+        return bnb
     if cfg.train_embeddings != "none" and cfg.lora_rank == 0:
         return (
             "train_embeddings needs LoRA",
@@ -125,6 +128,44 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
             "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
             "replicas, which keep the weights on the GPU.",
+        )
+    return None
+
+
+def _bnb_rule(cfg: Config) -> tuple[str, str] | None:
+    """The rules of `quant_backend: bitsandbytes` and its settings (short reason, sentence)."""
+    bnb = cfg.quant_backend == "bitsandbytes"
+    if not bnb:
+        changed = cfg.settings()  # those that differ from their defaults
+        given = [k for k in BNB_SETTINGS if k in changed]
+        if given:
+            return (
+                "bnb settings without bitsandbytes",
+                f"{', '.join(given)} configure{'s' if len(given) == 1 else ''} bitsandbytes' "
+                f"NF4 storage, but quant_backend={cfg.quant_backend}. Set "
+                "quant_backend=bitsandbytes (with quant=nf4), or leave the bnb_4bit settings out.",
+            )
+        return None
+    if cfg.quant != "nf4":
+        return (
+            "quant_backend=bitsandbytes without nf4",
+            f"quant_backend=bitsandbytes stores NF4 weights, but quant={cfg.quant}. Use "
+            "quant=nf4 with it (and lora_rank > 0), or quant_backend=torchao (the default).",
+        )
+    if cfg.wrap not in ("auto", "none") or cfg.offload == "params":
+        return (
+            "bitsandbytes with FSDP2",
+            f"quant_backend=bitsandbytes needs wrap=none (the plain module on one GPU, as HF "
+            f"Trainer runs QLoRA there; DDP replicas on several): autofit does not build "
+            f"bitsandbytes weights under FSDP2 (wrap={cfg.wrap}, offload={cfg.offload}). Use "
+            "wrap=none with offload=none or optimizer, or quant_backend=torchao, whose NF4 "
+            "shards.",
+        )
+    if cfg.compile:
+        return (
+            "bitsandbytes compiled",
+            "quant_backend=bitsandbytes with compile=true is not measured yet (torch.compile "
+            "of bitsandbytes' Linear4bit layers). Use compile=false, or quant_backend=torchao.",
         )
     return None
 

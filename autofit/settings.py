@@ -21,6 +21,15 @@ ADAPTER_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout")
 TRAIN_EMBEDDINGS = ("none", "full")
 TOKENS_PREFIX = "tokens:"
 
+# `quant_backend` values: the library that stores `quant: nf4` weights (torchao `NF4Tensor`, or
+# bitsandbytes `Linear4bit` as HF Trainer's `BitsAndBytesConfig` loads them)
+QUANT_BACKENDS = ("torchao", "bitsandbytes")
+BNB_SETTINGS = ("bnb_4bit_use_double_quant", "bnb_4bit_quant_storage")
+"""The settings of bitsandbytes' NF4 storage (`quant_backend: bitsandbytes` only)."""
+BNB_QUANT_STORAGES = ("uint8", "bf16", "fp16", "fp32")
+"""`bnb_4bit_quant_storage` values (`autofit.recipe.BNB_QUANT_STORAGE` has their widths)."""
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
 # `optimizer_impl` values: how torch's AdamW runs its step (`autofit.recipe.adamw_impl` resolves
 # `auto`; `autofit.recipe.ADAMW_IMPLS` counts what each holds)
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
@@ -107,9 +116,25 @@ def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
     if name == "train_embeddings":
         return _train_embeddings_problem(value)
     if name == "optimizer_impl":
-        text = "auto" if value is None else value.strip().lower() if isinstance(value, str) else ""
-        return (text, None) if text in OPTIMIZER_IMPLS else (None, "unknown value")
+        return _choice(value, "auto", OPTIMIZER_IMPLS)
+    if name == "quant_backend":
+        return _choice(value, "torchao", QUANT_BACKENDS)
+    if name == "bnb_4bit_quant_storage":
+        return _choice(value, "uint8", BNB_QUANT_STORAGES)
+    if name == "bnb_4bit_use_double_quant":
+        if value is None or isinstance(value, bool):
+            return bool(value), None
+        text = value.strip().lower() if isinstance(value, str) else ""
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE, None
+        return None, "not true or false"
     raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
+
+
+def _choice(value: Any, default: str, allowed: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """(one of `allowed`, read case-insensitively; None is `default`, None) or (None, why not)."""
+    text = default if value is None else value.strip().lower() if isinstance(value, str) else ""
+    return (text, None) if text in allowed else (None, "unknown value")
 
 
 def _train_embeddings_problem(value: Any) -> tuple[str | None, str | None]:
@@ -169,6 +194,23 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
             "fused where the parameters are on a GPU, torch's own choice elsewhere), fused, "
             "foreach (torch AdamW's default on CUDA, HF Trainer's adamw_torch) or for-loop "
             "(torch's single-tensor step)."
+        )
+    if name == "quant_backend":
+        return (
+            f"Setting 'quant_backend'{place} cannot be {value!r}. Allowed: torchao (the default: "
+            "torchao NF4Tensor) or bitsandbytes (bitsandbytes Linear4bit, as HF Trainer loads a "
+            "model with BitsAndBytesConfig); quant=nf4 only."
+        )
+    if name == "bnb_4bit_quant_storage":
+        return (
+            f"Setting 'bnb_4bit_quant_storage'{place} cannot be {value!r}. Allowed: "
+            f"{', '.join(BNB_QUANT_STORAGES)} (the dtype bitsandbytes views its packed 4-bit "
+            "codes as; uint8 is the default, FSDP needs the other parameters' dtype)."
+        )
+    if name == "bnb_4bit_use_double_quant":
+        return (
+            f"Setting 'bnb_4bit_use_double_quant'{place} must be true or false (bitsandbytes "
+            f"also quantizes NF4's absmax scales to 8 bits); got {value!r}."
         )
     if name == "train_embeddings":
         return (

@@ -28,7 +28,13 @@ from autofit.config import (
 )
 from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
-from autofit.settings import OPTIMIZER_IMPLS, coerce_setting, setting_error
+from autofit.settings import (
+    BNB_QUANT_STORAGES,
+    OPTIMIZER_IMPLS,
+    QUANT_BACKENDS,
+    coerce_setting,
+    setting_error,
+)
 from autofit.space import _DEFAULTS, Space, _settings
 
 
@@ -237,6 +243,15 @@ class SpaceFile(BaseModel):
     optimizer_impl: _setting(  # type: ignore[valid-type]
         "optimizer_impl", Literal[OPTIMIZER_IMPLS]
     ) = "auto"
+    quant_backend: _setting(  # type: ignore[valid-type]
+        "quant_backend", Literal[QUANT_BACKENDS]
+    ) = "torchao"
+    bnb_4bit_use_double_quant: _setting(  # type: ignore[valid-type]
+        "bnb_4bit_use_double_quant", bool
+    ) = False
+    bnb_4bit_quant_storage: _setting(  # type: ignore[valid-type]
+        "bnb_4bit_quant_storage", Literal[BNB_QUANT_STORAGES]
+    ) = "uint8"
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )

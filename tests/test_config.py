@@ -168,7 +168,8 @@ def test_wrap_units_group_decoder_layers():
 def test_lora_settings_follow_lora_alpha_in_the_config():
     names = [f.name for f in dataclasses.fields(Config)]
     assert LORA_SETTINGS == (
-        "lora_alpha", "lora_targets", "lora_dropout", "train_embeddings", "optimizer_impl"
+        "lora_alpha", "lora_targets", "lora_dropout", "train_embeddings", "optimizer_impl",
+        "quant_backend", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage",
     )  # fmt: skip
     assert names[len(KNOBS) :] == list(LORA_SETTINGS)
     cfg = Config()
@@ -352,3 +353,45 @@ def test_optimizer_impl_is_a_setting_of_torch_adamw_only():
     assert Config(optimizer="adamw4bit").optimizer_impl == "auto"
     with pytest.raises(ConfigError, match="Allowed: auto .* fused, foreach .* or for-loop"):
         Config(optimizer_impl="apex")
+
+
+def test_quant_backend_and_its_bnb_settings_are_settings_with_rules():
+    assert {"quant_backend", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage"} <= set(
+        LORA_SETTINGS
+    )
+    cfg = Config(
+        quant="nf4", lora_rank=8, quant_backend=" BitsAndBytes ",
+        bnb_4bit_use_double_quant="true", bnb_4bit_quant_storage="BF16",
+    )  # fmt: skip
+    assert (cfg.quant_backend, cfg.bnb_4bit_use_double_quant) == ("bitsandbytes", True)
+    assert cfg.bnb_4bit_quant_storage == "bf16"
+    assert cfg.short() == "nf4 r8 mb1x1 wrap=auto bnb dq storage=bf16"
+    assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert "quant_backend" not in Config(quant="nf4", lora_rank=8).to_dict()  # default left out
+    with pytest.raises(ConfigError, match="stores NF4 weights, but quant=int8"):
+        Config(quant="int8", lora_rank=8, quant_backend="bitsandbytes")
+    with pytest.raises(ConfigError, match="bnb_4bit_use_double_quant configures bitsandbytes"):
+        Config(quant="nf4", lora_rank=8, bnb_4bit_use_double_quant=True)
+    with pytest.raises(ConfigError, match="needs wrap=none"):
+        Config(quant="nf4", lora_rank=8, quant_backend="bitsandbytes", wrap="layer")
+    with pytest.raises(ConfigError, match="compile=true is not measured"):
+        Config(quant="nf4", lora_rank=8, quant_backend="bitsandbytes", compile=True)
+    with pytest.raises(ConfigError, match="Allowed: torchao .* or bitsandbytes"):
+        Config(quant="nf4", lora_rank=8, quant_backend="bnb")
+    with pytest.raises(ConfigError, match="Allowed: uint8, bf16, fp16, fp32"):
+        Config(
+            quant="nf4", lora_rank=8, quant_backend="bitsandbytes", bnb_4bit_quant_storage="int4"
+        )
+    with pytest.raises(ConfigError, match="must be true or false"):
+        Config(quant="nf4", lora_rank=8, quant_backend="bitsandbytes", bnb_4bit_use_double_quant=2)
+
+
+def test_bitsandbytes_on_several_gpus_is_refused_where_auto_becomes_fsdp2():
+    from autofit.arguments import config_of
+    from autofit.hardware import cpu_hardware
+    from autofit.models import resolve_model
+
+    knobs = {"quant": "nf4", "lora_rank": 8, "quant_backend": "bitsandbytes"}
+    assert config_of(knobs, resolve_model("llama-debug"), cpu_hardware(1)).wrap == "auto"
+    with pytest.raises(ConfigError, match="needs wrap=none"):
+        config_of(knobs, resolve_model("llama-debug"), cpu_hardware(2))

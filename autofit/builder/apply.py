@@ -229,7 +229,9 @@ def prepare(
             if layout.quant is None:
                 return  # left on meta: `fully_shard` first, so only shards are ever allocated
             for layer in layers:
-                quantize_layer(layer, layout.quant, layout.quantized, device, layout.shard)
+                quantize_layer(
+                    layer, layout.quant, layout.quantized, device, layout.shard, layout.bnb
+                )
                 materialize(layer, device)
 
         apply_fsdp(model, parts, config, mesh, layout, before_unit=build_layers)
@@ -239,7 +241,7 @@ def prepare(
     for layer in parts.layers:
         if not has_meta(layer):
             layer.to(device)  # a user's model may arrive on the host
-        quantize_layer(layer, layout.quant, layout.quantized, device)
+        quantize_layer(layer, layout.quant, layout.quantized, device, bnb=layout.bnb)
         materialize(layer, device)
     materialize(model, device)
     model.to(device)

@@ -8,6 +8,9 @@ NF4 weights shard under FSDP2 on any number of ranks (`autofit.builder.nf4`); to
 `Int8Tensor` cannot (no `aten.split`), so `autofit.builder.fsdp.unshardable_params` lists them for
 `fully_shard`'s `ignored_params`: they stay replicated on every GPU, as Accelerate does for
 bitsandbytes weights.
+With `quant_backend: bitsandbytes` (`Layout.bnb`) an NF4 projection is replaced by a bitsandbytes
+`Linear4bit` instead (HF Trainer's QLoRA: `BitsAndBytesConfig`), quantized where it is
+materialised: the plain module only (`autofit.rules`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def quantize_layer(
     quantized: Collection[str],
     device: torch.device | None = None,
     shards: int = 1,
+    bnb: recipe.Bnb4bit | None = None,
 ) -> nn.Module:
     """Store the projections `quantized` of one decoder layer (paths inside it,
     `Layout.quantized`: every `decoder_projections` one, the set the estimator counts) as `quant`
@@ -37,17 +41,25 @@ def quantize_layer(
     meta is materialised (on `device`) just before it is quantized, so the transient
     full-precision copy is one weight, not the layer. `shards`: the ranks FSDP2 will shard each
     weight over (the mesh's `dp_shard` size; 1 when nothing shards it), which NF4's blocks are
-    sized for (`autofit.builder.nf4.nf4_block_sizes`)."""
+    sized for (`autofit.builder.nf4.nf4_block_sizes`). `bnb` (`Layout.bnb`): NF4 by
+    bitsandbytes, each projection replaced by a `Linear4bit` (peft's `base_layer` where LoRA
+    wraps it)."""
     if quant not in (None, "nf4", "int8"):
         raise ValueError(f"unknown quant {quant!r}")
     if quant is None:
         return layer
+    parents = {
+        id(m): (parent, attr) for parent in layer.modules() for attr, m in parent.named_children()
+    }
     for name, mod in decoder_projections(layer):
         if name not in quantized:
             continue
         if mod.weight.is_meta:
             materialize(mod, device or torch.device("cpu"), prefix=name)
-        if quant == "nf4":
+        if quant == "nf4" and bnb is not None:
+            parent, attr = parents[id(mod)]
+            setattr(parent, attr, _to_bnb_nf4(mod, bnb))
+        elif quant == "nf4":
             _to_nf4(mod, shards)
         else:
             _to_int8(mod)
@@ -59,6 +71,40 @@ def _to_nf4(linear: nn.Linear, shards: int) -> None:
 
     weight = linear.weight.detach().to(_FROZEN)
     linear.weight = nn.Parameter(to_shardable_nf4(weight, shards), requires_grad=False)
+
+
+BNB_STORAGE_DTYPES: dict[str, torch.dtype] = {
+    "uint8": torch.uint8, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+}  # fmt: skip
+"""`recipe.BNB_QUANT_STORAGE`'s names as torch dtypes (a test checks the two name the same)."""
+
+
+def _to_bnb_nf4(linear: nn.Linear, bnb: recipe.Bnb4bit) -> nn.Module:
+    """`linear` as a bitsandbytes `Linear4bit` of its weight in NF4 (blocks of
+    `recipe.NF4_BLOCK`, bf16 compute), quantized on the weight's device; its bias kept."""
+    try:
+        import bitsandbytes as bnb_lib
+    except ImportError:
+        from autofit.errors import ConfigError
+
+        raise ConfigError(
+            "quant_backend=bitsandbytes needs bitsandbytes: pip install 'autofit[bnb]' (or use "
+            "quant_backend=torchao, the default)."
+        ) from None
+    storage = BNB_STORAGE_DTYPES[bnb.quant_storage]
+    out = bnb_lib.nn.Linear4bit(
+        linear.in_features, linear.out_features, bias=linear.bias is not None,
+        compute_dtype=TORCH_DTYPES[recipe.COMPUTE_DTYPE], compress_statistics=bnb.double_quant,
+        quant_type="nf4", quant_storage=storage, device="meta",
+    )  # fmt: skip
+    weight = linear.weight.detach().to(_FROZEN)
+    out.weight = bnb_lib.nn.Params4bit(
+        weight, requires_grad=False, blocksize=recipe.NF4_BLOCK,
+        compress_statistics=bnb.double_quant, quant_type="nf4", quant_storage=storage,
+    ).to(weight.device)  # quantized here  # fmt: skip
+    if linear.bias is not None:
+        out.bias = nn.Parameter(linear.bias.detach().to(_FROZEN), requires_grad=False)
+    return out
 
 
 def _to_int8(linear: nn.Linear) -> None:

@@ -26,7 +26,8 @@ from autofit.estimate.state import Gathered, States, gathered_at_moments, states
 from autofit.estimate.terms import reads
 from autofit.layout import Sharding
 from autofit.models import ModelSpec
-from autofit.recipe import DTYPE_BYTES, checkpointed_layers, reduce_dtype
+from autofit.recipe import DTYPE_BYTES, Bnb4bit, bnb_storage, checkpointed_layers, reduce_dtype
+from autofit.settings import BNB_SETTINGS
 from autofit.structure import ActivationKey, Structure
 
 BREAKDOWN_KEYS = (
@@ -190,6 +191,17 @@ class Peaks:
         return _forward_or_later(m, a, self.device, self._workspace, outside)
 
 
+BNB_KNOBS = ("quant_backend", *BNB_SETTINGS)
+"""The settings of bitsandbytes' NF4 storage, which the terms that count the base read."""
+
+
+def _bnb(k: Any) -> Bnb4bit | None:
+    """bitsandbytes' storage of the base of the knobs `k` a term reads (`BNB_KNOBS`), or None."""
+    return bnb_storage(
+        k.quant, k.quant_backend, k.bnb_4bit_use_double_quant, k.bnb_4bit_quant_storage
+    )
+
+
 class _ModelState(NamedTuple):
     """What a config's model takes whatever its activations: the persistent state, the gathered
     parameters, and the larger of the two moments after forward (`_later`)."""
@@ -202,7 +214,7 @@ class _ModelState(NamedTuple):
 
 
 @reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "precision", "optimizer", "offload",
-       "train_embeddings", "optimizer_impl")  # fmt: skip
+       "train_embeddings", "optimizer_impl", *BNB_KNOBS)  # fmt: skip
 def _model_state(
     k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
     outsides: mem.Outsides, foreach_intermediates: int | None, mesh: str,
@@ -215,7 +227,7 @@ def _model_state(
     st = states(
         s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
         k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
-        foreach_intermediates,
+        foreach_intermediates, _bnb(k),
     )  # fmt: skip
     autocast = st.layout.autocast
     g = gathered_at_moments(
@@ -319,7 +331,7 @@ class _Activations(NamedTuple):
 
 
 @reads("micro_batch", "seq_len", "lora_rank", "checkpointing", "lora_targets", "lora_dropout",
-       "loss", "quant", "train_embeddings", "batching")  # fmt: skip
+       "loss", "quant", "train_embeddings", "batching", *BNB_KNOBS)  # fmt: skip
 def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Activations:
     """Activations of one micro-batch, from the traced layer (and a trained head's, which the
     trace of the frozen one does not keep: `mem.trained_head_loss_bytes`), under `autocast`
@@ -331,7 +343,7 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
     backward = mem.layer_backward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
         k.lora_dropout
-    ) + mem.dequant_transient_bytes(s, k.quant)  # fmt: skip
+    ) + mem.dequant_transient_bytes(s, k.quant, _bnb(k))  # fmt: skip
     if k.quant == "int8":
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
     if k.batching == "packed":  # on the data's lengths only (`autofit.estimate.data`)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from autofit.estimate import memory as mem
 from autofit.layout import Layout, Sharding
-from autofit.recipe import base_stays_whole
+from autofit.recipe import Bnb4bit, base_stays_whole
 from autofit.structure import Structure
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
@@ -49,7 +49,7 @@ def states(
     s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
     lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
     accumulates: bool, embeddings: str = "none", optimizer_impl: str = "auto",
-    foreach_intermediates: int | None = None,
+    foreach_intermediates: int | None = None, bnb: Bnb4bit | None = None,
 ) -> States:  # fmt: skip
     """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
     dimension (`Layout.shard`), what offload moves to a node's host (its `per_node` ranks'
@@ -64,7 +64,7 @@ def states(
     trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
     pb = mem.master_bytes(precision, optimizer)
     if lora:
-        projections = mem.base_weight_bytes(s, quant)
+        projections = mem.base_weight_bytes(s, quant, bnb)
         other = mem.frozen_other_bytes(s)
         # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
         # projections stay whole (the rule the builder's `unshardable_params` reads too).

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.layout import Layout, Sharding
+from autofit.recipe import bnb_storage
 
 
 def plan_layout(doc: dict[str, Any]) -> Layout:
@@ -24,6 +25,11 @@ def plan_layout(doc: dict[str, Any]) -> Layout:
         checkpointing=cfg.get("checkpointing", "none"), quant=cfg.get("quant", "none"),
         lora_rank=int(cfg.get("lora_rank", 0)),
         lora_targets=tuple(targets) if targets is not None else None,
+        bnb=bnb_storage(
+            cfg.get("quant", "none"), cfg.get("quant_backend", "torchao"),
+            bool(cfg.get("bnb_4bit_use_double_quant", False)),
+            cfg.get("bnb_4bit_quant_storage", "uint8"),
+        ),
     )  # fmt: skip
 
 

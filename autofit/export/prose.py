@@ -127,7 +127,15 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
     ]
     if env_text(doc):  # CUDA allocator settings; none for a CPU plan
         lines.append(f"# Trials ran with {env_text(doc)}: set it for your run too.")
-    if layout.quant is not None:
+    if layout.bnb is not None:
+        storage = {"uint8": "uint8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+        lines.append(
+            "# Base weights quantized to nf4 by bitsandbytes, frozen: BitsAndBytesConfig("
+            "load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16, "
+            f"bnb_4bit_use_double_quant={layout.bnb.double_quant}, "
+            f"bnb_4bit_quant_storage=torch.{storage[layout.bnb.quant_storage]})."
+        )
+    elif layout.quant is not None:
         lines.append(f"# Base weights quantized to {layout.quant} (torchao), frozen.")
     if not layout.trains_all:
         lora = doc.get("lora") or {}

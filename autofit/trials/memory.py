@@ -33,6 +33,13 @@ from torch.utils._pytree import tree_leaves
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _plain(t: type) -> bool:
+    """A tensor type whose ops reach this mode as they are: a plain tensor or parameter, or a
+    subclass with no dispatch of its own (bitsandbytes' `Params4bit`, whose storage is a plain
+    tensor's); DTensor, NF4Tensor and Int8Tensor desugar first."""
+    return t in _PLAIN or t.__torch_dispatch__ is torch.Tensor.__torch_dispatch__
+
+
 class TensorTracker(TorchDispatchMode):
     """Counts live tensor-storage bytes (current and peak); raises OOM past `cap_bytes`."""
 
@@ -107,11 +114,11 @@ class TensorTracker(TorchDispatchMode):
         # `torch._dynamo.backends.distributed`), go on to the modes below this one.
         if any(issubclass(t, (FakeTensor, FunctionalTensor)) for t in types):
             return func(*args, **(kwargs or {}))
-        if any(t not in _PLAIN for t in types):
+        if not all(_plain(t) for t in types):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
-            if type(t) in _PLAIN:
+            if isinstance(t, torch.Tensor) and _plain(type(t)):
                 self.track_storage(t.untyped_storage())
         return out
 
@@ -159,7 +166,7 @@ def _dispatched_empty_strided_cpu(size: Any, stride: Any, dtype: torch.dtype) ->
 def _plain_tensors(t: Any) -> Iterator[torch.Tensor]:
     if not isinstance(t, torch.Tensor):
         return
-    if type(t) in _PLAIN:
+    if _plain(type(t)):
         yield t
         return
     if hasattr(t, "_local_tensor"):  # DTensor

@@ -94,6 +94,14 @@ CASES = [
          DETERMINISTIC, "the last layer's backward under FSDP2: its unit gathered, its unsharded "
          "gradients, the traced backward working set (activation gradients in flight)",
          seq_len=256, micro_batch=4),
+    Case("plain-bnb-nf4", DEBUG, 1, {"lora_rank": 16, "quant": "nf4",
+         "quant_backend": "bitsandbytes", "wrap": "none"}, 0.002, DETERMINISTIC,
+         "bitsandbytes NF4 base (Linear4bit: codes, fp32 absmax, NF4 levels), its dequantized "
+         "weight", seq_len=64, micro_batch=1),
+    Case("plain-bnb-nf4-dq", DEBUG, 1, {"lora_rank": 16, "quant": "nf4",
+         "quant_backend": "bitsandbytes", "bnb_4bit_use_double_quant": True, "wrap": "none"},
+         0.002, DETERMINISTIC, "bitsandbytes double quantization: uint8 absmax, their fp32 "
+         "absmax, offset and code map", seq_len=64, micro_batch=1),
 ]  # fmt: skip
 
 

@@ -177,14 +177,30 @@ Measured with the trials' tensor tracker on a 4096 x 1024 and an 11008 x 4096 we
 B per weight in forward and in backward (the same aten ops run on CUDA)."""
 
 
-def dequant_transient_bytes(s: Structure, quant: str) -> float:
+def bnb_dequant_transient_bytes(double_quant: bool) -> float:
+    """Bytes per weight alive while bitsandbytes 0.50 dequantizes an NF4 weight for a matmul
+    (`MatMul4Bit`: `gemm_4bit` in forward, `dequantize_4bit` in backward): the weight in the
+    compute dtype, and with double quantization its fp32 absmax, dequantized first. Measured with
+    the trials' tensor tracker on CPU (688x256, 1024x4096, 4096x1024): 2.0 B per weight in
+    backward, 2.04-2.06 with double quantization; forward's `gemm_4bit` is one custom op on CPU,
+    whose inside the tracker does not see, counted the same."""
+    absmax = FP32 / recipe.NF4_BLOCK if double_quant else 0.0
+    return recipe.DTYPE_BYTES[recipe.COMPUTE_DTYPE] + absmax
+
+
+def dequant_transient_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None = None) -> float:
     """The working memory of dequantizing the largest NF4 projection (one matmul at a time, in a
-    layer's forward and again in its backward). int8 keeps its bf16 copy for backward instead
-    (`int8_saved_weight_bytes`) and holds nothing more (measured: 2.0 B per weight kept, 0.03 B
-    more in backward)."""
+    layer's forward and again in its backward): torchao's, or bitsandbytes' with `bnb`. int8
+    keeps its bf16 copy for backward instead (`int8_saved_weight_bytes`) and holds nothing more
+    (measured: 2.0 B per weight kept, 0.03 B more in backward)."""
     if quant != "nf4":
         return 0.0
-    return NF4_DEQUANT_TRANSIENT_BYTES * max(p.weight_params for p in s.projections)
+    per = (
+        NF4_DEQUANT_TRANSIENT_BYTES
+        if bnb is None
+        else bnb_dequant_transient_bytes(bnb.double_quant)
+    )
+    return per * max(p.weight_params for p in s.projections)
 
 
 @lru_cache(maxsize=4096)

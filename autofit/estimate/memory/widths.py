@@ -31,6 +31,16 @@ def base_bytes_per_param(quant: str) -> float:
     return float(recipe.DTYPE_BYTES[recipe.FROZEN_DTYPE])
 
 
+def bnb_nf4_weight_bytes(
+    out_features: int, in_features: int, double_quant: bool = False, quant_storage: str = "uint8"
+) -> int:
+    """Bytes bitsandbytes stores for one NF4 weight of shape (`out_features`, `in_features`):
+    the packed codes in `quant_storage`, the fp32 absmax per 64-weight block (double quantization:
+    uint8 codes, an fp32 absmax per 256 of them, their offset and code map) and the NF4 levels;
+    `autofit.recipe.bnb_nf4_bytes` reads the layout from bitsandbytes 0.50's `quantize_4bit`."""
+    return recipe.bnb_nf4_bytes(out_features * in_features, double_quant, quant_storage)
+
+
 def master_bytes(precision: str, optimizer: str = "adamw") -> int:
     """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
     `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32; the plain module
@@ -66,8 +76,11 @@ def trainable_params(s: Structure, lora_rank: int, targets: Targets = None) -> i
     return s.lora_params(lora_rank, targets) if lora_rank > 0 else s.n_params
 
 
-def base_weight_bytes(s: Structure, quant: str) -> float:
-    """All frozen projection weights of a LoRA run at their storage width (unsharded)."""
+def base_weight_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None = None) -> float:
+    """All frozen projection weights of a LoRA run at their storage width (unsharded); with
+    `bnb` (NF4 by bitsandbytes) each weight's exact `recipe.bnb_nf4_bytes`."""
+    if quant == "nf4" and bnb is not None:
+        return float(s.layers * sum(bnb.weight_bytes(p.weight_params) for p in s.projections))
     total = s.linear_params * base_bytes_per_param(quant)
     if quant == "int8":
         rows = sum(p.out_features for p in s.projections)
