@@ -61,7 +61,7 @@ from autofit.search.steering import (
 from autofit.search.timing import expected_search
 from autofit.search.verify import ranked_under_line, verify_steps, verify_winner
 from autofit.trials import run_trial as trials_run_trial
-from autofit.trials.budget import trial_limit
+from autofit.trials.budget import measured_context, trial_limit
 from autofit.trials.cluster import Cluster
 from autofit.trials.devlock import device_lock
 from autofit.trials.result import TrialResult
@@ -266,7 +266,8 @@ class _Lead:
             limit = trial_limit(self.cands.trial_time(cand, n_verify), budget.trial_timeout)
             return self.run_trial(
                 setting.model, cand.config, nprocs=hardware.n_gpus, device=setting.device,
-                gpu_memory=budget.gpu_memory, steps=n_verify, timeout_s=limit, **self.hooks,
+                gpu_memory=budget.gpu_memory, steps=n_verify, timeout_s=limit,
+                **measured_context(hardware), **self.hooks,
             )  # fmt: skip
 
         return verify_winner(

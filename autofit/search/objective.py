@@ -28,7 +28,7 @@ from autofit.request import SearchBudget
 from autofit.search import study as st
 from autofit.search.calibrated import Calibrator
 from autofit.search.candidates import Candidates
-from autofit.trials.budget import TrialTime, trial_limit
+from autofit.trials.budget import TrialTime, measured_context, trial_limit
 from autofit.trials.result import TrialResult
 
 MEMORY = "memory"  # the constraint's name
@@ -161,7 +161,8 @@ class Objective:
             result = self.run_trial(
                 s.model, cand.config, nprocs=s.hardware.n_gpus, device=s.device,
                 gpu_memory=self.budget.gpu_memory, steps=self.budget.steps, timeout_s=limit,
-                slow_after_s=timing.slow_after_s, **self.trial_kwargs,
+                slow_after_s=timing.slow_after_s, **measured_context(s.hardware),
+                **self.trial_kwargs,
             )  # fmt: skip
         except AutofitError as exc:  # it could not run (a node of it was lost): FAIL, no result
             trial.set_user_attr(st.STOPPED, str(exc))

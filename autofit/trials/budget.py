@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
+from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 
 START_S = {"cuda": 15.0, "cpu": 10.0}
@@ -124,3 +125,11 @@ def trial_time(
         step_s=step_time_s,
         n_steps=warm + steps,
     )
+
+
+def measured_context(hardware: Hardware) -> dict[str, int]:
+    """The trial option a machine's measured CUDA context adds (`Hardware.context_bytes`, from
+    its calibration): a capped trial's cap counts it (`run_trials(context_bytes=...)`); none
+    where nothing was measured."""
+    ctx = hardware.context_bytes
+    return {"context_bytes": int(ctx)} if ctx is not None else {}

@@ -138,11 +138,14 @@ def run_trial(model: str | ModelSpec, config: Config, **options: Any) -> TrialRe
     return run_trials(model, [config], **options)[0]
 
 
-def _outside_bytes(device: str, nprocs: int, configs: Sequence[Config]) -> int:
+def _outside_bytes(
+    device: str, nprocs: int, configs: Sequence[Config], context: int | None = None
+) -> int:
     """What the estimate puts outside the allocator for a launch of `configs` (the CUDA context,
-    NCCL's buffers of the most communicators one of them has): a capped trial's cap counts it."""
+    this machine's measured `context` where there is one, and NCCL's buffers of the most
+    communicators one of them has): a capped trial's cap counts it."""
     k = max((layout_of(c, nprocs).communicators for c in configs), default=0)
-    return sum(outside_allocator_bytes(device, nprocs, "pcie", k).values())
+    return sum(outside_allocator_bytes(device, nprocs, "pcie", k, context).values())
 
 
 def run_trials(
@@ -163,6 +166,7 @@ def run_trials(
     lengths: LengthHistogram | None = None,
     rendezvous: Rendezvous | None = None,
     slow_after_s: float | Sequence[float | None] | None = None,
+    context_bytes: int | None = None,
 ) -> list[TrialResult]:
     """Run each of `configs` for real on `nprocs` devices, in as few launches as their failures
     allow (one when none fails; see the module's rule), and return one result per config, in
@@ -179,7 +183,9 @@ def run_trials(
     them every micro-batch is `micro_batch x seq_len` random tokens. `rendezvous`: one config's
     trial across nodes (`run_trial`). `slow_after_s` (one for all configs, or one each; None:
     never): a measured step longer than this ends that config's steps, and its result, of the
-    steps it measured, is `slow` (`autofit.trials.budget`).
+    steps it measured, is `slow` (`autofit.trials.budget`). `context_bytes`: the CUDA context
+    this machine's calibration measured (`Hardware.context_bytes`), which a capped trial's cap
+    counts instead of the estimate's default.
     """
     if rendezvous is not None and len(configs) != 1:
         raise ValueError("a trial across nodes runs one config (run_trial)")
@@ -217,7 +223,7 @@ def run_trials(
         "model": asdict(spec),
         "device": device,
         "gpu_memory": gpu_memory,
-        "outside_bytes": _outside_bytes(device, nprocs, configs),
+        "outside_bytes": _outside_bytes(device, nprocs, configs, context_bytes),
         "steps": steps,
         "warmup": warmup,
     }

@@ -53,3 +53,25 @@ def test_the_crawling_int8_trial_is_stopped_at_its_first_measured_step() -> None
     first_measured_step_done = 10 + 36 + 26  # s: build, warm-up with compile, one step
     assert first_measured_step_done < trial_limit(timing, None) < 600  # ... before any limit
     assert trial_limit(timing, 900.0) == 900.0  # --trial-timeout given: that, as asked
+
+
+def test_a_capped_trials_cap_counts_the_machines_measured_context():
+    """The bytes a capped GPU trial leaves outside its cap (`launcher._outside_bytes`): the CUDA
+    context this machine's calibration measured where it has one (700 MiB here), else the
+    estimate's default (767 MiB, the H200's), and a one-GPU FSDP2 config's communicator (NCCL
+    2.28's 512 MiB one-rank buffer and its own 48 MiB); the search passes the measured context
+    to every trial it runs (`budget.measured_context`)."""
+    from autofit.config import Config
+    from autofit.hardware import resolve_hardware
+    from autofit.trials import launcher
+    from autofit.trials.budget import measured_context
+
+    mib = 2**20
+    measured = resolve_hardware("1xh200").with_context(700 * mib)
+    assert measured_context(measured) == {"context_bytes": 700 * mib}
+    assert measured_context(resolve_hardware("1xh200")) == {}
+    plain, fsdp = Config(lora_rank=16, wrap="none"), Config(lora_rank=16, wrap="layer")
+    assert launcher._outside_bytes("cuda", 1, [plain], 700 * mib) == 700 * mib
+    assert launcher._outside_bytes("cuda", 1, [plain]) == 767 * mib
+    assert launcher._outside_bytes("cuda", 1, [plain, fsdp], 700 * mib) == (700 + 512 + 48) * mib
+    assert launcher._outside_bytes("cpu", 1, [fsdp], 700 * mib) == 0
