@@ -130,6 +130,7 @@ def plan(
     lora_dropout: float | None = None,
     train_embeddings: str | None = None,
     optimizer_impl: str | None = None,
+    launch: str | None = None,
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
@@ -152,6 +153,10 @@ def plan(
     `optimizer_impl` (`auto`, `fused`, `foreach`, `for-loop`) is how torch AdamW runs its step
     in every candidate (None: the space's, default `auto`: fused on a GPU); set, the space's
     torchao low-bit AdamW candidates are skipped.
+    `launch` (`autofit`, `trainer`) is whose training loop every candidate runs (None: the
+    space's, default `autofit`): `trainer` plans for an HF Trainer script (one GPU; the space's
+    candidates Trainer cannot run, quantized or offloaded ones say, are skipped with the reason),
+    its trials run `Trainer.train()` and its trainer export is the arguments measured.
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -188,7 +193,7 @@ def plan(
     check_calibration(calibration)
     settings = lora_settings(
         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
-        train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
+        train_embeddings=train_embeddings, optimizer_impl=optimizer_impl, launch=launch,
     )  # fmt: skip
     spec = resolve_model(model)
     check_model_size(spec)

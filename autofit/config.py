@@ -26,7 +26,7 @@ from autofit.data.batching import BATCHINGS
 from autofit.errors import ConfigError
 from autofit.layout import AUTO_WRAP, resolve_wrap
 from autofit.rules import rule_violation
-from autofit.settings import OPTIMIZER_IMPLS, coerce_setting
+from autofit.settings import LAUNCHES, OPTIMIZER_IMPLS, coerce_setting
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,15 @@ class Config:
         "step: two the size of the largest); optimizer=adamw only",
         metavar="|".join(OPTIMIZER_IMPLS),
         label=lambda c: f"adamw={c.optimizer_impl}" if c.optimizer_impl != "auto" else None,
+    )  # fmt: skip
+    launch: str = setting(
+        "autofit", "whose training loop runs the config: autofit (default) = autofit's builder "
+        "and loop (autofit.apply); trainer = HF Trainer.train() with the TrainingArguments the "
+        "trainer export writes, the model loaded as a Trainer script loads it (one GPU, plain "
+        "module; no quant, chunked/fused loss, every-2/selective checkpointing, offload or "
+        "compile)",
+        metavar="|".join(LAUNCHES),
+        label=lambda c: f"launch={c.launch}" if c.launch != "autofit" else None,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

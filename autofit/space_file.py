@@ -28,7 +28,7 @@ from autofit.config import (
 )
 from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
-from autofit.settings import OPTIMIZER_IMPLS, coerce_setting, setting_error
+from autofit.settings import LAUNCHES, OPTIMIZER_IMPLS, coerce_setting, setting_error
 from autofit.space import _DEFAULTS, Space, _settings
 
 
@@ -237,6 +237,9 @@ class SpaceFile(BaseModel):
     optimizer_impl: _setting(  # type: ignore[valid-type]
         "optimizer_impl", Literal[OPTIMIZER_IMPLS]
     ) = "auto"
+    launch: _setting(  # type: ignore[valid-type]
+        "launch", Literal[LAUNCHES]
+    ) = "autofit"
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )
