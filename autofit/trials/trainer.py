@@ -73,7 +73,7 @@ def trial_document(spec: ModelSpec, config: Config, world: int, device: str) -> 
     """The part of a plan document (`autofit.export.schema.plan_document`) the trainer export
     reads, for this trial: its config, GPUs, device and model."""
     return {
-        "config": config.to_dict(),
+        "config": config.resolved(world).to_dict(),
         "hardware": {"n_gpus": world, "nodes": 1, "gpus_per_node": world, "device": device},
         "model_spec": asdict(spec),
         "decoder_layer": spec.decoder_layer_class,
