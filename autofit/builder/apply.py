@@ -183,7 +183,8 @@ def adapt(model: nn.Module, config: Config, layout: Layout) -> nn.Module:
     )  # fmt: skip
     cast_trainable(model, layout)
     if layout.autocast:
-        keep_lora_inputs(model)
+        if config.launch == "autofit":  # a Trainer script's peft model casts them (the trace)
+            keep_lora_inputs(model)
         embeddings_in_compute_dtype(model)
     apply_loss(model, config.loss)
     apply_checkpointing(model, layout.checkpointed, layout.selective)

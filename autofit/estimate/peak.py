@@ -145,9 +145,10 @@ class Peaks:
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
         policy = "selective" if c.checkpointing == "selective" else "full"
         loss = mem.traced_loss(c.loss)  # the head's and the loss's allocations differ by loss
+        casts = mem.adapter_casts(c.launch, c.lora_rank, m.autocast)
         keys = {
             p: ActivationKey(
-                c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast, loss
+                c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast, loss, casts
             )  # fmt: skip
             for p in {"none", policy}
         }
@@ -198,7 +199,7 @@ class _ModelState(NamedTuple):
 
 
 @reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "precision", "optimizer", "offload",
-       "train_embeddings", "optimizer_impl")  # fmt: skip
+       "train_embeddings", "optimizer_impl", "launch")  # fmt: skip
 def _model_state(
     k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
     outsides: mem.Outsides, foreach_intermediates: int | None, mesh: str,
@@ -211,7 +212,7 @@ def _model_state(
     st = states(
         s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
         k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
-        foreach_intermediates,
+        foreach_intermediates, k.launch,
     )  # fmt: skip
     autocast = st.layout.autocast
     g = gathered_at_moments(
@@ -315,18 +316,18 @@ class _Activations(NamedTuple):
 
 
 @reads("micro_batch", "seq_len", "lora_rank", "checkpointing", "lora_targets", "lora_dropout",
-       "loss", "quant", "train_embeddings", "batching")  # fmt: skip
+       "loss", "quant", "train_embeddings", "batching", "launch")  # fmt: skip
 def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Activations:
     """Activations of one micro-batch, from the traced layer (and a trained head's, which the
     trace of the frozen one does not keep: `mem.trained_head_loss_bytes`), under `autocast`
     (what the model state's precision and sharding decide)."""
     acts, logits = mem.activation_bytes(
         model, s, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss
+        k.lora_dropout, k.loss, k.launch
     )  # fmt: skip
     backward = mem.layer_backward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout
+        k.lora_dropout, k.launch
     ) + mem.dequant_transient_bytes(s, k.quant)  # fmt: skip
     if k.quant == "int8":
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
@@ -334,7 +335,7 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
         acts += mem.packed_mask_bytes(model, s, k.micro_batch, k.seq_len, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss
+        k.lora_dropout, k.loss, k.launch
     )  # fmt: skip
     head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
         s, k.micro_batch, k.seq_len, k.train_embeddings, k.loss

@@ -49,7 +49,7 @@ def states(
     s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
     lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
     accumulates: bool, embeddings: str = "none", optimizer_impl: str = "auto",
-    foreach_intermediates: int | None = None,
+    foreach_intermediates: int | None = None, launch: str = "autofit",
 ) -> States:  # fmt: skip
     """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
     dimension (`Layout.shard`), what offload moves to a node's host (its `per_node` ranks'
@@ -105,6 +105,7 @@ def states(
         s, lora, precision, optimizer, device, shard, targets,
         impl=layout.adamw, offload=offload,
         trainable=trainable, embeddings=embeddings, foreach_intermediates=foreach_intermediates,
+        launch=launch,
     )  # fmt: skip
     # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
     # separate `.grad` tensors
