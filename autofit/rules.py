@@ -115,6 +115,11 @@ def _trainer_unsupported(cfg: Config) -> str | None:
         )
     if cfg.train_embeddings != "none":
         return f"train_embeddings={cfg.train_embeddings} (not measured under Trainer yet)"
+    if cfg.batching == "packed":
+        return (
+            "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer, not a "
+            "launch yet)"
+        )
     if cfg.wrap in TRAINER_FSDP:
         return f"wrap={cfg.wrap} (FSDP2 through Accelerate: not measured under Trainer yet)"
     return None

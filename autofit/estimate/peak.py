@@ -106,17 +106,21 @@ class Peaks:
         self._foreach_intermediates = foreach_intermediates
         self._expandable = expandable_segments
 
-    def of(self, config: Config) -> Peak:
+    def of(self, config: Config, padding_mask: bool = False) -> Peak:
+        """The peak of `config`; `padding_mask`: its micro-batch is padded rows of different
+        lengths with an attention mask (`padding_mask_applies`)."""
         key = EAGER_KNOBS(config)
         if config.compile and mem.compiled_fusion_applies(
             config.lora_rank, config.checkpointing
         ):  # the one compiled case that holds more than its eager twin
             key = (key, True)
+        if padding_mask:
+            key = (key, "mask")
         found = self._peaks.get(key)
         if found is None:
             if len(self._peaks) >= MEMO_SIZE:
                 self._peaks.clear()
-            found = self._peaks[key] = self._peak(config)
+            found = self._peaks[key] = self._peak(config, padding_mask)
         return found
 
     def replayed_slack(self, c: Config) -> Slack:
@@ -175,9 +179,14 @@ class Peaks:
     def _state(self, c: Config) -> _ModelState:
         return self._model_state(c, c.shard if self._hsdp else "all", c.grad_accum > 1)
 
-    def _peak(self, c: Config) -> Peak:
+    def _peak(self, c: Config, padding_mask: bool = False) -> Peak:
         m = self._state(c)
         a = self._activations(c, m.autocast)
+        if padding_mask:  # the same square mask as packed rows' (`mem.packed_mask_bytes`)
+            mask = mem.packed_mask_bytes(
+                self._model, self._structure, c.micro_batch, c.seq_len, c.checkpointing
+            )
+            a = a._replace(kept=a.kept + mask)
         outside = self._outside[m.st.layout.communicators]
         if c.compile and mem.compiled_fusion_applies(c.lora_rank, c.checkpointing):
             fused = mem.compiled_mlp_fusion_bytes(
@@ -185,6 +194,16 @@ class Peaks:
             )
             a = a._replace(backward=a.backward + fused)
         return _forward_or_later(m, a, self.device, self._workspace, outside)
+
+
+def padding_mask_applies(config: Config, padded_rows: bool) -> bool:
+    """Whether `config`'s micro-batch at its peak carries an attention mask over padding: under
+    `launch: trainer` a Trainer script's collator pads rows of different lengths (the data's
+    lengths under `padded` or `grouped`, `padded_rows`) and passes their `attention_mask`, from
+    which transformers builds a 4-D mask for SDPA (bool `rows x width²`, and per layer that keeps
+    its activations SDPA's bf16 copy and k, v repeated per query head: what `packed` rows'
+    block-diagonal mask costs). autofit's own padded rows pass no mask (the causal kernel)."""
+    return padded_rows and config.launch == "trainer" and config.batching != "packed"
 
 
 class _ModelState(NamedTuple):

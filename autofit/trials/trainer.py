@@ -30,8 +30,10 @@ from typing import Any
 
 import torch
 
+from autofit.builder.batching import IGNORE_INDEX, drawn_micro_batches
 from autofit.builder.trainer import TokenRows, make_trainer, trainer_model
 from autofit.config import Config
+from autofit.data import LengthHistogram
 from autofit.export.render import trainer_arguments
 from autofit.export.schema import lora_section
 from autofit.layout import layout_of
@@ -93,13 +95,34 @@ def trial_arguments(
     return args
 
 
-def step_rows(spec: ModelSpec, config: Config, rank: int) -> list[torch.Tensor]:
-    """One optimizer step's rows (`micro_batch` x `grad_accum`) of `seq_len` random token ids,
-    the same draw as `autofit.trials.rank.synthetic_batch`'s first rows."""
-    gen = torch.Generator().manual_seed(1234 + rank)
-    n = config.micro_batch * config.grad_accum
-    tokens = torch.randint(0, spec.vocab, (n, config.seq_len), generator=gen)
-    return list(tokens)
+def step_rows(
+    spec: ModelSpec, config: Config, lengths: dict[str, Any] | None = None, steps: int = 1,
+    longest_step: int = 0,
+) -> tuple[list[torch.Tensor], list[int] | None]:  # fmt: skip
+    """The rows Trainer trains on, and each step's useful tokens (None without the data's
+    lengths). Without the lengths: one optimizer step's rows (`micro_batch` x `grad_accum`) of
+    `seq_len` random token ids, the draw of `autofit.trials.rank.synthetic_batch`, which
+    `max_steps` cycles through. With them: `steps` steps of rows at lengths drawn from the data
+    as the config's `batching` lays them out (`drawn_micro_batches`, the longest micro-batch the
+    first of step `longest_step`), in the order Trainer's sequential sampler batches them."""
+    if not lengths:
+        gen = torch.Generator().manual_seed(1234)
+        n = config.micro_batch * config.grad_accum
+        return list(torch.randint(0, spec.vocab, (n, config.seq_len), generator=gen)), None
+    drawn = drawn_micro_batches(
+        LengthHistogram.from_dict(lengths), config.batching, config.micro_batch, config.seq_len,
+        spec.vocab, steps * config.grad_accum, seed=1234,
+        longest_at=longest_step * config.grad_accum,
+    )  # fmt: skip
+    rows: list[torch.Tensor] = []
+    for inputs, _ in drawn:
+        kept = inputs["labels"] != IGNORE_INDEX
+        if len(kept) != config.micro_batch:  # pragma: no cover - padded layouts are full
+            raise ValueError("a drawn micro-batch has fewer rows than micro_batch")
+        rows += [ids[k] for ids, k in zip(inputs["input_ids"], kept, strict=True)]
+    per_step = [n for _, n in drawn]
+    ga = config.grad_accum
+    return rows, [sum(per_step[i : i + ga]) for i in range(0, len(per_step), ga)]
 
 
 class _Steps:
@@ -155,16 +178,12 @@ def run_trainer(
     trainer` runs on one GPU (`autofit.rules.launch_unavailable`)."""
     if world != 1:  # pragma: no cover - refused before a trial is launched
         raise ValueError(f"launch=trainer runs in one process; this launch has {world}")
-    if spec.get("lengths"):
-        raise ValueError(
-            "launch=trainer trials on the data's lengths are not measured yet: Trainer's sampler "
-            "shuffles the rows, so the longest micro-batch may fall before its optimizer state "
-            "exists. Trial it at seq_len (without --lengths/--dataset), or use launch=autofit."
-        )
     progress("build")
     model_spec = ModelSpec(**spec["model"])
-    warmup = warmup_steps(config, spec["warmup"])
+    lengths = spec.get("lengths")
+    warmup = warmup_steps(config, spec["warmup"], data=bool(lengths))
     steps = warmup + spec["steps"]
+    rows, useful = step_rows(model_spec, config, lengths, steps, warmup - 1)
     layout = layout_of(config, world, device=device.type)
     lora = lora_section(config, model_spec) if config.is_lora else None
     timer = _Steps(warmup, slow_after_s, progress, device)
@@ -177,8 +196,10 @@ def run_trainer(
     ):
         model = trainer_model(model_spec, config, layout, lora, device)
         model.train()
-        dataset = TokenRows(step_rows(model_spec, config, 0))
+        dataset = TokenRows(rows)
         args = trial_arguments(model_spec, config, world, device, steps, out_dir)
+        if lengths:  # the drawn order: the longest micro-batch once the optimizer state exists
+            args["train_sampling_strategy"] = "sequential"
         trainer = make_trainer(model, args, dataset, [timer.callback])
         gc.collect()
         if tracker is not None:
@@ -202,6 +223,9 @@ def run_trainer(
     measured = timer.times[warmup:] or timer.times
     step_time = statistics.median(measured)
     tokens_per_s = config.micro_batch * config.grad_accum * config.seq_len * world / step_time
+    if useful is not None:  # useful tokens (padding excluded) of the measured steps
+        ran = range(warmup, len(timer.times)) if timer.times[warmup:] else range(len(timer.times))
+        tokens_per_s = sum(useful[i] for i in ran) / sum(measured)
     result: dict[str, Any] = (
         {"status": "slow", "message": timer.slow} if timer.slow else {"status": "ok"}
     )

@@ -63,3 +63,26 @@ def test_trainer_trial_is_within_the_estimates_error(trials, name) -> None:  # t
     measured = trials[name].peak_bytes
     error = est.peak_bytes / measured - 1
     assert abs(error) < MEMORY_ERROR, (name, est.peak_bytes, measured, dict(est.breakdown))
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_trainer_trial_on_a_length_file_is_within_the_estimates_error(checkpointing) -> None:  # type: ignore[no-untyped-def]
+    # padded micro-batches of the data's lengths (rows of different lengths): Trainer's collator
+    # passes their attention mask, which transformers turns into a 4-D mask for SDPA
+    # (`padding_mask_applies`); the trial runs the rows in the drawn order (the longest
+    # micro-batch after the optimizer's state exists)
+    from pathlib import Path
+
+    from autofit.data.read import read_length_file
+
+    hist = read_length_file(Path(__file__).parents[2] / "examples" / "instruct_lengths.json")
+    spec = resolve_model("llama-debug")
+    cfg = Config(seq_len=256, micro_batch=4, lora_rank=8, checkpointing=checkpointing,
+                 launch="trainer")  # fmt: skip
+    result = run_trial(spec, cfg, nprocs=1, device="cpu", steps=1, warmup=1, timeout_s=240,
+                       lengths=hist)  # fmt: skip
+    assert result.status == "ok", result.message[-800:]
+    assert len(result.losses) == 3  # a warm-up, the longest micro-batch's step, a measured one
+    est = estimate(spec, cpu_hardware(1), cfg, device="cpu", lengths=hist)
+    error = est.peak_bytes / result.peak_bytes - 1
+    assert abs(error) < MEMORY_ERROR, (est.peak_bytes, result.peak_bytes, dict(est.breakdown))
