@@ -86,3 +86,12 @@ def test_trainer_trial_on_a_length_file_is_within_the_estimates_error(checkpoint
     est = estimate(spec, cpu_hardware(1), cfg, device="cpu", lengths=hist)
     error = est.peak_bytes / result.peak_bytes - 1
     assert abs(error) < MEMORY_ERROR, (est.peak_bytes, result.peak_bytes, dict(est.breakdown))
+
+
+def test_a_trainer_trial_past_its_cap_is_an_oom() -> None:
+    # the trial's cap holds inside Trainer's loop: the tracker's OOM is not swallowed by Trainer
+    cfg = Config(**BASE, lora_rank=8, launch="trainer")
+    result = run_trial(resolve_model("llama-debug"), cfg, nprocs=1, device="cpu", steps=1,
+                       warmup=1, timeout_s=240, gpu_memory=12_000_000)  # fmt: skip
+    assert result.status == "oom", result.message[-800:]
+    assert "over the capacity of 12000000 bytes" in result.message
