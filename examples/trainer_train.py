@@ -5,8 +5,8 @@ such a script loads; its trainer export is the `TrainingArguments` measured (JSO
 plan file (`*.autofit.yaml`: the model, the knobs and peft's `lora` section). This script loads
 the model the way the trial did, in a few lines, and trains it with those arguments:
 
-    autofit plan --model llama-debug --gpus 1 --device cpu --space examples/trainer_space.yaml \\
-        --trials 2 --export args.json --format trainer
+    autofit plan --model llama-debug --gpus 1 --device cpu --space examples/tiny_space.yaml \\
+        --launch trainer --trials 2 --export args.json --format trainer
     python examples/trainer_train.py --arguments args.json --plan args.autofit.yaml
 
 The model here is built from the plan's preset with random weights (`from_config`); in your

@@ -65,9 +65,13 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path):
     from autofit.trials import run_trial
 
     spec = resolve_model("llama-debug")
+    space = tmp_path / "lora_space.yaml"  # not in examples/: its traces are not shipped
+    space.write_text(
+        "seq_len: 64\nlaunch: trainer\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
+        "  micro_batch: [2, 4]\n  wrap: [none]\n  checkpointing: [none, full]\n"
+    )
     plan = plan_estimates(PlanRequest.of(
-        spec, resolve_hardware("1", device="cpu"),
-        load_space(ROOT / "examples" / "trainer_space.yaml"), seq_len=64, device="cpu",
+        spec, resolve_hardware("1", device="cpu"), load_space(space), seq_len=64, device="cpu",
     ))  # fmt: skip
     assert plan.best is not None and plan.best.config.launch == "trainer"
     cfg = plan.best.config
