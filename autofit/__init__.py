@@ -133,6 +133,7 @@ def plan(
     quant_backend: str | None = None,
     bnb_4bit_use_double_quant: bool | None = None,
     bnb_4bit_quant_storage: str | None = None,
+    launch: str | None = None,
     calibration: str = "auto",
     node_rank: int | None = None,
     console: Any = None,
@@ -157,6 +158,10 @@ def plan(
     torchao low-bit AdamW candidates are skipped. `quant_backend` ("torchao", "bitsandbytes"),
     `bnb_4bit_use_double_quant` and `bnb_4bit_quant_storage` store the NF4 candidates' base as
     that library does (bitsandbytes: `wrap: none` candidates only, the others skipped).
+    `launch` (`autofit`, `trainer`) is whose training loop every candidate runs (None: the
+    space's, default `autofit`): `trainer` plans for an HF Trainer script (one GPU; the space's
+    candidates Trainer cannot run, quantized or offloaded ones say, are skipped with the reason),
+    its trials run `Trainer.train()` and its trainer export is the arguments measured.
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -196,6 +201,7 @@ def plan(
         train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
         quant_backend=quant_backend, bnb_4bit_use_double_quant=bnb_4bit_use_double_quant,
         bnb_4bit_quant_storage=bnb_4bit_quant_storage,
+        launch=launch,
     )  # fmt: skip
     spec = resolve_model(model)
     check_model_size(spec)

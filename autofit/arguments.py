@@ -14,10 +14,15 @@ from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError
 
 def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
     """A `Config` from knob and setting keyword arguments (`LORA_SETTINGS`), its
-    `train_embeddings` checked against `spec`'s vocabulary, its `shard` against `hw`'s nodes, and
-    no LoRA setting without LoRA."""
+    `train_embeddings` checked against `spec`'s vocabulary, its `shard` against `hw`'s nodes, its
+    `launch` against `hw`'s GPUs, and no LoRA setting without LoRA."""
     from autofit.config import check_known
-    from autofit.rules import lora_settings_unused, rule_violation, shard_unavailable
+    from autofit.rules import (
+        launch_unavailable,
+        lora_settings_unused,
+        rule_violation,
+        shard_unavailable,
+    )  # fmt: skip
 
     check_known(knobs)
     config = Config(**knobs)
@@ -26,6 +31,8 @@ def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
     problem = problem or shard_unavailable(config.shard, hw.nodes)
     # `wrap: auto` as it runs on these GPUs (a rule of quant_backend reads the wrap)
     problem = problem or rule_violation(config.resolved(hw.n_gpus))
+    unavailable = launch_unavailable(config.launch, hw.n_gpus)
+    problem = problem or (unavailable and unavailable + ".")
     if problem:
         raise ConfigError(problem)
     return config

@@ -26,7 +26,7 @@ from autofit.data.batching import BATCHINGS
 from autofit.errors import ConfigError
 from autofit.layout import AUTO_WRAP, resolve_wrap
 from autofit.rules import rule_violation
-from autofit.settings import OPTIMIZER_IMPLS, QUANT_BACKENDS, coerce_setting
+from autofit.settings import LAUNCHES, OPTIMIZER_IMPLS, QUANT_BACKENDS, coerce_setting
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,15 @@ class Config:
         label=lambda c: (
             f"storage={c.bnb_4bit_quant_storage}" if c.bnb_4bit_quant_storage != "uint8" else None
         ),
+    )  # fmt: skip
+    launch: str = setting(
+        "autofit", "whose training loop runs the config: autofit (default) = autofit's builder "
+        "and loop (autofit.apply); trainer = HF Trainer.train() with the TrainingArguments the "
+        "trainer export writes, the model loaded as a Trainer script loads it (one GPU, plain "
+        "module; no quant, chunked/fused loss, every-2/selective checkpointing, offload or "
+        "compile)",
+        metavar="|".join(LAUNCHES),
+        label=lambda c: f"launch={c.launch}" if c.launch != "autofit" else None,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -67,6 +67,64 @@ def loss_unavailable(loss: str, device: str) -> str | None:
     return None
 
 
+TRAINER_FSDP = ("layer", "every-2", "every-4", "model")
+"""The wraps that shard with FSDP2, which `launch: trainer` does not run yet."""
+
+
+def launch_unavailable(launch: str, n_gpus: int) -> str | None:
+    """Why `launch` cannot run on `n_gpus` GPUs (a short reason a space's skip count shows, and
+    the sentence an estimate or trial raises), or None: `launch: trainer` is measured on one GPU
+    (one process, the plain module), as `python train.py` runs a Trainer script."""
+    if launch != "trainer" or n_gpus <= 1:
+        return None
+    return (
+        f"launch=trainer runs on one GPU (one process, the plain module) for now; {n_gpus} GPUs "
+        "would be DDP or FSDP2 through Accelerate, which autofit does not measure under HF "
+        "Trainer yet. Plan one GPU (--gpus 1), or use launch=autofit"
+    )
+
+
+def _trainer_unsupported(cfg: Config) -> str | None:
+    """The first knob of `cfg` that `launch: trainer` cannot run as autofit counts it, or None:
+    HF Trainer (transformers 5.24) on a model loaded by `from_config` and wrapped by peft has no
+    torchao quantization of autofit's kind, no chunked loss (its loss is the model's own; Liger's
+    fused one, `use_liger_kernel`, is not measured under Trainer yet), checkpoints every decoder
+    layer or none (`activation_checkpointing`; no op-level policy), has no CPU offload of the
+    optimizer, compiles the whole model rather than each layer (`torch_compile`), and its `optim`
+    names no for-loop or foreach AdamW on a GPU. Low-bit AdamW and trained embeddings are not
+    measured under Trainer yet."""
+    if cfg.quant != "none":
+        return f"quant={cfg.quant} (torchao storage that autofit's builder applies)"
+    if cfg.loss != "standard":
+        return f"loss={cfg.loss} (Trainer computes the model's own cross-entropy)"
+    if cfg.checkpointing not in ("none", "full"):
+        return (
+            f"checkpointing={cfg.checkpointing} (Trainer's activation_checkpointing checkpoints "
+            "every decoder layer)"
+        )
+    if cfg.offload != "none":
+        return f"offload={cfg.offload} (one GPU without FSDP2: Trainer keeps everything on it)"
+    if cfg.compile:
+        return "compile=true (Trainer's torch_compile compiles the whole model, not each layer)"
+    if cfg.optimizer != "adamw":
+        return f"optimizer={cfg.optimizer} (torchao's low-bit AdamW under Trainer: not measured)"
+    if cfg.optimizer_impl not in ("auto", "fused"):
+        return (
+            f"optimizer_impl={cfg.optimizer_impl} (Trainer's optim runs torch AdamW fused, "
+            "adamw_torch_fused, or with torch's default, adamw_torch)"
+        )
+    if cfg.train_embeddings != "none":
+        return f"train_embeddings={cfg.train_embeddings} (not measured under Trainer yet)"
+    if cfg.batching == "packed":
+        return (
+            "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer, not a "
+            "launch yet)"
+        )
+    if cfg.wrap in TRAINER_FSDP:
+        return f"wrap={cfg.wrap} (FSDP2 through Accelerate: not measured under Trainer yet)"
+    return None
+
+
 QUANT_NEEDS_LORA = "quant needs LoRA"
 """The short reason of the first rule, which a space also applies to whole blocks of configs."""
 
@@ -129,6 +187,17 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
             "replicas, which keep the weights on the GPU.",
         )
+    if cfg.launch == "trainer":
+        unsupported = _trainer_unsupported(cfg)
+        if unsupported:
+            knob = unsupported.split("=", 1)[0]
+            return (
+                f"launch=trainer with {knob}",
+                f"launch=trainer cannot run {unsupported}. Under HF Trainer autofit measures "
+                "LoRA or a full fine-tune of the plain module on one GPU, with quant=none, "
+                "loss=standard, checkpointing none or full, offload=none, compile=false and "
+                "torch AdamW; use launch=autofit for the rest.",
+            )
     return None
 
 

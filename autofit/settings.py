@@ -2,8 +2,8 @@
 
 The settings are declared with the knobs on `autofit.config.Config` (name, default, help); this
 module holds their checks: `lora_targets` (module names), `lora_dropout` (a share), `lora_alpha`
-(a whole number), `train_embeddings` (`none`, `full` or `tokens:N`) and `optimizer_impl` (one of
-`OPTIMIZER_IMPLS`). Plain data, no torch.
+(a whole number), `train_embeddings` (`none`, `full` or `tokens:N`), `optimizer_impl` (one of
+`OPTIMIZER_IMPLS`) and `launch` (one of `LAUNCHES`). Plain data, no torch.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 # `optimizer_impl` values: how torch's AdamW runs its step (`autofit.recipe.adamw_impl` resolves
 # `auto`; `autofit.recipe.ADAMW_IMPLS` counts what each holds)
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
+
+# `launch` values: whose training loop runs the config. `autofit`: autofit's builder and loop
+# (`autofit.apply`); `trainer`: HF `Trainer.train()` with the TrainingArguments the trainer
+# export writes, on the model a Trainer user loads (`autofit.builder.trainer`).
+LAUNCHES = ("autofit", "trainer")
 
 # `lora_targets` spellings of the default: every linear projection of the decoder blocks.
 ALL_LINEAR = "all-linear"
@@ -128,6 +133,8 @@ def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
         if text in _TRUE or text in _FALSE:
             return text in _TRUE, None
         return None, "not true or false"
+    if name == "launch":
+        return _choice(value, "autofit", LAUNCHES)
     raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
 
 
@@ -212,6 +219,12 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
             f"Setting 'bnb_4bit_use_double_quant'{place} must be true or false (bitsandbytes "
             f"also quantizes NF4's absmax scales to 8 bits); got {value!r}."
         )
+    if name == "launch":
+        return (
+            f"Setting 'launch'{place} cannot be {value!r}. Allowed: autofit (the default: "
+            "autofit's own builder and training loop, autofit.apply) or trainer (HF Trainer's "
+            "training loop with the TrainingArguments the trainer export writes)."
+        )
     if name == "train_embeddings":
         return (
             f"Setting 'train_embeddings'{place} cannot be {value!r} ({why}). Allowed: none (the "
@@ -232,7 +245,7 @@ def coerce_setting(name: str, value: Any, where: str = "") -> Any:
     """Check and normalise one setting (`LORA_SETTINGS`); raise `ConfigError` naming the
     setting, the value and what is allowed. `lora_targets`: a tuple of module names, or None for
     every linear projection (`all-linear`, `all`, an empty list); `lora_dropout`: a float;
-    `train_embeddings`: `none`, `full` or `tokens:N`; `optimizer_impl`: lower case."""
+    `train_embeddings`: `none`, `full` or `tokens:N`; `optimizer_impl`, `launch`: lower case."""
     problem = setting_error(name, value, where)
     if problem is not None:
         raise ConfigError(problem)

@@ -40,6 +40,7 @@ from autofit.rules import (
     QUANT_NEEDS_LORA,
     broken_rule,
     derive_grad_accum,
+    launch_unavailable,
     loss_unavailable,
     quant_without_lora,
 )
@@ -153,7 +154,8 @@ class Space:
     ) -> tuple[list[Config], Counter[str]]:
         """Every valid config of the space that can run on `device` here, and the count of
         skipped combinations by reason (`loss: fused` needs CUDA and Liger installed:
-        `autofit.rules.loss_unavailable`), with the values that differ on `nodes` nodes and
+        `autofit.rules.loss_unavailable`; `launch: trainer` one GPU, `launch_unavailable`), with
+        the values that differ on `nodes` nodes and
         with (`data`) or without the data's lengths (`knobs_on`)."""
         seq = seq_len or self.seq_len
         names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
@@ -174,6 +176,7 @@ class Space:
         # overhead) is kept for param offload alone.
         plain_only = n_gpus == 1 and ("none" in knobs["wrap"] or auto)
         unavailable = {loss: loss_unavailable(loss, device) for loss in knobs["loss"]}
+        launch = launch_unavailable(self.settings.get("launch", _DEFAULTS.launch), n_gpus)
         accums_of = {  # micro_batch -> the grad_accum values it is tried with (none: skipped)
             m: () if (ga := derive_grad_accum(global_batch, m, n_gpus)) is None else (ga,)
             for m in knobs["micro_batch"]
@@ -190,7 +193,7 @@ class Space:
             if quant_without_lora(combo[quant_at], combo[rank_at]):  # the whole block at once
                 skipped[QUANT_NEEDS_LORA] += len(inner_values) * len(accum_values)
                 continue
-            why = unavailable[combo[loss_at]]
+            why = launch or unavailable[combo[loss_at]]
             if why:
                 skipped[why] += len(inner_values) * len(accum_values)
                 continue

@@ -30,6 +30,7 @@ from autofit.data.source import DataSource, SpaceData, as_space_data
 from autofit.errors import SpaceError, did_you_mean
 from autofit.settings import (
     BNB_QUANT_STORAGES,
+    LAUNCHES,
     OPTIMIZER_IMPLS,
     QUANT_BACKENDS,
     coerce_setting,
@@ -252,6 +253,9 @@ class SpaceFile(BaseModel):
     bnb_4bit_quant_storage: _setting(  # type: ignore[valid-type]
         "bnb_4bit_quant_storage", Literal[BNB_QUANT_STORAGES]
     ) = "uint8"
+    launch: _setting(  # type: ignore[valid-type]
+        "launch", Literal[LAUNCHES]
+    ) = "autofit"
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )

@@ -203,8 +203,10 @@ def _lora_per_rank(s: Structure, targets: tuple[str, ...] | None) -> int:
 class ActivationKey:
     """What a layer trace depends on besides the architecture: the plan's sequence length, the
     LoRA settings, the checkpointing of the layer, whether the run autocasts fp32 weights
-    (the plain module and DDP under bf16-mixed) or computes in bf16 (FSDP2, pure bf16), and the
-    loss (`standard` or `chunked`; `fused` is traced as `chunked`, `trace_loss`)."""
+    (the plain module and DDP under bf16-mixed) or computes in bf16 (FSDP2, pure bf16), the
+    loss (`standard` or `chunked`; `fused` is traced as `chunked`, `trace_loss`), and whether
+    peft casts each adapter's input to the adapters' fp32 under autocast (`adapter_casts`: the
+    model of `launch: trainer`, which autofit's builder does not set up, `keep_lora_inputs`)."""
 
     seq_len: int
     lora_rank: int = 0
@@ -213,14 +215,16 @@ class ActivationKey:
     policy: str = "none"  # none | full | selective: the checkpointing of every traced layer
     autocast: bool = False
     loss: str = "standard"  # standard | chunked: how the traced model computes its loss
+    adapter_casts: bool = False  # LoRA under autocast with peft's input casts (launch: trainer)
 
     def text(self) -> str:
         targets = ",".join(self.lora_targets) if self.lora_targets else "all"
         # the standard loss adds nothing: entries cached before the loss knob stay valid
         loss = "" if self.loss == "standard" else f"|{self.loss}"
+        casts = "|casts" if self.adapter_casts else ""  # likewise: autofit's model has none
         return (
             f"s{self.seq_len}|r{self.lora_rank}|t{targets}|d{self.lora_dropout}|{self.policy}"
-            f"|{'amp' if self.autocast else 'bf16'}{loss}"
+            f"|{'amp' if self.autocast else 'bf16'}{loss}{casts}"
         )
 
 

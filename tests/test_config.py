@@ -170,6 +170,7 @@ def test_lora_settings_follow_lora_alpha_in_the_config():
     assert LORA_SETTINGS == (
         "lora_alpha", "lora_targets", "lora_dropout", "train_embeddings", "optimizer_impl",
         "quant_backend", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage",
+        "launch",
     )  # fmt: skip
     assert names[len(KNOBS) :] == list(LORA_SETTINGS)
     cfg = Config()
@@ -395,3 +396,49 @@ def test_bitsandbytes_on_several_gpus_is_refused_where_auto_becomes_fsdp2():
     assert config_of(knobs, resolve_model("llama-debug"), cpu_hardware(1)).wrap == "auto"
     with pytest.raises(ConfigError, match="needs wrap=none"):
         config_of(knobs, resolve_model("llama-debug"), cpu_hardware(2))
+
+
+def test_launch_is_a_setting_whose_default_stays_out_of_every_config():
+    # the launch is the user's (their training script), the same for every candidate: a
+    # setting, so plans and estimates of launch=autofit read exactly as before it existed
+    assert "launch" not in KNOBS
+    assert "launch" not in Config().to_dict()
+    cfg = Config(lora_rank=8, launch=" Trainer ")
+    assert cfg.launch == "trainer"
+    assert cfg.short() == "lora r8 mb1x1 wrap=auto launch=trainer"
+    assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ConfigError, match="Setting 'launch' cannot be 'trl'"):
+        Config(launch="trl")
+
+
+@pytest.mark.parametrize(
+    ("knobs", "named"),
+    [
+        ({"lora_rank": 8, "quant": "nf4"}, "quant=nf4"),
+        ({"loss": "chunked"}, "loss=chunked"),
+        ({"checkpointing": "selective"}, "checkpointing=selective"),
+        ({"offload": "optimizer"}, "offload=optimizer"),
+        ({"compile": True}, "compile=true"),
+        ({"optimizer": "adamw8bit"}, "optimizer=adamw8bit"),
+        ({"optimizer_impl": "for-loop"}, "optimizer_impl=for-loop"),
+        ({"wrap": "layer"}, "wrap=layer"),
+    ],
+)
+def test_launch_trainer_refuses_what_trainer_cannot_run(knobs, named) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=f"launch=trainer cannot run {named}"):
+        Config(launch="trainer", **knobs)
+    Config(launch="autofit", **knobs)  # autofit's own launch runs it
+
+
+def test_launch_trainer_runs_on_one_gpu_and_a_space_skips_it_elsewhere():
+    from autofit.rules import launch_unavailable
+    from autofit.space_file import load_space
+
+    assert launch_unavailable("trainer", 1) is None and launch_unavailable("autofit", 8) is None
+    assert "one GPU" in (launch_unavailable("trainer", 2) or "")
+    space = load_space("default").with_settings(launch="trainer")
+    one, skipped_one = space.candidates(1, seq_len=512)
+    assert one and all(c.launch == "trainer" and c.quant == "none" for c in one)
+    assert any(reason.startswith("launch=trainer with") for reason in skipped_one)
+    two, skipped = space.candidates(2, seq_len=512)
+    assert not two and any("one GPU" in reason for reason in skipped)

@@ -54,3 +54,42 @@ def test_a_malformed_plan_is_one_paragraph_and_exit_2_from_the_example(tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.startswith(f"{path} is not a valid autofit plan: `hardware.gpu` is not a")
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path):
+    # A plan for an HF Trainer script (launch: trainer), exported as TrainingArguments JSON and
+    # launched as its printed note says (examples/trainer_train.py: the model loaded as the
+    # trial loaded it, Trainer with the exported arguments), peaks where the trial of its
+    # winner measured: the trial ran the very arguments the export writes.
+    from autofit.export.launch import launch_note
+    from autofit.trials import run_trial
+
+    spec = resolve_model("llama-debug")
+    space = tmp_path / "lora_space.yaml"  # not in examples/: its traces are not shipped
+    space.write_text(
+        "seq_len: 64\nlaunch: trainer\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
+        "  micro_batch: [2, 4]\n  wrap: [none]\n  checkpointing: [none, full]\n"
+    )
+    plan = plan_estimates(PlanRequest.of(
+        spec, resolve_hardware("1", device="cpu"), load_space(space), seq_len=64, device="cpu",
+    ))  # fmt: skip
+    assert plan.best is not None and plan.best.config.launch == "trainer"
+    cfg = plan.best.config
+    trial = run_trial(spec, cfg, nprocs=1, device="cpu", steps=2, warmup=1, timeout_s=240)
+    assert trial.status == "ok", trial.message[-800:]
+    paths = plan.export("trainer", tmp_path / "args.json")
+    assert [p.name for p in paths] == ["args.json", "args.autofit.yaml"]
+    note = launch_note(plan, "trainer", tmp_path / "args.json")
+    assert "trainer_train.py --arguments" in note and "no autofit.apply" in note
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "trainer_train.py"), "--arguments",
+         str(paths[0]), "--plan", str(paths[1]), "--steps", "3", "--peak"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", proc.stdout)]
+    assert len(losses) == 3, proc.stdout
+    (peak,) = (int(x) for x in re.findall(r"peak bytes: (\d+)", proc.stdout))
+    # the example's peak is from the build on, the trial's of its steps (the build's is below)
+    assert abs(peak / trial.peak_bytes - 1) < 0.01, (peak, trial.peak_bytes, proc.stdout)

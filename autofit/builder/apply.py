@@ -174,8 +174,9 @@ def adapt(model: nn.Module, config: Config, layout: Layout) -> nn.Module:
     """The builder's steps before any weight exists: dtypes, LoRA (on `Layout.adapted`, with
     its dropout), the loss (`autofit.builder.loss`), and activation checkpointing
     (`Layout.checkpointed`); under `Layout.autocast` the run autocasts fp32 adapters
-    (`keep_lora_inputs`). `prepare` runs them before sharding, and the one-layer trace
-    (`autofit.builder.trace`) on the layers it measures."""
+    (`keep_lora_inputs`; not for `launch: trainer`, whose peft model, a Trainer script's, keeps
+    peft's casts: the one-layer trace of that launch builds it so). `prepare` runs them before
+    sharding, and the one-layer trace (`autofit.builder.trace`) on the layers it measures."""
     cast_base(model, layout)
     model = apply_lora(
         model, config.lora_rank, config.alpha, layout.adapted, config.lora_dropout,
@@ -183,7 +184,8 @@ def adapt(model: nn.Module, config: Config, layout: Layout) -> nn.Module:
     )  # fmt: skip
     cast_trainable(model, layout)
     if layout.autocast:
-        keep_lora_inputs(model)
+        if config.launch == "autofit":  # a Trainer script's peft model casts them (the trace)
+            keep_lora_inputs(model)
         embeddings_in_compute_dtype(model)
     apply_loss(model, config.loss)
     apply_checkpointing(model, layout.checkpointed, layout.selective)

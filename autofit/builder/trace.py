@@ -389,6 +389,7 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
         lora_targets=key.lora_targets,
         lora_dropout=key.lora_dropout,
         loss=key.loss,
+        launch="trainer" if key.adapter_casts else "autofit",
     )
     layout = model_layout(model, config)  # one GPU, the plain module: autocast under bf16-mixed
     with torch.device("meta"):  # peft makes the adapters on the CPU, then moves them to meta

@@ -17,7 +17,7 @@ from autofit.data import LengthHistogram
 from autofit.errors import ConfigError
 from autofit.estimate import memory as mem
 from autofit.estimate.data import shapes_of, with_checked
-from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks
+from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks, padding_mask_applies
 from autofit.estimate.speed import TIME_KEYS
 from autofit.estimate.step import step_time, step_time_terms
 from autofit.hardware import Hardware
@@ -222,7 +222,7 @@ def estimate_many(
             at_peak, at_step, useful, padding = shapes(config)
         tokens: float = config.micro_batch * config.grad_accum * n * useful
         at_peaks.append(at_peak)
-        peak = peak_of(at_peak)
+        peak = peak_of(at_peak, padding_mask_applies(at_peak, padding > 0))
         key = _TIMED_KNOBS(at_step)
         timed = timed_of(key)
         if timed is None:

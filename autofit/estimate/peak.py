@@ -108,15 +108,19 @@ class Peaks:
         self._foreach_intermediates = foreach_intermediates
         self._expandable = expandable_segments
 
-    def of(self, config: Config) -> Peak:
+    def of(self, config: Config, padding_mask: bool = False) -> Peak:
+        """The peak of `config`; `padding_mask`: its micro-batch is padded rows of different
+        lengths with an attention mask (`padding_mask_applies`)."""
         key = EAGER_KNOBS(config)
         if config.compile:  # its peak differs from its eager twin's (`_peak`)
             key = (key, True)
+        if padding_mask:
+            key = (key, "mask")
         found = self._peaks.get(key)
         if found is None:
             if len(self._peaks) >= MEMO_SIZE:
                 self._peaks.clear()
-            found = self._peaks[key] = self._peak(config)
+            found = self._peaks[key] = self._peak(config, padding_mask)
         return found
 
     def replayed_slack(self, c: Config) -> Slack:
@@ -145,9 +149,10 @@ class Peaks:
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
         policy = "selective" if c.checkpointing == "selective" else "full"
         loss = mem.traced_loss(c.loss)  # the head's and the loss's allocations differ by loss
+        casts = mem.adapter_casts(c.launch, c.lora_rank, m.autocast)
         keys = {
             p: ActivationKey(
-                c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast, loss
+                c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast, loss, casts
             )  # fmt: skip
             for p in {"none", policy}
         }
@@ -174,9 +179,14 @@ class Peaks:
     def _state(self, c: Config) -> _ModelState:
         return self._model_state(c, c.shard if self._hsdp else "all", c.grad_accum > 1)
 
-    def _peak(self, c: Config) -> Peak:
+    def _peak(self, c: Config, padding_mask: bool = False) -> Peak:
         m = self._state(c)
         a = self._activations(c, m.autocast)
+        if padding_mask:  # the same square mask as packed rows' (`mem.packed_mask_bytes`)
+            mask = mem.packed_mask_bytes(
+                self._model, self._structure, c.micro_batch, c.seq_len, c.checkpointing
+            )
+            a = a._replace(kept=a.kept + mask)
         outside = self._outside[m.st.layout.communicators]
         if c.compile:  # the partitioner recomputes what the uncheckpointed layers' MLPs saved
             recomputed = mem.compiled_recomputed_bytes(
@@ -202,6 +212,16 @@ def _bnb(k: Any) -> Bnb4bit | None:
     )
 
 
+def padding_mask_applies(config: Config, padded_rows: bool) -> bool:
+    """Whether `config`'s micro-batch at its peak carries an attention mask over padding: under
+    `launch: trainer` a Trainer script's collator pads rows of different lengths (the data's
+    lengths under `padded` or `grouped`, `padded_rows`) and passes their `attention_mask`, from
+    which transformers builds a 4-D mask for SDPA (bool `rows x width²`, and per layer that keeps
+    its activations SDPA's bf16 copy and k, v repeated per query head: what `packed` rows'
+    block-diagonal mask costs). autofit's own padded rows pass no mask (the causal kernel)."""
+    return padded_rows and config.launch == "trainer" and config.batching != "packed"
+
+
 class _ModelState(NamedTuple):
     """What a config's model takes whatever its activations: the persistent state, the gathered
     parameters, and the larger of the two moments after forward (`_later`)."""
@@ -214,7 +234,7 @@ class _ModelState(NamedTuple):
 
 
 @reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "precision", "optimizer", "offload",
-       "train_embeddings", "optimizer_impl", *BNB_KNOBS)  # fmt: skip
+       "train_embeddings", "optimizer_impl", *BNB_KNOBS, "launch")  # fmt: skip
 def _model_state(
     k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
     outsides: mem.Outsides, foreach_intermediates: int | None, mesh: str,
@@ -227,7 +247,7 @@ def _model_state(
     st = states(
         s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
         k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
-        foreach_intermediates, _bnb(k),
+        foreach_intermediates, _bnb(k), k.launch,
     )  # fmt: skip
     autocast = st.layout.autocast
     g = gathered_at_moments(
@@ -331,18 +351,18 @@ class _Activations(NamedTuple):
 
 
 @reads("micro_batch", "seq_len", "lora_rank", "checkpointing", "lora_targets", "lora_dropout",
-       "loss", "quant", "train_embeddings", "batching", *BNB_KNOBS)  # fmt: skip
+       "loss", "quant", "train_embeddings", "batching", *BNB_KNOBS, "launch")  # fmt: skip
 def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Activations:
     """Activations of one micro-batch, from the traced layer (and a trained head's, which the
     trace of the frozen one does not keep: `mem.trained_head_loss_bytes`), under `autocast`
     (what the model state's precision and sharding decide)."""
     acts, logits = mem.activation_bytes(
         model, s, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss
+        k.lora_dropout, k.loss, k.launch
     )  # fmt: skip
     backward = mem.layer_backward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout
+        k.lora_dropout, k.launch
     ) + mem.dequant_transient_bytes(s, k.quant, _bnb(k))  # fmt: skip
     if k.quant == "int8":
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
@@ -350,7 +370,7 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
         acts += mem.packed_mask_bytes(model, s, k.micro_batch, k.seq_len, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss
+        k.lora_dropout, k.loss, k.launch
     )  # fmt: skip
     head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
         s, k.micro_batch, k.seq_len, k.train_embeddings, k.loss

@@ -50,6 +50,7 @@ def states(
     lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
     accumulates: bool, embeddings: str = "none", optimizer_impl: str = "auto",
     foreach_intermediates: int | None = None, bnb: Bnb4bit | None = None,
+    launch: str = "autofit",
 ) -> States:  # fmt: skip
     """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
     dimension (`Layout.shard`), what offload moves to a node's host (its `per_node` ranks'
@@ -105,6 +106,7 @@ def states(
         s, lora, precision, optimizer, device, shard, targets,
         impl=layout.adamw, offload=offload,
         trainable=trainable, embeddings=embeddings, foreach_intermediates=foreach_intermediates,
+        launch=launch,
     )  # fmt: skip
     # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
     # separate `.grad` tensors

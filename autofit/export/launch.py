@@ -18,6 +18,14 @@ from autofit.layout import Sharding
 # `launch_note` says what it stands for and runs the plan with an example shipped in the sources.
 TRAIN_SCRIPT = "<your_train.py>"
 EXAMPLE_SCRIPTS = {"accelerate": "accelerate_train.py"}  # other formats: train_with_plan.py
+TRAINER_EXAMPLE = "trainer_train.py"
+"""The example of a `launch: trainer` plan's trainer export: HF Trainer on the model loaded as
+its trials loaded it (`from_config`/`from_pretrained`, peft LoRA of the plan's `lora`)."""
+
+
+def trainer_launch(doc: dict[str, Any]) -> bool:
+    """Whether the plan was made for (and measured under) an HF Trainer script."""
+    return (doc.get("config") or {}).get("launch", "autofit") == "trainer"
 
 
 RDZV_PORT = 29500
@@ -55,6 +63,10 @@ def launch_lines(
     p = Path(path)
     if format == "accelerate":
         tail = f"{script} --plan {side_path(p)}"
+    elif format == "trainer" and trainer_launch(doc):
+        tail = (f"{script}  # TrainingArguments(**json.load(open('{p}'))) on the model loaded "
+                f"as measured: peft LoraConfig of autofit.load_plan('{side_path(p)}')"
+                ".document['lora']")  # fmt: skip
     elif format == "trainer":
         tail = (f"{script}  # TrainingArguments(**json.load(open('{p}'))); "
                 f"autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
@@ -122,6 +134,8 @@ def launch_note(plan: Any, format: str, path: str | Path) -> str:
     for a few steps with the example script shipped in autofit's sources (random weights)."""
     format = check_format(format)
     doc = plan if isinstance(plan, dict) else plan_document(plan)
+    if format == "trainer" and trainer_launch(doc):
+        return _trainer_note(doc, Path(path))
     name = EXAMPLE_SCRIPTS.get(format, "train_with_plan.py")
     text = (
         f"{TRAIN_SCRIPT} is your training script: autofit.load_plan(...) then "
@@ -141,4 +155,26 @@ def launch_note(plan: Any, format: str, path: str | Path) -> str:
         if doc["hardware"].get("device") == "cuda":
             cmd += " --device cuda"
     cmd += f" --model {shlex.quote(str(doc['model']))}"
+    return f"{text} To try the plan with the example {shown} (random weights): {cmd}"
+
+
+def _trainer_note(doc: dict[str, Any], path: Path) -> str:
+    """`launch_note` of a `launch: trainer` plan's trainer export: the model is loaded as its
+    trials loaded it (no `autofit.apply`), and the example that does so."""
+    text = (
+        f"{TRAIN_SCRIPT} is your HF Trainer script: load the model in the dtype the plan trains "
+        "(bf16 for a LoRA base) and wrap it with peft's LoraConfig of the plan's lora section, as "
+        "the trials did; no autofit.apply."
+    )
+    example = Path(__file__).resolve().parents[2] / "examples" / TRAINER_EXAMPLE
+    if not example.is_file():
+        return f"{text} examples/{TRAINER_EXAMPLE} in autofit's source repository is one."
+    rel = os.path.relpath(example)
+    shown = rel if not rel.startswith("..") else str(example)
+    cmd = (
+        f"python {shlex.quote(shown)} --arguments {shlex.quote(str(path))} "
+        f"--plan {shlex.quote(str(side_path(path)))}"
+    )
+    if doc["hardware"].get("device") == "cuda":
+        cmd += " --device cuda"
     return f"{text} To try the plan with the example {shown} (random weights): {cmd}"

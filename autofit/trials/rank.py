@@ -232,6 +232,11 @@ def run(
     `slow_after_s`: a measured step longer than this (on the slowest rank) ends the steps there,
     and the result, of the steps measured so far, is `slow` (`autofit.trials.budget`)."""
     progress = progress or Progress(None, 0)
+    if config.launch == "trainer":  # HF Trainer's own loop (`autofit.trials.trainer`)
+        from autofit.trials.trainer import run_trainer
+
+        made = run_trainer(spec, config, device, capacity, world, progress, slow_after_s)
+        return made if local_rank == 0 else None
     device_type = device.type
     progress("build")
 

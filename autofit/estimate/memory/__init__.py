@@ -13,6 +13,7 @@ from __future__ import annotations
 from autofit.estimate.memory.activations import (
     NF4_DEQUANT_TRANSIENT_BYTES,
     activation_bytes,
+    adapter_casts,
     compiled_fusion_applies,
     compiled_mlp_fusion_bytes,
     compiled_recomputed_bytes,
@@ -131,6 +132,7 @@ __all__ = [
     "head_grad_bytes",
     "head_grad_sum_bytes",
     "head_unit_bytes",
+    "adapter_casts",
     "int8_saved_weight_bytes",
     "layer_backward_bytes",
     "layer_unit_grad_bytes",

@@ -20,7 +20,7 @@ from autofit.structure import ActivationKey, LayerActivations, Structure
 def activation_bytes(
     model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora_rank: int,
     checkpointing: str, autocast: bool, targets: Targets = None, dropout: float = 0.0,
-    loss: str = "standard",
+    loss: str = "standard", launch: str = "autofit",
 ) -> tuple[float, float]:  # fmt: skip
     """(decoder layers, outside the layers) activation bytes of one micro-batch at the peak of
     forward, from one layer of the real architecture traced at real width
@@ -36,11 +36,13 @@ def activation_bytes(
     logits and loss at their peak over the vocabulary (forward, and the start of backward), as
     the `loss` knob computes them (`traced_loss`: the whole batch's logits, or one chunk's beside
     the hidden states' gradient).
+    Under `launch: trainer` a LoRA layer under autocast is traced with peft's casts of each
+    adapter's input (`adapter_casts`): the bf16 copy autocast makes of each fp32 cast is saved.
     The last layer's backward is `layer_backward_bytes`: it is never alive together with
     the loss's tensors (CPU trials of every family: counting both over-estimated checkpointed
     runs by 10-44%, bench/accuracy.py --families)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout, loss)  # fmt: skip
+                               dropout, loss, launch)  # fmt: skip
     n = s.layers
     fixed = head_grad_sum_bytes(model, lora_rank, loss)
     if ckpt is None:
@@ -69,6 +71,7 @@ def _outside(root: float, micro_batch: int, fixed: float) -> float:
 def loss_forward_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
     autocast: bool, targets: Targets = None, dropout: float = 0.0, loss: str = "standard",
+    launch: str = "autofit",
 ) -> float:  # fmt: skip
     """What lives outside the layers at the peak of forward alone, the loss computed but its
     backward not begun (`LayerActivations.root_forward`): for `standard` the bf16 logits, their
@@ -76,7 +79,7 @@ def loss_forward_bytes(
     and `fused` the whole loss, whose gradients are computed in forward. FSDP2 still holds its
     last all-gather output then (`forward_gather_buffer_bytes`)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout, loss)  # fmt: skip
+                               dropout, loss, launch)  # fmt: skip
     fixed = head_grad_sum_bytes(model, lora_rank, loss)
     return _outside((ckpt or kept).root_forward, micro_batch, fixed)
 
@@ -104,7 +107,7 @@ def forward_gather_buffer_bytes(
 
 def layer_backward_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
-    autocast: bool, targets: Targets = None, dropout: float = 0.0,
+    autocast: bool, targets: Targets = None, dropout: float = 0.0, launch: str = "autofit",
 ) -> float:  # fmt: skip
     """What the last decoder layer's backward holds at its peak besides the activations the
     layers kept (`LayerActivations.backward`, traced as its own moment: the one-layer model's
@@ -115,7 +118,7 @@ def layer_backward_bytes(
     moment). With `every-2` the larger of a checkpointed and a kept layer's (the peak is at
     whichever backward holds more)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout)  # fmt: skip
+                               dropout, "standard", launch)  # fmt: skip
     if ckpt is None:
         return micro_batch * kept.backward
     if checkpointing == "every-2":
@@ -206,18 +209,30 @@ def dequant_transient_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None
 @lru_cache(maxsize=4096)
 def _layer_traces(
     model: ModelSpec, seq_len: int, lora_rank: int, checkpointing: str, autocast: bool,
-    targets: Targets, dropout: float, loss: str = "standard",
+    targets: Targets, dropout: float, loss: str = "standard", launch: str = "autofit",
 ) -> tuple[LayerActivations, LayerActivations | None]:  # fmt: skip
     """The traced layer without checkpointing, and checkpointed as `checkpointing` does it
     (op-level for `selective`, the whole layer otherwise; None without checkpointing): the two
     traces `activation_bytes`, `loss_forward_bytes` and `layer_backward_bytes` read (memoised:
-    a space asks for the same few thousands of times)."""
-    key = ActivationKey(seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss))
+    a space asks for the same few thousands of times). `launch`: under `trainer` a LoRA layer
+    under autocast keeps peft's casts of its adapters' inputs (`adapter_casts`)."""
+    casts = adapter_casts(launch, lora_rank, autocast)
+    key = ActivationKey(
+        seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss), casts
+    )
     kept = activations_of(model, key)
     if checkpointing == "none":
         return kept, None
     policy = "selective" if checkpointing == "selective" else "full"
     return kept, activations_of(model, replace(key, policy=policy))
+
+
+def adapter_casts(launch: str, lora_rank: int, autocast: bool) -> bool:
+    """Whether the traced layer keeps peft's cast of each adapter's input to the adapters' dtype
+    (`ActivationKey.adapter_casts`): a LoRA model under autocast that autofit's builder did not
+    set up (`launch: trainer`; `autofit.builder.apply.keep_lora_inputs` turns the casts off).
+    Elsewhere the casts are no-ops (the input is already in the adapters' dtype) or absent."""
+    return launch == "trainer" and lora_rank > 0 and autocast
 
 
 def int8_saved_weight_bytes(s: Structure, checkpointing: str) -> float:

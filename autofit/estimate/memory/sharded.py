@@ -186,6 +186,7 @@ def optimizer_temp_bytes(
     s: Structure, lora_rank: int, precision: str, optimizer: str, device: str, shard: int,
     targets: Targets = None, *, impl: str | None = None, offload: str = "none",
     trainable: float = 0.0, embeddings: str = "none", foreach_intermediates: int | None = None,
+    launch: str = "autofit",
 ) -> float:  # fmt: skip
     """Intermediates of the optimizer step on the device, by the implementation of torch's AdamW
     the run uses (`impl`, `autofit.recipe.adamw_impl`; None: torchao's low-bit AdamW), each in
@@ -193,7 +194,9 @@ def optimizer_temp_bytes(
     the (local) `trainable` parameters (`foreach_intermediates`: another torch's count, e.g. 2
     for torch 2.0's); `for-loop` two the size of the largest trainable tensor's shard (measured:
     2 x the fp32 embedding of llama-mini on the plain module), as torchao's low-bit step on CPU.
-    On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one."""
+    On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one.
+    Under `launch: trainer` a full fine-tune's for-loop steps in Trainer's order
+    (`trainer_for_loop_elements`)."""
     if impl == "fused" or (device != "cpu" and (impl is None or offload != "none")):
         return 0.0
     pb = master_bytes(precision, optimizer)
@@ -202,9 +205,27 @@ def optimizer_temp_bytes(
             foreach_intermediates = recipe.ADAMW_IMPLS["foreach"].intermediates
         return foreach_intermediates * trainable * pb / shard
     per_param = recipe.ADAMW_IMPLS["for-loop"].intermediates
+    if launch == "trainer" and not lora_rank:
+        return trainer_for_loop_elements(s) * pb / shard
     largest = s.largest_lora_matrix(targets) * lora_rank if lora_rank else s.largest_param
     trained = trained_largest_tensor(s, embeddings)
     return max(per_param * largest * pb / shard, per_param * trained * pb / shard)
+
+
+def trainer_for_loop_elements(s: Structure) -> int:
+    """Elements the for-loop AdamW step (`_single_tensor_adam`, torch 2.13) holds at its peak in
+    a full fine-tune under HF Trainer: its quotient `denom` of one parameter is still bound while
+    the next parameter's `sqrt` and quotient are made, so the peak is the largest `previous +
+    2 x current` over consecutive parameters of one group. Trainer (`get_decay_parameter_names`)
+    steps the weight-decay group first, in module order without the norms and biases: the
+    embedding, each layer's projections, then an untied head, right after the last layer's last
+    projection (on llama-debug: 2 x the head + down_proj, 2.80 MB measured, where autofit's one
+    group in module order holds 3 x the MLP projection, 2.11 MB). The no-decay group (norms,
+    biases) is vectors."""
+    order = [s.vocab * s.hidden] + [p.weight_params for p in s.projections] * 2
+    if s.head_params:
+        order.append(s.head_params)
+    return max(prev + 2 * cur for prev, cur in zip([0, *order], order, strict=False))
 
 
 def head_grad_bytes(

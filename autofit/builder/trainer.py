@@ -1,0 +1,102 @@
+"""`launch: trainer`: the model and the `transformers.Trainer` a Trainer script sets up, which the
+trial runs (`autofit.trials.trainer`) instead of autofit's own builder and loop.
+
+The model is what such a script loads: `AutoModelForCausalLM.from_config` with random weights
+in the dtype it trains (a LoRA base frozen in bf16, a full fine-tune in the config's train dtype:
+fp32 masters under `bf16-mixed`, bf16 under `bf16`), then peft LoRA with the export's
+`LoraConfig` (its rank, alpha, dropout and targets; the adapters in fp32 under `bf16-mixed`,
+peft's `autocast_adapter_dtype`). Nothing of autofit's builder touches it: peft casts each
+adapter's input to the adapter's dtype (autofit's builder switches that off, `keep_lora_inputs`),
+activation checkpointing is Trainer's own (`activation_checkpointing_enable`, non-reentrant),
+and the optimizer is the one `TrainingArguments.optim` names, made by Trainer in `train()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from autofit.builder.dtypes import TORCH_DTYPES
+from autofit.config import Config
+from autofit.layout import Layout
+from autofit.models import ModelSpec
+
+
+def trainer_model(
+    spec: ModelSpec, config: Config, layout: Layout, lora: dict[str, Any] | None,
+    device: torch.device,
+) -> nn.Module:  # fmt: skip
+    """`spec`'s causal LM as a Trainer script loads it for `config`: `from_config` in the dtype
+    it trains (`Layout.base_dtype`), random weights, on `device`, with peft LoRA of `lora` (the
+    export's `lora` section, `autofit.export.schema.lora_section`) for a LoRA config."""
+    from transformers import AutoModelForCausalLM
+
+    hf_config = spec.to_hf_config()
+    hf_config.use_cache = False
+    with device:
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=TORCH_DTYPES[layout.base_dtype])
+    if lora is None:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora_config = LoraConfig(
+        r=lora["rank"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=lora["target_modules"],
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    fp32_adapters = TORCH_DTYPES[layout.param_dtype] == torch.float32
+    return get_peft_model(model, lora_config, autocast_adapter_dtype=fp32_adapters)
+
+
+class TokenRows(torch.utils.data.Dataset):
+    """Rows of token ids, each a causal LM example with its ids as labels: the data a Trainer
+    trial trains on (`collate_rows` pads a micro-batch of them)."""
+
+    def __init__(self, rows: Sequence[torch.Tensor]) -> None:
+        self.rows = list(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.rows[i]}
+
+
+PAD_ID = 0
+
+
+def collate_rows(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One micro-batch padded to its longest row (right padding, pad id 0, labels -100 and the
+    attention mask 0 at the padding), as `DataCollatorForLanguageModeling` pads one."""
+    longest = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), longest), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(examples), longest), dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[i, :n] = e["input_ids"]
+        mask[i, :n] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def make_trainer(
+    model: nn.Module, arguments: dict[str, Any], dataset: TokenRows, callbacks: list[Any]
+) -> Any:
+    """`transformers.Trainer` of `model` with `TrainingArguments(**arguments)` (the trainer
+    export's, with the trial's own: steps, where it writes, no saving or reporting), training on
+    `dataset` padded by `collate_rows`, with `callbacks`."""
+    from transformers import Trainer, TrainingArguments
+
+    return Trainer(
+        model=model,
+        args=TrainingArguments(**arguments),
+        train_dataset=dataset,
+        data_collator=collate_rows,
+        callbacks=callbacks,
+    )

@@ -1,0 +1,246 @@
+"""A trial of `launch: trainer`: HF `Trainer.train()` runs the config's steps in the trial process.
+
+The model is the one a Trainer script loads (`autofit.builder.trainer.trainer_model`: from_config
+with random weights, peft LoRA of the export's `lora` section), the `TrainingArguments` are the
+trainer export's (`autofit.export.render.trainer_arguments` of this trial's plan document) with
+the trial's own on top (`TRIAL_ARGUMENTS`: the steps, where it writes, nothing saved, logged to
+disk or reported), and the data is one optimizer step's rows of random token ids of `seq_len`,
+which `max_steps` cycles through (the model memorises them, as autofit's own trials do).
+
+What it measures is what `autofit.trials.rank.run` measures, the same way: on CPU the peak of
+the live tensor bytes (`TensorTracker`, under the trial's cap) from the model's build on, the
+build's peak apart, over every step Trainer runs (the optimizer's state, which Trainer makes in
+its first step, included); on CUDA the allocator's peaks. Step times are read by a
+`TrainerCallback` from each step's begin to its end (the optimizer step, clipping and
+`zero_grad` inside), the warm-up steps left out; a measured step past `slow_after_s` stops the
+training there (`control.should_training_stop`) and the result is `slow`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from autofit.builder.batching import IGNORE_INDEX, drawn_micro_batches
+from autofit.builder.trainer import TokenRows, make_trainer, trainer_model
+from autofit.config import Config
+from autofit.data import LengthHistogram
+from autofit.export.render import trainer_arguments
+from autofit.export.schema import lora_section
+from autofit.layout import layout_of
+from autofit.models import ModelSpec
+from autofit.trials.budget import SLOW_FACTOR, SLOW_MIN_S, warmup_steps
+from autofit.trials.memory import TensorTracker, device_used_bytes, host_peak_bytes
+
+TRIAL_ARGUMENTS: dict[str, Any] = {
+    "save_strategy": "no",
+    "eval_strategy": "no",
+    "logging_strategy": "steps",  # each step's loss in `state.log_history`, in memory only
+    "logging_steps": 1,
+    "report_to": "none",
+    "disable_tqdm": True,
+    "dataloader_num_workers": 0,
+    "seed": 0,
+}
+"""The trial's own `TrainingArguments`, on top of the export's: the measurement, not the run."""
+
+
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+"""What a one-rank trial's worker is started with (`launcher.ONE_RANK_ENV`, the ranks torchrun
+would set) and `python train.py` is not: with `LOCAL_RANK` set, Accelerate's `PartialState`
+takes the process for one rank of a distributed launch and joins a process group."""
+
+
+@contextlib.contextmanager
+def as_one_process() -> Iterator[None]:
+    """The environment of a Trainer script run as `python train.py` while Trainer sets up: no
+    launcher's rank variables (`RANK_ENV`), put back after."""
+    saved = {k: os.environ.pop(k) for k in RANK_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def trial_document(spec: ModelSpec, config: Config, world: int, device: str) -> dict[str, Any]:
+    """The part of a plan document (`autofit.export.schema.plan_document`) the trainer export
+    reads, for this trial: its config, GPUs, device and model."""
+    return {
+        "config": config.resolved(world).to_dict(),
+        "hardware": {"n_gpus": world, "nodes": 1, "gpus_per_node": world, "device": device},
+        "model_spec": asdict(spec),
+        "decoder_layer": spec.decoder_layer_class,
+    }
+
+
+def trial_arguments(
+    spec: ModelSpec, config: Config, world: int, device: torch.device, steps: int, output_dir: str
+) -> dict[str, Any]:
+    """`TrainingArguments` of this trial: the trainer export's for `config` (exactly what
+    `autofit export --format trainer` writes for its plan), `TRIAL_ARGUMENTS`, `steps` steps and
+    `output_dir`; on CPU `use_cpu`."""
+    args = trainer_arguments(trial_document(spec, config, world, device.type))
+    args.update(TRIAL_ARGUMENTS, max_steps=steps, output_dir=output_dir)
+    if device.type == "cpu":
+        args["use_cpu"] = True
+    return args
+
+
+def step_rows(
+    spec: ModelSpec, config: Config, lengths: dict[str, Any] | None = None, steps: int = 1,
+    longest_step: int = 0,
+) -> tuple[list[torch.Tensor], list[int] | None]:  # fmt: skip
+    """The rows Trainer trains on, and each step's useful tokens (None without the data's
+    lengths). Without the lengths: one optimizer step's rows (`micro_batch` x `grad_accum`) of
+    `seq_len` random token ids, the draw of `autofit.trials.rank.synthetic_batch`, which
+    `max_steps` cycles through. With them: `steps` steps of rows at lengths drawn from the data
+    as the config's `batching` lays them out (`drawn_micro_batches`, the longest micro-batch the
+    first of step `longest_step`), in the order Trainer's sequential sampler batches them."""
+    if not lengths:
+        gen = torch.Generator().manual_seed(1234)
+        n = config.micro_batch * config.grad_accum
+        return list(torch.randint(0, spec.vocab, (n, config.seq_len), generator=gen)), None
+    drawn = drawn_micro_batches(
+        LengthHistogram.from_dict(lengths), config.batching, config.micro_batch, config.seq_len,
+        spec.vocab, steps * config.grad_accum, seed=1234,
+        longest_at=longest_step * config.grad_accum,
+    )  # fmt: skip
+    rows: list[torch.Tensor] = []
+    for inputs, _ in drawn:
+        kept = inputs["labels"] != IGNORE_INDEX
+        if len(kept) != config.micro_batch:  # pragma: no cover - padded layouts are full
+            raise ValueError("a drawn micro-batch has fewer rows than micro_batch")
+        rows += [ids[k] for ids, k in zip(inputs["input_ids"], kept, strict=True)]
+    per_step = [n for _, n in drawn]
+    ga = config.grad_accum
+    return rows, [sum(per_step[i : i + ga]) for i in range(0, len(per_step), ga)]
+
+
+class _Steps:
+    """Times each step Trainer runs (begin to end) and stops the training once a measured step
+    runs past `slow_after_s`; reports progress; on CUDA reads the whole device's use after each
+    step (`device_peak`)."""
+
+    def __init__(
+        self, warmup: int, slow_after_s: float | None, progress: Any, device: torch.device
+    ) -> None:
+        from transformers import TrainerCallback
+
+        self.warmup, self.limit, self.progress = warmup, slow_after_s, progress
+        self.device_peak = 0
+        self.times: list[float] = []
+        self.slow = ""
+        self._start = 0.0
+        outer = self
+
+        class Callback(TrainerCallback):  # type: ignore[misc]
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                step = len(outer.times)
+                warm = step < outer.warmup
+                outer.progress(
+                    "warmup" if warm else "step", step + 1 - (0 if warm else outer.warmup)
+                )
+                outer._start = time.perf_counter()
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    outer.device_peak = max(outer.device_peak, device_used_bytes(device))
+                outer.times.append(time.perf_counter() - outer._start)
+                measured = len(outer.times) - outer.warmup
+                if measured > 0 and outer.limit is not None and outer.times[-1] > outer.limit:
+                    outer.slow = (
+                        f"stopped as slow after {measured} measured step(s): a step took "
+                        f"{outer.times[-1]:.2f} s, past {outer.limit:.2f} s ({SLOW_FACTOR:g}x its "
+                        f"estimated step, at least {SLOW_MIN_S:g} s); its tokens/s are of the "
+                        "steps it ran"
+                    )
+                    control.should_training_stop = True
+
+        self.callback = Callback()
+
+
+def run_trainer(
+    spec: dict[str, Any], config: Config, device: torch.device, capacity: int | None,
+    world: int, progress: Any, slow_after_s: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Build `config` as a Trainer script does, run `Trainer.train()` for the trial's steps and
+    return its result (the fields `autofit.trials.rank.run` returns). One process: `launch:
+    trainer` runs on one GPU (`autofit.rules.launch_unavailable`)."""
+    if world != 1:  # pragma: no cover - refused before a trial is launched
+        raise ValueError(f"launch=trainer runs in one process; this launch has {world}")
+    progress("build")
+    model_spec = ModelSpec(**spec["model"])
+    lengths = spec.get("lengths")
+    warmup = warmup_steps(config, spec["warmup"], data=bool(lengths))
+    steps = warmup + spec["steps"]
+    rows, useful = step_rows(model_spec, config, lengths, steps, warmup - 1)
+    layout = layout_of(config, world, device=device.type)
+    lora = lora_section(config, model_spec) if config.is_lora else None
+    timer = _Steps(warmup, slow_after_s, progress, device)
+    torch.manual_seed(0)
+    tracker = TensorTracker(capacity) if device.type == "cpu" else None
+    with (
+        tempfile.TemporaryDirectory(prefix="autofit-trainer-") as out_dir,
+        tracker if tracker is not None else contextlib.nullcontext(),
+        as_one_process(),
+    ):
+        model = trainer_model(model_spec, config, layout, lora, device)
+        model.train()
+        dataset = TokenRows(rows)
+        args = trial_arguments(model_spec, config, world, device, steps, out_dir)
+        if lengths:  # the drawn order: the longest micro-batch once the optimizer state exists
+            args["train_sampling_strategy"] = "sequential"
+        trainer = make_trainer(model, args, dataset, [timer.callback])
+        gc.collect()
+        if tracker is not None:
+            build_peak = tracker.peak
+            tracker.reset_peak()
+        else:
+            build_peak = torch.cuda.max_memory_reserved(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        trainer.train()
+        history = trainer.state.log_history
+    if tracker is not None:
+        peaks = [tracker.peak, tracker.peak, build_peak]
+    else:
+        peaks = [
+            torch.cuda.max_memory_reserved(device),
+            torch.cuda.max_memory_allocated(device),
+            build_peak,
+        ]
+    losses = [float(h["loss"]) for h in history if "loss" in h]
+    measured = timer.times[warmup:] or timer.times
+    step_time = statistics.median(measured)
+    tokens_per_s = config.micro_batch * config.grad_accum * config.seq_len * world / step_time
+    if useful is not None:  # useful tokens (padding excluded) of the measured steps
+        ran = range(warmup, len(timer.times)) if timer.times[warmup:] else range(len(timer.times))
+        tokens_per_s = sum(useful[i] for i in ran) / sum(measured)
+    result: dict[str, Any] = (
+        {"status": "slow", "message": timer.slow} if timer.slow else {"status": "ok"}
+    )
+    return {
+        "compile_s": None, "graphs": None, "graph_breaks": None, "recompiles": None,
+        **result,
+        "sharding": str(layout.sharding),
+        "process_group": False,
+        "peak_bytes": int(peaks[0]),
+        "peak_allocated_bytes": int(peaks[1]),
+        "build_peak_bytes": int(peaks[2]),
+        "device_peak_bytes": timer.device_peak or None,
+        "host_peak_bytes": int(host_peak_bytes()),
+        "step_time_s": step_time,
+        "tokens_per_s": tokens_per_s,
+        "losses": losses,
+        "capacity_bytes": capacity,
+    }  # fmt: skip

@@ -1,0 +1,115 @@
+"""Train with a `launch: trainer` plan's Trainer export: HF `Trainer` with its TrainingArguments.
+
+A plan made for an HF Trainer script (`--launch trainer`) measured `Trainer.train()` on the model
+such a script loads; its trainer export is the `TrainingArguments` measured (JSON) beside the
+plan file (`*.autofit.yaml`: the model, the knobs and peft's `lora` section). This script loads
+the model the way the trial did, in a few lines, and trains it with those arguments:
+
+    autofit plan --model llama-debug --gpus 1 --device cpu --space examples/tiny_space.yaml \\
+        --launch trainer --trials 2 --export args.json --format trainer
+    python examples/trainer_train.py --arguments args.json --plan args.autofit.yaml
+
+The model here is built from the plan's preset with random weights (`from_config`); in your
+script load your checkpoint with `from_pretrained(..., dtype=...)` in the same dtype instead.
+`--peak` prints the step's peak memory as the trials measure it (on CPU the live tensor bytes,
+autofit's tracker; on a GPU `max_memory_reserved`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+import autofit
+from autofit.models import resolve_model
+
+
+def load_model(plan: object, device: str) -> torch.nn.Module:
+    """The model as the trial loaded it: a LoRA base frozen in bf16 (a full fine-tune in its
+    train dtype: fp32 masters under bf16-mixed), then peft LoRA of the plan's `lora` section,
+    its adapters in fp32 under bf16-mixed."""
+    doc = plan.document  # type: ignore[attr-defined]
+    cfg = plan.best.config  # type: ignore[attr-defined]
+    mixed = cfg.precision == "bf16-mixed"
+    dtype = torch.float32 if mixed and not cfg.is_lora else torch.bfloat16
+    hf_config = resolve_model(doc["model"]).to_hf_config()
+    hf_config.use_cache = False
+    with torch.device(device):  # your script: AutoModelForCausalLM.from_pretrained(path, dtype=)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    lora = doc.get("lora")
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(
+            r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM",
+        )  # fmt: skip
+        model = get_peft_model(model, config, autocast_adapter_dtype=mixed)
+    return model
+
+
+def pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A micro-batch padded to its longest row, labels -100 at the padding."""
+    longest = max(len(e["input_ids"]) for e in examples)
+    ids = torch.zeros((len(examples), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, e in enumerate(examples):
+        ids[i, : len(e["input_ids"])] = e["input_ids"]
+        mask[i, : len(e["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arguments", required=True, help="the trainer export (JSON)")
+    parser.add_argument("--plan", required=True, help="the plan file beside it (.autofit.yaml)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps")
+    parser.add_argument("--peak", action="store_true", help="print the peak memory")
+    args = parser.parse_args()
+    try:
+        plan = autofit.load_plan(args.plan)
+    except autofit.AutofitError as exc:
+        parser.exit(2, f"{exc}\n")
+    cfg = plan.best.config
+    with open(args.arguments) as fh:
+        arguments = json.load(fh)
+    print(f"plan: {cfg.short()} (seq_len {cfg.seq_len}); optim {arguments['optim']}")
+
+    tracker: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if args.peak and args.device == "cpu":
+        from autofit.trials.memory import TensorTracker
+
+        tracker = TensorTracker()
+    torch.manual_seed(0)
+    vocab = resolve_model(plan.document["model"]).vocab
+    rows = torch.randint(0, vocab, (cfg.micro_batch * cfg.grad_accum, cfg.seq_len))
+    data = [{"input_ids": row} for row in rows]
+    with tracker, tempfile.TemporaryDirectory() as out:
+        model = load_model(plan, args.device)
+        training = TrainingArguments(
+            **{**arguments, "output_dir": out}, max_steps=args.steps, save_strategy="no",
+            logging_steps=1, report_to="none", disable_tqdm=True,
+            use_cpu=args.device == "cpu",
+        )  # fmt: skip
+        trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=pad)
+        trainer.train()
+    for entry in trainer.state.log_history:
+        if "loss" in entry:
+            print(f"step {entry['step']}: loss {entry['loss']:.4f}")
+    if args.peak:
+        peak = (
+            tracker.peak  # type: ignore[attr-defined]
+            if args.device == "cpu"
+            else torch.cuda.max_memory_reserved()
+        )
+        print(f"peak bytes: {peak}")
+
+
+if __name__ == "__main__":
+    main()

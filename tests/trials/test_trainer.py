@@ -1,0 +1,97 @@
+"""`launch: trainer` on real CPU trials: HF `Trainer.train()` runs the steps in the trial process
+(the model from `from_config`, peft LoRA, the trainer export's `TrainingArguments`), measured as
+autofit's own trials are (the tracked live tensor bytes), and its estimate is held to that peak
+within the error the napkin states (`autofit.estimate.MEMORY_ERROR`, docs/accuracy.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.config import Config
+from autofit.estimate import MEMORY_ERROR, estimate
+from autofit.hardware import cpu_hardware
+from autofit.models import resolve_model
+from autofit.trials import TrialResult, run_trial
+
+pytestmark = pytest.mark.slow
+
+BASE = {"seq_len": 64, "micro_batch": 2}
+TRIALS = {
+    "lora": {"lora_rank": 8, "launch": "trainer"},
+    "full": {"launch": "trainer"},
+    "lora-ckpt": {"lora_rank": 8, "checkpointing": "full", "launch": "trainer"},
+    "lora-autofit": {"lora_rank": 8},  # the same LoRA under autofit's own loop
+}
+STEPS, WARMUP = 2, 1
+
+
+@pytest.fixture(scope="module")
+def trials() -> dict[str, TrialResult]:
+    spec = resolve_model("llama-debug")
+    out = {}
+    for name, knobs in TRIALS.items():  # each in a launch of its own, as a script runs alone
+        cfg = Config(**BASE, **knobs)
+        out[name] = run_trial(
+            spec, cfg, nprocs=1, device="cpu", steps=STEPS, warmup=WARMUP, timeout_s=240
+        )
+        assert out[name].status == "ok", f"{name}: {out[name].message[-800:]}"
+    return out
+
+
+def test_trainer_trials_run_trainers_loop_for_every_step(trials) -> None:  # type: ignore[no-untyped-def]
+    for name in ("lora", "full", "lora-ckpt"):
+        result = trials[name]
+        assert result.sharding == "none"
+        # Trainer logged a loss for every step it ran (logging_steps=1), warm-up included
+        assert len(result.losses) == STEPS + WARMUP, (name, result.losses)
+        assert result.losses[-1] < result.losses[0], (name, result.losses)
+        assert result.step_time_s > 0 and result.tokens_per_s > 0
+
+
+def test_trainer_measures_what_trainer_does_differently(trials) -> None:  # type: ignore[no-untyped-def]
+    # Trainer's model keeps peft's cast of each adapter's input to the adapters' fp32 (autofit's
+    # builder switches it off), so under autocast each adapted projection saves a bf16 copy of
+    # its input: the same LoRA peaks higher under Trainer than under autofit's loop
+    assert trials["lora"].peak_bytes > trials["lora-autofit"].peak_bytes
+
+
+@pytest.mark.parametrize("name", ["lora", "full", "lora-ckpt"])
+def test_trainer_trial_is_within_the_estimates_error(trials, name) -> None:  # type: ignore[no-untyped-def]
+    spec = resolve_model("llama-debug")
+    cfg = Config(**BASE, **TRIALS[name])
+    est = estimate(spec, cpu_hardware(1), cfg, device="cpu")
+    measured = trials[name].peak_bytes
+    error = est.peak_bytes / measured - 1
+    assert abs(error) < MEMORY_ERROR, (name, est.peak_bytes, measured, dict(est.breakdown))
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_trainer_trial_on_a_length_file_is_within_the_estimates_error(checkpointing) -> None:  # type: ignore[no-untyped-def]
+    # padded micro-batches of the data's lengths (rows of different lengths): Trainer's collator
+    # passes their attention mask, which transformers turns into a 4-D mask for SDPA
+    # (`padding_mask_applies`); the trial runs the rows in the drawn order (the longest
+    # micro-batch after the optimizer's state exists)
+    from pathlib import Path
+
+    from autofit.data.read import read_length_file
+
+    hist = read_length_file(Path(__file__).parents[2] / "examples" / "instruct_lengths.json")
+    spec = resolve_model("llama-debug")
+    cfg = Config(seq_len=256, micro_batch=4, lora_rank=8, checkpointing=checkpointing,
+                 launch="trainer")  # fmt: skip
+    result = run_trial(spec, cfg, nprocs=1, device="cpu", steps=1, warmup=1, timeout_s=240,
+                       lengths=hist)  # fmt: skip
+    assert result.status == "ok", result.message[-800:]
+    assert len(result.losses) == 3  # a warm-up, the longest micro-batch's step, a measured one
+    est = estimate(spec, cpu_hardware(1), cfg, device="cpu", lengths=hist)
+    error = est.peak_bytes / result.peak_bytes - 1
+    assert abs(error) < MEMORY_ERROR, (est.peak_bytes, result.peak_bytes, dict(est.breakdown))
+
+
+def test_a_trainer_trial_past_its_cap_is_an_oom() -> None:
+    # the trial's cap holds inside Trainer's loop: the tracker's OOM is not swallowed by Trainer
+    cfg = Config(**BASE, lora_rank=8, launch="trainer")
+    result = run_trial(resolve_model("llama-debug"), cfg, nprocs=1, device="cpu", steps=1,
+                       warmup=1, timeout_s=240, gpu_memory=12_000_000)  # fmt: skip
+    assert result.status == "oom", result.message[-800:]
+    assert "over the capacity of 12000000 bytes" in result.message
