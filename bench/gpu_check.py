@@ -50,10 +50,11 @@ from autofit.units import GiB  # noqa: E402
 REPLAY_FILE = sorted((ROOT / "bench/data/gpu-measurements").glob("autofit-h200-*.json"))[-1]
 SECTIONS = ("replay", "int8", "plan", "tests")
 # Seconds per section on a GPU (the sum is the promise: 7 minutes): replay's 11 trials in a launch
-# per model and process group (182 s on the H200, 2026-11-28; 95 s stopped it at the sixth),
+# per model and process group (182 s on the H200, 2026-11-28; 95 s stopped it at the sixth) and
+# the two of other launches,
 # int8's six short runs, a bounded plan, and the GPU tests (75 s). --budget-s scales them down
 # when it is smaller; a section that ends early leaves its time to the next.
-GPU_BUDGET_S = {"replay": 185.0, "int8": 55.0, "plan": 105.0, "tests": 75.0}
+GPU_BUDGET_S = {"replay": 210.0, "int8": 45.0, "plan": 100.0, "tests": 65.0}
 CPU_BUDGET_S = {"replay": 90.0, "int8": 60.0, "plan": 90.0, "tests": 0.0}
 # Of the plan's section, what its search time limit leaves for the rest: a cold trace of the
 # model's layer (29 s for llama-7b on the H200), the trial running at the limit and the
@@ -89,6 +90,20 @@ def _fmt(value: Any) -> str:
 
 
 # ----- replay: the first GPU run's trials, again ------------------------------------------------
+LAUNCH_TWINS = (
+    # HF Trainer's own loop (`launch: trainer`) on the first run's LoRA r64 mb1 row
+    ("llama-7b", {"quant": "none", "lora_rank": 64, "micro_batch": 1, "wrap": "none",
+                  "checkpointing": "full", "seq_len": 2048}, {"launch": "trainer"}),
+    # bitsandbytes NF4 with double quantization (BitsAndBytesConfig's QLoRA) on its NF4 r64 mb1
+    # row: bitsandbytes travels as a wheel (`EXTRA="bitsandbytes==0.50.2" bash
+    # ../shared/gpu/prepare.sh`); without it the row is an error that says so
+    ("llama-7b", {"quant": "nf4", "lora_rank": 64, "micro_batch": 1, "wrap": "none",
+                  "checkpointing": "full", "seq_len": 2048},
+     {"quant_backend": "bitsandbytes", "bnb_4bit_use_double_quant": True}),
+)  # fmt: skip
+"""(model, a first-run row's config, what changes) of the replay's rows of other launches."""
+
+
 def replay_cases(quick: bool) -> list[tuple[str, dict[str, Any], str]]:
     """(model, config, expected status) of the first run's rows, grouped by model with the
     expected OOMs last in each group (an OOM ends its launch; what follows would start again)."""
@@ -103,6 +118,8 @@ def replay_cases(quick: bool) -> list[tuple[str, dict[str, Any], str]]:
     if quick:  # one config per path the first run took: quant x full/LoRA x offload
         kinds = {(c["quant"], c["lora_rank"] > 0, c["offload"]): (m, c, e) for m, c, e in cases}
         cases = [(m, c, "ok") for m, c, _ in kinds.values()]
+    else:  # the launches users run beside autofit's (issue 36), each the twin of a first-run row
+        cases += [(model, {**base, **change}, "ok") for model, base, change in LAUNCH_TWINS]
     order = list(dict.fromkeys(m for m, _, _ in cases))
     return sorted(cases, key=lambda c: (order.index(c[0]), c[2] == "oom"))
 
@@ -120,12 +137,14 @@ def run_replay(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
     # on a GPU a launch per model and per whether its configs' job has a process group (one-GPU
     # FSDP2), so that each trial holds what its own job would: the plain module no NCCL
     # communicator (on CPU, where no device level is read, one launch per model saves a start)
-    by_model: dict[tuple[str, bool], list[tuple[dict[str, Any], str]]] = {}
+    # (and per launch: Trainer's trials run its own loop)
+    by_model: dict[tuple[str, bool, str], list[tuple[dict[str, Any], str]]] = {}
     for model, config, expect in cases:
         grouped = not cpu and layout_of(Config.from_dict(config), 1).communicators > 0
-        by_model.setdefault((model, grouped), []).append((config, expect))
+        launch = config.get("launch", "autofit")
+        by_model.setdefault((model, grouped, launch), []).append((config, expect))
     hardware = cpu_hardware(1, CAP) if cpu else resolve_hardware("1", gpu_memory="24GiB")
-    for (model, _), group in by_model.items():
+    for (model, _, _), group in by_model.items():
         if time.monotonic() > deadline - 10:
             rows.add({"section": "replay", "name": model, "status": "skipped",
                       "note": "the section's budget ran out"})  # fmt: skip
