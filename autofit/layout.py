@@ -23,7 +23,7 @@ from autofit.recipe import (
     FROZEN_DTYPE,
     Bnb4bit,
     adamw_impl,
-    bnb_storage,
+    bnb_of,
     checkpointed_layers,
     fp32_trainable,
     reduce_dtype,
@@ -241,8 +241,5 @@ def layout_of(
         offload=config.offload, optimizer_impl=config.optimizer_impl, device=device,
         checkpointing=config.checkpointing, quant=config.quant, lora_rank=config.lora_rank,
         lora_targets=config.lora_targets, projections=projections,
-        bnb=bnb_storage(
-            config.quant, config.quant_backend, config.bnb_4bit_use_double_quant,
-            config.bnb_4bit_quant_storage,
-        ),
+        bnb=bnb_of(config),
     )  # fmt: skip

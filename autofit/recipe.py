@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from autofit.settings import BNB_QUANT_STORAGES, trained_token_count
 
@@ -329,6 +330,12 @@ BNB_QUANT_STORAGE: dict[str, int] = dict(zip(BNB_QUANT_STORAGES, (1, 2, 2, 4), s
 the dtype the packed codes are viewed as (uint8 by default; FSDP needs it equal to the other
 parameters' dtype, e.g. bf16)."""
 
+BNB_STORAGE_TORCH_NAMES: dict[str, str] = dict(
+    zip(BNB_QUANT_STORAGES, ("uint8", "bfloat16", "float16", "float32"), strict=True)
+)
+"""The same names as torch's dtypes (`torch.<name>`): what the builder passes to bitsandbytes
+and the export writes into `BitsAndBytesConfig`."""
+
 
 def bnb_nf4_bytes(numel: int, double_quant: bool, quant_storage: str = "uint8") -> int:
     """Bytes bitsandbytes stores for one NF4 weight of `numel` elements (`Params4bit` data plus
@@ -372,6 +379,15 @@ def bnb_storage(
     if quant != "nf4" or quant_backend != "bitsandbytes":
         return None
     return Bnb4bit(double_quant, quant_storage)
+
+
+def bnb_of(knobs: Any) -> Bnb4bit | None:
+    """`bnb_storage` of a config, or of the knobs a term reads (anything with `quant`,
+    `quant_backend` and the `bnb_4bit_*` settings): what the layout and the estimate both read."""
+    return bnb_storage(
+        knobs.quant, knobs.quant_backend, knobs.bnb_4bit_use_double_quant,
+        knobs.bnb_4bit_quant_storage,
+    )  # fmt: skip
 
 
 NF4_QUANTIZE_CHUNK = 1024**2

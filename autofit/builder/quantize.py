@@ -74,9 +74,9 @@ def _to_nf4(linear: nn.Linear, shards: int) -> None:
 
 
 BNB_STORAGE_DTYPES: dict[str, torch.dtype] = {
-    "uint8": torch.uint8, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-}  # fmt: skip
-"""`recipe.BNB_QUANT_STORAGE`'s names as torch dtypes (a test checks the two name the same)."""
+    name: getattr(torch, torch_name) for name, torch_name in recipe.BNB_STORAGE_TORCH_NAMES.items()
+}
+"""`recipe.BNB_QUANT_STORAGE`'s names as torch dtypes (`recipe.BNB_STORAGE_TORCH_NAMES`)."""
 
 
 def _to_bnb_nf4(linear: nn.Linear, bnb: recipe.Bnb4bit) -> nn.Module:

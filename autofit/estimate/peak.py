@@ -26,7 +26,7 @@ from autofit.estimate.state import Gathered, States, gathered_at_moments, states
 from autofit.estimate.terms import reads
 from autofit.layout import Sharding
 from autofit.models import ModelSpec
-from autofit.recipe import DTYPE_BYTES, Bnb4bit, bnb_storage, checkpointed_layers, reduce_dtype
+from autofit.recipe import DTYPE_BYTES, bnb_of, checkpointed_layers, reduce_dtype
 from autofit.settings import BNB_SETTINGS
 from autofit.structure import ActivationKey, Structure
 
@@ -202,14 +202,8 @@ class Peaks:
 
 
 BNB_KNOBS = ("quant_backend", *BNB_SETTINGS)
-"""The settings of bitsandbytes' NF4 storage, which the terms that count the base read."""
-
-
-def _bnb(k: Any) -> Bnb4bit | None:
-    """bitsandbytes' storage of the base of the knobs `k` a term reads (`BNB_KNOBS`), or None."""
-    return bnb_storage(
-        k.quant, k.quant_backend, k.bnb_4bit_use_double_quant, k.bnb_4bit_quant_storage
-    )
+"""The settings of bitsandbytes' NF4 storage, which the terms that count the base read
+(`recipe.bnb_of`)."""
 
 
 def padding_mask_applies(config: Config, padded_rows: bool) -> bool:
@@ -247,7 +241,7 @@ def _model_state(
     st = states(
         s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
         k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
-        foreach_intermediates, _bnb(k), k.launch,
+        foreach_intermediates, bnb_of(k), k.launch,
     )  # fmt: skip
     autocast = st.layout.autocast
     g = gathered_at_moments(
@@ -363,7 +357,7 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
     backward = mem.layer_backward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
         k.lora_dropout, k.launch
-    ) + mem.dequant_transient_bytes(s, k.quant, _bnb(k))  # fmt: skip
+    ) + mem.dequant_transient_bytes(s, k.quant, bnb_of(k))  # fmt: skip
     if k.quant == "int8":
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
     if k.batching == "packed":  # on the data's lengths only (`autofit.estimate.data`)
