@@ -22,11 +22,27 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autofit.checks import MAX_SEQ_LEN
-from autofit.data.batching import BATCHINGS
 from autofit.errors import ConfigError
 from autofit.layout import AUTO_WRAP, resolve_wrap
 from autofit.rules import rule_violation
 from autofit.settings import LAUNCHES, OPTIMIZER_IMPLS, QUANT_BACKENDS, coerce_setting
+from autofit.values import (
+    Batching,
+    BnbQuantStorage,
+    Checkpointing,
+    Launch,
+    Loss,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    QuantBackend,
+    Shard,
+    TrainEmbeddings,
+    Wrap,
+    values,
+)
 
 
 @dataclass(frozen=True)
@@ -94,9 +110,9 @@ class Config:
     order users see (flags, tables, labels)."""
 
     quant: str = knob(
-        "none", "storage of the frozen base weights (torchao); needs lora_rank > 0",
-        choices=("none", "int8", "nf4"),
-        label=lambda c: c.quant if c.quant != "none" else ("lora" if c.is_lora else "full"),
+        Quant.NONE.value, "storage of the frozen base weights (torchao); needs lora_rank > 0",
+        choices=values(Quant),
+        label=lambda c: c.quant if c.quant != Quant.NONE else ("lora" if c.is_lora else "full"),
     )  # fmt: skip
     lora_rank: int = knob(
         0, "0 = full fine-tune; r = LoRA on lora_targets (default: all linear projections)",
@@ -113,49 +129,57 @@ class Config:
         maximum=MAX_COUNT,
     )  # fmt: skip
     wrap: str = knob(
-        "auto", "how the model is held: auto = none on one GPU, layer on several (resolved "
+        Wrap.AUTO.value,
+        "how the model is held: auto = none on one GPU, layer on several (resolved "
         "before anything is estimated or built); FSDP2 units: each decoder layer, groups of 2/4 "
         "layers, one unit; or none (one GPU: the plain module; several: DDP replicas)",
-        choices=("auto", "layer", "every-2", "every-4", "model", "none"),
+        choices=values(Wrap),
         label=lambda c: f"wrap={c.wrap}" + ("" if c.reshard else "/keep"),
     )  # fmt: skip
     shard: str = knob(
-        "all", "all = FSDP2 over every GPU; node = HSDP: a 2-D mesh that shards within each node "
+        Shard.ALL.value,
+        "all = FSDP2 over every GPU; node = HSDP: a 2-D mesh that shards within each node "
         "and replicates across nodes (several nodes only)",
-        choices=("all", "node"), label=lambda c: "hsdp" if c.shard == "node" else None,
+        choices=values(Shard), label=lambda c: "hsdp" if c.shard == Shard.NODE else None,
     )  # fmt: skip
     reshard: bool = knob(
         True, "reshard_after_forward (false keeps gathered params until backward)",
         choices=(True, False),
     )  # fmt: skip
     checkpointing: str = knob(
-        "none", "activation checkpointing of decoder layers: all (full), every other "
+        Checkpointing.NONE.value,
+        "activation checkpointing of decoder layers: all (full), every other "
         "(every-2), or op-level (selective: saves every matmul and attention output, recomputes "
         "the element-wise ops)",
-        choices=("none", "full", "every-2", "selective"),
-        label=lambda c: f"ckpt={c.checkpointing}" if c.checkpointing != "none" else None,
+        choices=values(Checkpointing),
+        label=lambda c: (
+            f"ckpt={c.checkpointing}" if c.checkpointing != Checkpointing.NONE else None
+        ),
     )  # fmt: skip
     offload: str = knob(
-        "none", "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
-        choices=("none", "optimizer", "params"),
-        label=lambda c: f"offload={c.offload}" if c.offload != "none" else None,
+        Offload.NONE.value,
+        "params = FSDP2 CPUOffloadPolicy; optimizer = optimizer state and step on CPU",
+        choices=values(Offload),
+        label=lambda c: f"offload={c.offload}" if c.offload != Offload.NONE else None,
     )  # fmt: skip
     optimizer: str = knob(
-        "adamw", "torch AdamW or torchao low-bit AdamW",
-        choices=("adamw", "adamw8bit", "adamw4bit"),
-        label=lambda c: c.optimizer if c.optimizer != "adamw" else None,
+        Optimizer.ADAMW.value, "torch AdamW or torchao low-bit AdamW",
+        choices=values(Optimizer),
+        label=lambda c: c.optimizer if c.optimizer != Optimizer.ADAMW else None,
     )  # fmt: skip
     precision: str = knob(
-        "bf16-mixed", "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",
-        choices=("bf16-mixed", "bf16"),
-        label=lambda c: c.precision if c.precision != "bf16-mixed" else None,
+        Precision.BF16_MIXED.value,
+        "bf16-mixed = fp32 master params + bf16 compute; bf16 = everything bf16",
+        choices=values(Precision),
+        label=lambda c: c.precision if c.precision != Precision.BF16_MIXED else None,
     )  # fmt: skip
     loss: str = knob(
-        "standard", "standard = the model's own cross-entropy; chunked = LM head + cross-entropy "
+        Loss.STANDARD.value,
+        "standard = the model's own cross-entropy; chunked = LM head + cross-entropy "
         "over chunks of tokens, one chunk's fp32 logits live at a time (pure torch); fused = "
         "Liger's fused linear cross-entropy kernel (CUDA, pip install 'autofit[liger]')",
-        choices=("standard", "chunked", "fused"),
-        label=lambda c: f"loss={c.loss}" if c.loss != "standard" else None,
+        choices=values(Loss),
+        label=lambda c: f"loss={c.loss}" if c.loss != Loss.STANDARD else None,
     )  # fmt: skip
     compile: bool = knob(
         False, "torch.compile each decoder layer (after checkpointing, before sharding, as "
@@ -163,13 +187,14 @@ class Config:
         choices=(False, True), label=lambda c: "compiled" if c.compile else None,
     )  # fmt: skip
     batching: str = knob(
-        "padded", "how sequences of different lengths make micro-batches: padded = each "
+        Batching.PADDED.value,
+        "how sequences of different lengths make micro-batches: padded = each "
         "micro-batch padded to its longest sequence, in dataset order; grouped = length-grouped "
         "micro-batches (HF Trainer's group_by_length); packed = sequences concatenated into rows "
         "of seq_len, attention and loss kept inside each document; searched only with the "
         "data's lengths (without them every sequence is seq_len and the three are one)",
-        choices=BATCHINGS,
-        label=lambda c: c.batching if c.batching != "padded" else None,
+        choices=values(Batching),
+        label=lambda c: c.batching if c.batching != Batching.PADDED else None,
     )  # fmt: skip
     seq_len: int = knob(
         2048, "tokens per sequence (fixed per plan)", minimum=1, maximum=MAX_SEQ_LEN
@@ -194,28 +219,35 @@ class Config:
         label=lambda c: f"drop={c.lora_dropout:g}" if c.is_lora and c.lora_dropout else None,
     )  # fmt: skip
     train_embeddings: str = setting(
-        "none", "with LoRA, also train the input embeddings and the LM head: none (default); "
+        TrainEmbeddings.NONE.value,
+        "with LoRA, also train the input embeddings and the LM head: none (default); "
         "full = a trainable copy of each beside the frozen original (peft modules_to_save); "
         "tokens:N = only the rows of the last N token ids, e.g. the tokens a chat template added "
         "(peft trainable_token_indices)",
         metavar="none|full|tokens:N",
-        label=lambda c: f"emb={c.train_embeddings}" if c.train_embeddings != "none" else None,
+        label=lambda c: (
+            f"emb={c.train_embeddings}" if c.train_embeddings != TrainEmbeddings.NONE else None
+        ),
     )  # fmt: skip
     optimizer_impl: str = setting(
-        "auto", "how torch AdamW runs its step: auto (default) = fused where the parameters are "
+        OptimizerImpl.AUTO.value,
+        "how torch AdamW runs its step: auto (default) = fused where the parameters are "
         "on a GPU (fastest, no intermediate), torch's own choice elsewhere (its for-loop on "
         "CPU); fused; foreach (torch's default on CUDA, HF Trainer's adamw_torch: one "
         "intermediate the size of every trainable parameter); for-loop (torch's single-tensor "
         "step: two the size of the largest); optimizer=adamw only",
         metavar="|".join(OPTIMIZER_IMPLS),
-        label=lambda c: f"adamw={c.optimizer_impl}" if c.optimizer_impl != "auto" else None,
+        label=lambda c: (
+            f"adamw={c.optimizer_impl}" if c.optimizer_impl != OptimizerImpl.AUTO else None
+        ),
     )  # fmt: skip
     quant_backend: str = setting(
-        "torchao", "the library that stores quant=nf4 weights: torchao (default; NF4Tensor) or "
+        QuantBackend.TORCHAO.value,
+        "the library that stores quant=nf4 weights: torchao (default; NF4Tensor) or "
         "bitsandbytes (Linear4bit, as HF Trainer's BitsAndBytesConfig loads them: the plain "
         "module on one GPU, pip install 'autofit[bnb]'); quant=nf4 only",
         metavar="|".join(QUANT_BACKENDS),
-        label=lambda c: "bnb" if c.quant_backend == "bitsandbytes" else None,
+        label=lambda c: "bnb" if c.quant_backend == QuantBackend.BITSANDBYTES else None,
     )  # fmt: skip
     bnb_4bit_use_double_quant: bool = setting(
         False, "bitsandbytes double quantization (BitsAndBytesConfig's bnb_4bit_use_double_quant): "
@@ -224,22 +256,25 @@ class Config:
         metavar="true|false", label=lambda c: "dq" if c.bnb_4bit_use_double_quant else None,
     )  # fmt: skip
     bnb_4bit_quant_storage: str = setting(
-        "uint8", "the dtype bitsandbytes views its packed 4-bit codes as "
+        BnbQuantStorage.UINT8.value, "the dtype bitsandbytes views its packed 4-bit codes as "
         "(BitsAndBytesConfig's bnb_4bit_quant_storage): uint8 (default), bf16, fp16 or fp32, "
         "the same bytes; quant_backend=bitsandbytes only",
         metavar="uint8|bf16|fp16|fp32",
         label=lambda c: (
-            f"storage={c.bnb_4bit_quant_storage}" if c.bnb_4bit_quant_storage != "uint8" else None
+            f"storage={c.bnb_4bit_quant_storage}"
+            if c.bnb_4bit_quant_storage != BnbQuantStorage.UINT8
+            else None
         ),
     )  # fmt: skip
     launch: str = setting(
-        "autofit", "whose training loop runs the config: autofit (default) = autofit's builder "
+        Launch.AUTOFIT.value,
+        "whose training loop runs the config: autofit (default) = autofit's builder "
         "and loop (autofit.apply); trainer = HF Trainer.train() with the TrainingArguments the "
         "trainer export writes, the model loaded as a Trainer script loads it (one GPU, plain "
         "module; no quant, chunked/fused loss, every-2/selective checkpointing, offload or "
         "compile)",
         metavar="|".join(LAUNCHES),
-        label=lambda c: f"launch={c.launch}" if c.launch != "autofit" else None,
+        label=lambda c: f"launch={c.launch}" if c.launch != Launch.AUTOFIT else None,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ from autofit.recipe import (
     trainable_dtype,
 )
 from autofit.settings import targeted
+from autofit.values import Checkpointing, Offload, Quant, Shard, Wrap
 
 if TYPE_CHECKING:
     from autofit.config import Config
@@ -42,11 +43,11 @@ __all__ = [
 
 def wrap_group_size(wrap: str, n_layers: int) -> int:
     """Decoder layers per FSDP2 unit for a `wrap` value (`none` -> no units)."""
-    if wrap == "layer":
+    if wrap == Wrap.LAYER:
         return 1
     if wrap.startswith("every-"):
         return int(wrap.split("-")[1])
-    if wrap == "model":
+    if wrap == Wrap.MODEL:
         return n_layers
     return 0
 
@@ -97,7 +98,7 @@ def resolve_wrap(wrap: str, n_gpus: int, offload: str = "none", shard: str = "al
     space resolve `auto` with this before anything reads the wrap (`Config.resolved`)."""
     if wrap != AUTO_WRAP:
         return wrap
-    needs_fsdp = offload == "params" or shard == "node"
+    needs_fsdp = offload == Offload.PARAMS or shard == Shard.NODE
     return "none" if n_gpus <= 1 and not needs_fsdp else "layer"
 
 
@@ -111,7 +112,7 @@ def sharding_for(wrap: str, n_gpus: int) -> Sharding:
             "internal error: wrap 'auto' reached the builder or the estimator unresolved "
             "(Config.resolved(n_gpus) resolves it)"
         )
-    if wrap == "none":
+    if wrap == Wrap.NONE:
         return Sharding.NONE if n_gpus <= 1 else Sharding.DDP
     return Sharding.FSDP2
 
@@ -121,7 +122,7 @@ def mesh_shape(shard: str, n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     replica); `shard: node` is HSDP, torchtitan's `dp_replicate` x `dp_shard` mesh with the shard
     dimension inside a node and a replica per node. The builder's `init_device_mesh` and the
     estimator's shard degree and collectives read this. On one node both are the same mesh."""
-    if shard == "node" and n_gpus > gpus_per_node >= 1 and n_gpus % gpus_per_node == 0:
+    if shard == Shard.NODE and n_gpus > gpus_per_node >= 1 and n_gpus % gpus_per_node == 0:
         return n_gpus // gpus_per_node, gpus_per_node
     return 1, n_gpus
 
@@ -211,13 +212,13 @@ class Layout:
         else:
             replicas, degree, units = (n if sharding is Sharding.DDP else 1), 1, ()
         lora = lora_rank > 0
-        stored = quant if quant != "none" else None
+        stored = quant if quant != Quant.NONE else None
         return cls(
             sharding, replicas, degree, units, uses_autocast(precision, optimizer, sharding),
             trainable_dtype(precision, optimizer), COMPUTE_DTYPE, reduce_dtype(precision),
             adamw_impl(optimizer_impl, optimizer, device, offload),
             checkpointed=checkpointed_layers(checkpointing, n_layers),
-            selective=checkpointing == "selective",
+            selective=checkpointing == Checkpointing.SELECTIVE,
             quant=stored,
             bnb=bnb if stored == "nf4" else None,
             quantized=projections if stored is not None else (),

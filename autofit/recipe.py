@@ -18,13 +18,23 @@ from functools import lru_cache
 from typing import Any
 
 from autofit.settings import BNB_QUANT_STORAGES, trained_token_count
+from autofit.values import (
+    Checkpointing,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    QuantBackend,
+    TrainEmbeddings,
+)
 
 
 def fp32_trainable(precision: str, optimizer: str) -> bool:
     """Trainable (master) params in fp32: under bf16-mixed, and always with torchao's low-bit AdamW
     (its compiled step fails on bf16 params under FSDP2: `lerp`/`view(dtype)` on the quantized
     state), whose compute is still bf16. Otherwise bf16. The builder and the estimator read this."""
-    return precision == "bf16-mixed" or optimizer != "adamw"
+    return precision == Precision.BF16_MIXED or optimizer != Optimizer.ADAMW
 
 
 # ----- dtypes -----------------------------------------------------------------------------------
@@ -50,7 +60,7 @@ def trainable_dtype(precision: str, optimizer: str) -> str:
 def reduce_dtype(precision: str) -> str:
     """Gradients are reduced (and, under FSDP2 with `grad_accum > 1`, accumulated unsharded) in
     fp32 under bf16-mixed (`MixedPrecisionPolicy(reduce_dtype=fp32)`), in bf16 under pure bf16."""
-    return FP32 if precision == "bf16-mixed" else BF16
+    return FP32 if precision == Precision.BF16_MIXED else BF16
 
 
 # ----- optimizer state --------------------------------------------------------------------------
@@ -156,7 +166,7 @@ def hf_optim(optimizer: str, impl: str | None, offload: str) -> str:
     state = LOW_BIT_STATES.get(optimizer)
     if state is not None:
         return state.hf_optim
-    if offload != "none" or impl is None:
+    if offload != Offload.NONE or impl is None:
         return HF_ADAMW_DEFAULT
     return ADAMW_IMPLS[impl].hf_optim or HF_ADAMW_DEFAULT
 
@@ -175,11 +185,12 @@ def adamw_impl(setting: str, optimizer: str, device: str, offload: str) -> str |
     on host copies), and torch's own choice where they are CPU tensors (a CPU trial, FSDP2's
     `offload=params`): its for-loop, as torch has no foreach kernels on CPU. The builder builds
     this and the estimator counts it."""
-    if optimizer != "adamw":
+    if optimizer != Optimizer.ADAMW:
         return None
     if setting != "auto":
         return setting
-    return "fused" if device == "cuda" and offload != "params" else "for-loop"
+    fused = device == "cuda" and offload != Offload.PARAMS
+    return (OptimizerImpl.FUSED if fused else OptimizerImpl.FOR_LOOP).value
 
 
 # ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------
@@ -197,7 +208,7 @@ def trained_embedding_modules(train_embeddings: str, tied: bool) -> tuple[str, .
     trained weight, the embedding's (peft `ensure_weight_tying`: the head's trainable copy, or
     its token rows, are the embedding's). The builder wraps exactly these (peft's
     `modules_to_save` or `trainable_token_indices`) and the estimator counts their weights."""
-    if train_embeddings == "none":
+    if train_embeddings == TrainEmbeddings.NONE:
         return ()
     return (EMBEDDING_MODULE,) if tied else (EMBEDDING_MODULE, HEAD_MODULE)
 
@@ -207,7 +218,7 @@ def trained_token_ids(train_embeddings: str, vocab: int) -> range:
     (peft `modules_to_save`: a trainable copy of the whole weight), the last N with `tokens:N`
     (peft `trainable_token_indices`: the ids a tokenizer appends for a chat template's new
     tokens), none with `none`. N beyond the vocabulary is the caller's error to report."""
-    if train_embeddings == "none":
+    if train_embeddings == TrainEmbeddings.NONE:
         return range(0)
     count = trained_token_count(train_embeddings)
     if count is None:
@@ -256,9 +267,9 @@ def checkpointed_count(checkpointing: str, n_layers: int) -> int:
 
 
 def _checkpointed_range(checkpointing: str, n_layers: int) -> range:
-    if checkpointing in ("full", "selective"):
+    if checkpointing in (Checkpointing.FULL, Checkpointing.SELECTIVE):
         return range(n_layers)
-    if checkpointing == "every-2":
+    if checkpointing == Checkpointing.EVERY_2:
         return range(0, n_layers, 2)
     return range(0)
 
@@ -287,7 +298,7 @@ def base_stays_whole(quant: str, shard: int) -> bool:
     (torch 2.13's one-rank shortcut in `FSDPParamGroup.wait_for_unshard` assumes one all-gather
     input per parameter, and NF4's `fsdp_pre_all_gather` has three; on one rank there is nothing to
     shard anyway). The builder's `unshardable_params` and the estimator's base bytes read this."""
-    return quant == "int8" or (quant == "nf4" and shard == 1)
+    return quant == Quant.INT8 or (quant == Quant.NF4 and shard == 1)
 
 
 # ----- NF4 (QLoRA) storage ----------------------------------------------------------------------
@@ -376,7 +387,7 @@ def bnb_storage(
 ) -> Bnb4bit | None:
     """bitsandbytes' storage of a run's base (`quant: nf4` with `quant_backend: bitsandbytes`),
     or None (torchao's, or no quantization)."""
-    if quant != "nf4" or quant_backend != "bitsandbytes":
+    if quant != Quant.NF4 or quant_backend != QuantBackend.BITSANDBYTES:
         return None
     return Bnb4bit(double_quant, quant_storage)
 

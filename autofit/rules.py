@@ -8,6 +8,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autofit.settings import ADAPTER_SETTINGS, BNB_SETTINGS
+from autofit.values import (
+    Batching,
+    Checkpointing,
+    Launch,
+    Loss,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Quant,
+    QuantBackend,
+    Shard,
+    TrainEmbeddings,
+    Wrap,
+)
 
 if TYPE_CHECKING:
     from autofit.config import Config
@@ -17,7 +31,7 @@ def shard_unavailable(shard: str, nodes: int) -> str | None:
     """Why one config (an estimate, a trial) cannot take `shard` on `nodes` nodes, or None:
     `shard: node` replicates across nodes, so on one it would be `shard: all` labelled HSDP. (A
     space keeps only `all` there instead: `Space.knobs_on`.)"""
-    if shard != "node" or nodes > 1:
+    if shard != Shard.NODE or nodes > 1:
         return None
     return (
         "shard=node (HSDP: shard within each node, replicate across nodes) needs several nodes; "
@@ -58,7 +72,7 @@ def liger_installed() -> bool:
 def loss_unavailable(loss: str, device: str) -> str | None:
     """Why `loss` cannot run on `device` here (a short reason the space's skip count shows), or
     None: `fused` is Liger's Triton kernel, CUDA only, and an optional install."""
-    if loss != "fused":
+    if loss != Loss.FUSED:
         return None
     if device != "cuda":
         return "loss=fused needs CUDA (Liger's Triton kernel); chunked is its pure-torch twin"
@@ -67,7 +81,7 @@ def loss_unavailable(loss: str, device: str) -> str | None:
     return None
 
 
-TRAINER_FSDP = ("layer", "every-2", "every-4", "model")
+TRAINER_FSDP = (Wrap.LAYER, Wrap.EVERY_2, Wrap.EVERY_4, Wrap.MODEL)
 """The wraps that shard with FSDP2, which `launch: trainer` does not run yet."""
 
 
@@ -75,7 +89,7 @@ def launch_unavailable(launch: str, n_gpus: int) -> str | None:
     """Why `launch` cannot run on `n_gpus` GPUs (a short reason a space's skip count shows, and
     the sentence an estimate or trial raises), or None: `launch: trainer` is measured on one GPU
     (one process, the plain module), as `python train.py` runs a Trainer script."""
-    if launch != "trainer" or n_gpus <= 1:
+    if launch != Launch.TRAINER or n_gpus <= 1:
         return None
     return (
         f"launch=trainer runs on one GPU (one process, the plain module) for now; {n_gpus} GPUs "
@@ -93,29 +107,29 @@ def _trainer_unsupported(cfg: Config) -> str | None:
     optimizer, compiles the whole model rather than each layer (`torch_compile`), and its `optim`
     names no for-loop or foreach AdamW on a GPU. Low-bit AdamW and trained embeddings are not
     measured under Trainer yet."""
-    if cfg.quant != "none":
+    if cfg.quant != Quant.NONE:
         return f"quant={cfg.quant} (torchao storage that autofit's builder applies)"
-    if cfg.loss != "standard":
+    if cfg.loss != Loss.STANDARD:
         return f"loss={cfg.loss} (Trainer computes the model's own cross-entropy)"
-    if cfg.checkpointing not in ("none", "full"):
+    if cfg.checkpointing not in (Checkpointing.NONE, Checkpointing.FULL):
         return (
             f"checkpointing={cfg.checkpointing} (Trainer's activation_checkpointing checkpoints "
             "every decoder layer)"
         )
-    if cfg.offload != "none":
+    if cfg.offload != Offload.NONE:
         return f"offload={cfg.offload} (one GPU without FSDP2: Trainer keeps everything on it)"
     if cfg.compile:
         return "compile=true (Trainer's torch_compile compiles the whole model, not each layer)"
-    if cfg.optimizer != "adamw":
+    if cfg.optimizer != Optimizer.ADAMW:
         return f"optimizer={cfg.optimizer} (torchao's low-bit AdamW under Trainer: not measured)"
-    if cfg.optimizer_impl not in ("auto", "fused"):
+    if cfg.optimizer_impl not in (OptimizerImpl.AUTO, OptimizerImpl.FUSED):
         return (
             f"optimizer_impl={cfg.optimizer_impl} (Trainer's optim runs torch AdamW fused, "
             "adamw_torch_fused, or with torch's default, adamw_torch)"
         )
-    if cfg.train_embeddings != "none":
+    if cfg.train_embeddings != TrainEmbeddings.NONE:
         return f"train_embeddings={cfg.train_embeddings} (not measured under Trainer yet)"
-    if cfg.batching == "packed":
+    if cfg.batching == Batching.PACKED:
         return (
             "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer, not a "
             "launch yet)"
@@ -131,7 +145,7 @@ QUANT_NEEDS_LORA = "quant needs LoRA"
 
 def quant_without_lora(quant: str, lora_rank: int) -> bool:
     """A quantized base cannot be fully fine-tuned: `quant` needs `lora_rank > 0`."""
-    return quant != "none" and lora_rank == 0
+    return quant != Quant.NONE and lora_rank == 0
 
 
 def rule_violation(cfg: Config) -> str | None:
@@ -151,7 +165,7 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
     bnb = _bnb_rule(cfg)
     if bnb:
         return bnb
-    if cfg.train_embeddings != "none" and cfg.lora_rank == 0:
+    if cfg.train_embeddings != TrainEmbeddings.NONE and cfg.lora_rank == 0:
         return (
             "train_embeddings needs LoRA",
             f"train_embeddings={cfg.train_embeddings} trains the input embeddings and LM head "
@@ -159,35 +173,35 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             "0) trains the embeddings and head already. Set lora_rank > 0 (e.g. 16 or 64), or "
             "train_embeddings=none for a full fine-tune.",
         )
-    if cfg.offload == "params" and cfg.quant == "int8":
+    if cfg.offload == Offload.PARAMS and cfg.quant == Quant.INT8:
         return (
             "offload=params with int8",
             "offload=params cannot be combined with quant=int8: torchao's int8 weights stay out "
             "of FSDP2 sharding, so FSDP2's CPUOffloadPolicy cannot move them. Use quant=nf4, or "
             "offload=optimizer/none.",
         )
-    if cfg.shard == "node" and cfg.wrap == "none":
+    if cfg.shard == Shard.NODE and cfg.wrap == Wrap.NONE:
         return (
             "shard=node without sharding",
             "shard=node (HSDP: shard within a node, replicate across nodes) needs FSDP2 "
             "(wrap=layer, every-2, every-4 or model): wrap=none runs DDP replicas, which hold "
             "everything on every GPU. Use shard=all with wrap=none.",
         )
-    if cfg.optimizer_impl != "auto" and cfg.optimizer != "adamw":
+    if cfg.optimizer_impl != OptimizerImpl.AUTO and cfg.optimizer != Optimizer.ADAMW:
         return (
             "optimizer_impl without torch AdamW",
             f"optimizer_impl={cfg.optimizer_impl} chooses how torch's AdamW runs its step, and "
             f"optimizer={cfg.optimizer} is torchao's low-bit AdamW, which has one step of its "
             "own (compiled, one parameter at a time). Use optimizer=adamw, or optimizer_impl=auto.",
         )
-    if cfg.offload == "params" and cfg.wrap == "none":
+    if cfg.offload == Offload.PARAMS and cfg.wrap == Wrap.NONE:
         return (
             "offload=params without sharding",
             "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
             "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
             "replicas, which keep the weights on the GPU.",
         )
-    if cfg.launch == "trainer":
+    if cfg.launch == Launch.TRAINER:
         unsupported = _trainer_unsupported(cfg)
         if unsupported:
             knob = unsupported.split("=", 1)[0]
@@ -203,7 +217,7 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
 
 def _bnb_rule(cfg: Config) -> tuple[str, str] | None:
     """The rules of `quant_backend: bitsandbytes` and its settings (short reason, sentence)."""
-    bnb = cfg.quant_backend == "bitsandbytes"
+    bnb = cfg.quant_backend == QuantBackend.BITSANDBYTES
     if not bnb:
         changed = cfg.settings()  # those that differ from their defaults
         given = [k for k in BNB_SETTINGS if k in changed]
@@ -215,13 +229,13 @@ def _bnb_rule(cfg: Config) -> tuple[str, str] | None:
                 "quant_backend=bitsandbytes (with quant=nf4), or leave the bnb_4bit settings out.",
             )
         return None
-    if cfg.quant != "nf4":
+    if cfg.quant != Quant.NF4:
         return (
             "quant_backend=bitsandbytes without nf4",
             f"quant_backend=bitsandbytes stores NF4 weights, but quant={cfg.quant}. Use "
             "quant=nf4 with it (and lora_rank > 0), or quant_backend=torchao (the default).",
         )
-    if cfg.wrap not in ("auto", "none") or cfg.offload == "params":
+    if cfg.wrap not in (Wrap.AUTO, Wrap.NONE) or cfg.offload == Offload.PARAMS:
         return (
             "bitsandbytes with FSDP2",
             f"quant_backend=bitsandbytes needs wrap=none (the plain module on one GPU, as HF "

@@ -11,33 +11,49 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from enum import StrEnum
 from typing import Any
 
 from autofit.errors import ConfigError
+from autofit.values import (
+    BnbQuantStorage,
+    Launch,
+    OptimizerImpl,
+    QuantBackend,
+    TrainEmbeddings,
+    values,
+)
 
 ADAPTER_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout")
 """The settings that configure LoRA's adapters: a full fine-tune has none to carry them."""
 # `train_embeddings` values: `none`, `full`, or `tokens:N` (the last N ids of the vocabulary).
-TRAIN_EMBEDDINGS = ("none", "full")
+TRAIN_EMBEDDINGS = values(TrainEmbeddings)
 TOKENS_PREFIX = "tokens:"
 
 # `quant_backend` values: the library that stores `quant: nf4` weights (torchao `NF4Tensor`, or
 # bitsandbytes `Linear4bit` as HF Trainer's `BitsAndBytesConfig` loads them)
-QUANT_BACKENDS = ("torchao", "bitsandbytes")
+QUANT_BACKENDS = values(QuantBackend)
 BNB_SETTINGS = ("bnb_4bit_use_double_quant", "bnb_4bit_quant_storage")
 """The settings of bitsandbytes' NF4 storage (`quant_backend: bitsandbytes` only)."""
-BNB_QUANT_STORAGES = ("uint8", "bf16", "fp16", "fp32")
+BNB_QUANT_STORAGES = values(BnbQuantStorage)
 """`bnb_4bit_quant_storage` values (`autofit.recipe.BNB_QUANT_STORAGE` has their widths)."""
+WORD_SETTINGS: dict[str, type[StrEnum]] = {
+    "optimizer_impl": OptimizerImpl,
+    "quant_backend": QuantBackend,
+    "bnb_4bit_quant_storage": BnbQuantStorage,
+    "launch": Launch,
+}
+"""The settings that take one of a few words (`autofit.values`), the first their default."""
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 # `optimizer_impl` values: how torch's AdamW runs its step (`autofit.recipe.adamw_impl` resolves
 # `auto`; `autofit.recipe.ADAMW_IMPLS` counts what each holds)
-OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
+OPTIMIZER_IMPLS = values(OptimizerImpl)
 
 # `launch` values: whose training loop runs the config. `autofit`: autofit's builder and loop
 # (`autofit.apply`); `trainer`: HF `Trainer.train()` with the TrainingArguments the trainer
 # export writes, on the model a Trainer user loads (`autofit.builder.trainer`).
-LAUNCHES = ("autofit", "trainer")
+LAUNCHES = values(Launch)
 
 # `lora_targets` spellings of the default: every linear projection of the decoder blocks.
 ALL_LINEAR = "all-linear"
@@ -120,12 +136,8 @@ def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
         return int(number), None
     if name == "train_embeddings":
         return _train_embeddings_problem(value)
-    if name == "optimizer_impl":
-        return _choice(value, "auto", OPTIMIZER_IMPLS)
-    if name == "quant_backend":
-        return _choice(value, "torchao", QUANT_BACKENDS)
-    if name == "bnb_4bit_quant_storage":
-        return _choice(value, "uint8", BNB_QUANT_STORAGES)
+    if name in WORD_SETTINGS:
+        return _choice(value, values(WORD_SETTINGS[name]))
     if name == "bnb_4bit_use_double_quant":
         if value is None or isinstance(value, bool):
             return bool(value), None
@@ -133,14 +145,13 @@ def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
         if text in _TRUE or text in _FALSE:
             return text in _TRUE, None
         return None, "not true or false"
-    if name == "launch":
-        return _choice(value, "autofit", LAUNCHES)
     raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
 
 
-def _choice(value: Any, default: str, allowed: tuple[str, ...]) -> tuple[str | None, str | None]:
-    """(one of `allowed`, read case-insensitively; None is `default`, None) or (None, why not)."""
-    text = default if value is None else value.strip().lower() if isinstance(value, str) else ""
+def _choice(value: Any, allowed: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """(one of `allowed`, read case-insensitively; None is the first, the default, None) or
+    (None, why not)."""
+    text = allowed[0] if value is None else value.strip().lower() if isinstance(value, str) else ""
     return (text, None) if text in allowed else (None, "unknown value")
 
 

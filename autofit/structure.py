@@ -13,6 +13,7 @@ from typing import Any
 
 from autofit.errors import ConfigError
 from autofit.settings import targeted
+from autofit.values import Loss
 
 __all__ = ["ActivationKey", "LayerActivations", "Projection", "StepEvents", "Structure"]
 
@@ -220,7 +221,7 @@ class ActivationKey:
     def text(self) -> str:
         targets = ",".join(self.lora_targets) if self.lora_targets else "all"
         # the standard loss adds nothing: entries cached before the loss knob stay valid
-        loss = "" if self.loss == "standard" else f"|{self.loss}"
+        loss = "" if self.loss == Loss.STANDARD else f"|{self.loss}"
         casts = "|casts" if self.adapter_casts else ""  # likewise: autofit's model has none
         return (
             f"s{self.seq_len}|r{self.lora_rank}|t{targets}|d{self.lora_dropout}|{self.policy}"

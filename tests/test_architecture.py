@@ -17,7 +17,16 @@ ROOT = Path(autofit.__file__).parent
 # Lowest first. A unit may import units of its own layer or of layers below, never above; the
 # public API (`autofit/__init__.py`) and the CLI sit on top. docs/architecture.md draws the same.
 LAYERS: list[set[str]] = [
-    {"_version", "errors", "units", "checks", "interrupt", "files", "quiet"},  # facts, helpers
+    {
+        "_version",
+        "errors",
+        "units",
+        "checks",
+        "interrupt",
+        "files",
+        "quiet",
+        "values",
+    },  # facts, helpers
     {
         "config",
         "settings",

@@ -442,3 +442,30 @@ def test_launch_trainer_runs_on_one_gpu_and_a_space_skips_it_elsewhere():
     assert any(reason.startswith("launch=trainer with") for reason in skipped_one)
     two, skipped = space.candidates(2, seq_len=512)
     assert not two and any("one GPU" in reason for reason in skipped)
+
+
+def test_every_word_a_config_takes_is_a_member_of_its_declared_enum():
+    """A knob's choices and a word setting's values are their `autofit.values` enum's words, in
+    order, and a word setting defaults to the first (what `coerce_setting` gives for None); the
+    config keeps plain strings, so its JSON and labels read as users typed them."""
+    import autofit.values as v
+    from autofit.config import DECLARED
+    from autofit.settings import WORD_SETTINGS, coerce_setting
+
+    words = {
+        "quant": v.Quant, "wrap": v.Wrap, "shard": v.Shard, "checkpointing": v.Checkpointing,
+        "offload": v.Offload, "optimizer": v.Optimizer, "precision": v.Precision,
+        "loss": v.Loss, "batching": v.Batching,
+    }  # fmt: skip
+    for name, enum in words.items():
+        assert KNOBS[name] == tuple(m.value for m in enum), name
+        assert DECLARED[name].default == KNOBS[name][0], name
+    assert set(WORD_SETTINGS) == {"optimizer_impl", "quant_backend", "bnb_4bit_quant_storage",
+                                  "launch"}  # fmt: skip
+    for name, enum in WORD_SETTINGS.items():
+        first = next(iter(enum))
+        assert DECLARED[name].default == first.value == coerce_setting(name, None), name
+        assert type(Config().to_dict().get(name, DECLARED[name].default)) is str
+    cfg = Config(offload="PARAMS", wrap="layer", optimizer_impl="For-Loop")
+    assert cfg.offload == v.Offload.PARAMS and type(cfg.offload) is str
+    assert json.loads(json.dumps(cfg.to_dict()))["optimizer_impl"] == "for-loop"

@@ -44,6 +44,7 @@ from autofit.builder.quantize import quantize_layer
 from autofit.config import Config
 from autofit.layout import Layout, Sharding, layout_of
 from autofit.models import ModelSpec
+from autofit.values import Launch, Offload, Shard, Wrap
 
 Batch = torch.Tensor | Mapping[str, torch.Tensor]
 """One micro-batch: token ids (batch x seq) or the model's keyword inputs."""
@@ -184,7 +185,7 @@ def adapt(model: nn.Module, config: Config, layout: Layout) -> nn.Module:
     )  # fmt: skip
     cast_trainable(model, layout)
     if layout.autocast:
-        if config.launch == "autofit":  # a Trainer script's peft model casts them (the trace)
+        if config.launch == Launch.AUTOFIT:  # a Trainer script's peft model casts them (the trace)
             keep_lora_inputs(model)
         embeddings_in_compute_dtype(model)
     apply_loss(model, config.loss)
@@ -256,7 +257,7 @@ def offloaded_param_device(config: Config, device: torch.device) -> torch.device
     """Where the parameters FSDP2 manages are materialised: the host under `offload: params`
     (FSDP2's `CPUOffloadPolicy` refuses a parameter left on the GPU when it first runs, and moves
     to the host only those that were real when `fully_shard` ran); None: on `device`."""
-    return torch.device("cpu") if config.offload == "params" else None
+    return torch.device("cpu") if config.offload == Offload.PARAMS else None
 
 
 def keep_lora_inputs(model: nn.Module) -> None:
@@ -311,7 +312,7 @@ def _local_world(config: Config, world: int) -> int:
     text = os.environ.get(LOCAL_WORLD_ENV, "").strip()
     if text:
         return int(text)
-    if config.shard == "node" and world > 1 and config.wrap != "none":
+    if config.shard == Shard.NODE and world > 1 and config.wrap != Wrap.NONE:
         raise ValueError(
             f"shard=node (HSDP: shard within a node, replicate across nodes) needs the ranks per "
             f"node, which autofit reads from {LOCAL_WORLD_ENV}; it is not set. Launch with "

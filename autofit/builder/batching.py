@@ -28,6 +28,7 @@ import torch
 from autofit.builder.loss import IGNORE_INDEX
 from autofit.data import LengthHistogram
 from autofit.data.batching import check_batching, longest_micro_batch, micro_batches, pack_rows
+from autofit.values import Batching
 
 Inputs = dict[str, torch.Tensor]
 
@@ -84,7 +85,7 @@ def collate(
     grouping is the order examples come in (a length-grouped sampler, HF's
     `LengthGroupedSampler`)."""
     check_batching(batching)
-    if batching == "packed":
+    if batching == Batching.PACKED:
         rows = pack(examples, seq_len)
         if not rows:
             raise ValueError("a micro-batch needs at least one token")
@@ -110,7 +111,7 @@ def drawn_micro_batches(
             [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in row]
             for row in layout.rows
         ]
-        if batching == "packed":
+        if batching == Batching.PACKED:
             inputs = packed_rows(rows, seq_len)
         else:
             inputs = padded_batch([docs[0] for docs in rows], seq_len)

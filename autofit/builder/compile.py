@@ -26,6 +26,7 @@ from torch import nn
 
 from autofit.builder.model import decoder_layers
 from autofit.config import Config
+from autofit.values import Quant
 
 
 def apply_compile(model: nn.Module, config: Config) -> nn.Module:
@@ -36,7 +37,7 @@ def apply_compile(model: nn.Module, config: Config) -> nn.Module:
         return model
     for layer in decoder_layers(model):
         layer.compile(fullgraph=True, options=inductor_options(config.quant))
-        if config.quant == "nf4":
+        if config.quant == Quant.NF4:
             keep_nf4_packed(layer)
     return model
 
@@ -52,7 +53,7 @@ def inductor_options(quant: str) -> dict[str, Any] | None:
     thousands of rows took 3.3 s against 0.11 s eager on 4 layers of llama-7b at mb4 x 2048 on an
     H200 (2026-11-27: 98% of the step in `weight_int8pack_mm_kernel`). Pattern matching off for
     those layers keeps the cast and cuBLAS's matmul, as eager runs it."""
-    return {"pattern_matcher": False} if quant == "int8" else None
+    return {"pattern_matcher": False} if quant == Quant.INT8 else None
 
 
 def keep_nf4_packed(layer: nn.Module) -> None:

@@ -33,6 +33,7 @@ from autofit.builder.model import ModelParts, trainable_copy
 from autofit.config import Config
 from autofit.layout import Layout
 from autofit.recipe import QUANT_TENSOR_CLASS, base_stays_whole
+from autofit.values import Offload
 
 SHARD_DIM = "dp_shard"
 REPLICATE_DIM = "dp_replicate"
@@ -64,7 +65,7 @@ def mp_policy(layout: Layout) -> MixedPrecisionPolicy:
 
 
 def offload_policy(offload: str, device_type: str) -> OffloadPolicy:
-    if offload == "params":
+    if offload == Offload.PARAMS:
         return CPUOffloadPolicy(pin_memory=device_type == "cuda")
     return OffloadPolicy()
 

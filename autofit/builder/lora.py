@@ -13,6 +13,7 @@ from torch import nn
 from autofit.builder.model import decoder_layers, decoder_projections, model_parts
 from autofit.recipe import EMBEDDING_MODULE, HEAD_MODULE, embedding_peft_options
 from autofit.settings import trained_tokens_error
+from autofit.values import TrainEmbeddings
 
 
 def lora_target_modules(model: nn.Module, adapted: Collection[str]) -> list[str]:
@@ -48,7 +49,7 @@ def embedding_options(model: nn.Module, train_embeddings: str) -> dict[str, Any]
       `TrainableTokensWrapper`: the rows' trainable values, merged into the frozen weight at each
       forward); with a tied head, the embedding's rows, which peft ties the head's to.
     """
-    if train_embeddings == "none":
+    if train_embeddings == TrainEmbeddings.NONE:
         return {}
     parts = model_parts(model)
     if parts.head is None:

@@ -9,6 +9,7 @@ from torch import nn
 
 from autofit.config import Config
 from autofit.recipe import ADAMW_IMPLS, LOW_BIT_STATES
+from autofit.values import Offload
 
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
 
@@ -50,7 +51,7 @@ def build_optimizer(
         kwargs["block_size"] = LOW_BIT_STATES[config.optimizer].block
     if impl is not None:
         kwargs.update(ADAMW_IMPLS[impl].kwargs)
-    if config.offload == "optimizer" and device_type == "cuda":
+    if config.offload == Offload.OPTIMIZER and device_type == "cuda":
         from torchao.optim import CPUOffloadOptimizer
 
         free_grads = config.grad_accum == 1 and not keep_gradients

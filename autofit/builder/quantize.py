@@ -23,6 +23,7 @@ from torch import nn
 import autofit.recipe as recipe
 from autofit.builder.dtypes import TORCH_DTYPES
 from autofit.builder.model import decoder_projections, materialize
+from autofit.values import Quant
 
 _FROZEN = TORCH_DTYPES[recipe.FROZEN_DTYPE]  # what a base weight is quantized from
 
@@ -56,10 +57,10 @@ def quantize_layer(
             continue
         if mod.weight.is_meta:
             materialize(mod, device or torch.device("cpu"), prefix=name)
-        if quant == "nf4" and bnb is not None:
+        if quant == Quant.NF4 and bnb is not None:
             parent, attr = parents[id(mod)]
             setattr(parent, attr, _to_bnb_nf4(mod, bnb))
-        elif quant == "nf4":
+        elif quant == Quant.NF4:
             _to_nf4(mod, shards)
         else:
             _to_int8(mod)

@@ -27,6 +27,7 @@ from autofit.hardware import Hardware
 from autofit.models import ModelSpec, resolve_model
 from autofit.space_file import parse_space
 from autofit.trials.result import TrialResult
+from autofit.values import Offload
 
 # (model, seq_len) per device: the sweep's models, small enough for a few minutes of trials.
 MODELS = {
@@ -111,7 +112,7 @@ def sweep(hardware: Hardware, device: str, quick: bool = False) -> list[tuple[Mo
             variants = VARIANTS if m == 0 else VARIANTS[:SECOND_MODEL_VARIANTS]
         for variant in variants:
             knobs = {**BASE, **variant}
-            if hardware.n_gpus == 1 and knobs.get("offload") != "params":
+            if hardware.n_gpus == 1 and knobs.get("offload") != Offload.PARAMS:
                 knobs["wrap"] = "none"  # one GPU trains the plain module
             space = parse_space(
                 {"seq_len": seq_len, "knobs": {k: [v] for k, v in knobs.items()}},

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.estimate import BREAKDOWN_KEYS, TIME_KEYS, Estimate
+from autofit.values import Offload
 
 MEMORY_TERMS: tuple[str, ...] = (*BREAKDOWN_KEYS, "allocator")
 """What a peak is made of: the napkin's breakdown at its peak moment, and the caching allocator's
@@ -51,8 +52,8 @@ def memory_terms(est: Estimate) -> tuple[float, ...]:
     return (
         *(float(b.get(k, 0)) for k in BREAKDOWN_KEYS),
         float(est.overhead.get("allocator", 0)),
-        host if cfg.offload == "params" else 0.0,
-        host if cfg.offload == "optimizer" else 0.0,
+        host if cfg.offload == Offload.PARAMS else 0.0,
+        host if cfg.offload == Offload.OPTIMIZER else 0.0,
         *(dynamic if mode_on(cfg, m) else 0.0 for m in MODES),
     )
 

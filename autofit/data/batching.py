@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autofit.data.histogram import LengthHistogram
+from autofit.values import Batching, values
 
-BATCHINGS = ("padded", "grouped", "packed")
+BATCHINGS = values(Batching)
 GROUP_MEGABATCH = 50
 """Micro-batches per mega-batch of HF's `LengthGroupedSampler` (`mega_batch_mult` = 50)."""
 SAMPLE_ROWS = 20_000
@@ -119,7 +120,7 @@ def micro_batches(
     check_batching(batching)
     out: list[MicroBatch] = []
     while len(out) < count:
-        if batching == "packed":
+        if batching == Batching.PACKED:
             mean = max(hist.tokens(seq_len) / hist.examples, 1.0)
             need = int((count - len(out)) * micro_batch * seq_len / mean) + micro_batch + 1
             out += _packed(_clipped_lengths(hist, seq_len, need, rng), micro_batch, seq_len)
@@ -127,7 +128,7 @@ def micro_batches(
             mega = micro_batch * GROUP_MEGABATCH
             need = -(-(count - len(out)) * micro_batch // mega) * mega
             lengths = _clipped_lengths(hist, seq_len, need, rng)
-            if batching == "grouped":
+            if batching == Batching.GROUPED:
                 out += _grouped(lengths, micro_batch, rng)
             else:
                 out += _padded(lengths, micro_batch)
@@ -140,7 +141,7 @@ def longest_micro_batch(
     """The micro-batch with the most positions the data can produce, which sets the peak: the
     longest sequence (truncated to `seq_len`) with `micro_batch - 1` others padded to it (they
     may be as long: every row at that width), or for `packed` rows of `seq_len` always."""
-    if batching == "packed":
+    if batching == Batching.PACKED:
         return MicroBatch(((seq_len,),) * micro_batch, seq_len)
     width = min(hist.longest, seq_len)
     return MicroBatch(((width,),) * micro_batch, width)
@@ -172,11 +173,11 @@ def data_shape(hist: LengthHistogram, batching: str, micro_batch: int, seq_len: 
 @lru_cache(maxsize=1024)
 def _data_shape(hist: LengthHistogram, batching: str, micro_batch: int, seq_len: int) -> DataShape:
     peak = longest_micro_batch(hist, batching, micro_batch, seq_len).width
-    if batching == "packed":
+    if batching == Batching.PACKED:
         return DataShape(peak, float(seq_len), float(seq_len))
     clipped = hist.clipped(seq_len)
     mean_len = clipped.tokens() / clipped.examples
-    if batching == "padded":
+    if batching == Batching.PADDED:
         total, below = clipped.examples, 0
         expected = 0.0  # E[max of micro_batch draws] = sum over n of n * P(max == n)
         for n, c in zip(clipped.lengths, clipped.counts, strict=True):

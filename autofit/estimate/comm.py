@@ -19,6 +19,7 @@ from autofit.estimate.speed import HOST_OP_S, MEM_BW_EFFICIENCY
 from autofit.layout import wrap_unit_count
 from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
 from autofit.structure import Structure
+from autofit.values import Wrap
 
 # ----- communication and offload ------------------------------------------------------------------
 # Achievable fraction of link bandwidth for NCCL ring collectives (nccl-tests busbw on NVLink and
@@ -83,7 +84,7 @@ def comm_bytes_per_micro_step(
     in backward for units resharded after forward (the embedding and layer units when `reshard`;
     `[norm, head]` and the root are kept). int8 weights are never gathered (replicated). The plain
     module and DDP gather nothing."""
-    if wrap == "none":
+    if wrap == Wrap.NONE:
         return 0.0
     edges = embed_unit_bytes(s) + head_unit_bytes(s)
     layers = s.layers * gathered_layer_bytes(s, quant, lora_rank, targets)

@@ -29,6 +29,7 @@ from autofit.models import ModelSpec
 from autofit.recipe import DTYPE_BYTES, bnb_of, checkpointed_layers, reduce_dtype
 from autofit.settings import BNB_SETTINGS
 from autofit.structure import ActivationKey, Structure
+from autofit.values import Batching, Checkpointing, Launch, Quant
 
 BREAKDOWN_KEYS = (
     "base_weights",
@@ -147,7 +148,7 @@ class Peaks:
         layers = min(s.layers, REPLAY_LAYERS)
         checkpointed = set(checkpointed_layers(c.checkpointing, layers))
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
-        policy = "selective" if c.checkpointing == "selective" else "full"
+        policy = "selective" if c.checkpointing == Checkpointing.SELECTIVE else "full"
         loss = mem.traced_loss(c.loss)  # the head's and the loss's allocations differ by loss
         casts = mem.adapter_casts(c.launch, c.lora_rank, m.autocast)
         keys = {
@@ -213,7 +214,7 @@ def padding_mask_applies(config: Config, padded_rows: bool) -> bool:
     which transformers builds a 4-D mask for SDPA (bool `rows x width²`, and per layer that keeps
     its activations SDPA's bf16 copy and k, v repeated per query head: what `packed` rows'
     block-diagonal mask costs). autofit's own padded rows pass no mask (the causal kernel)."""
-    return padded_rows and config.launch == "trainer" and config.batching != "packed"
+    return padded_rows and config.launch == Launch.TRAINER and config.batching != Batching.PACKED
 
 
 class _ModelState(NamedTuple):
@@ -358,9 +359,9 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
         k.lora_dropout, k.launch
     ) + mem.dequant_transient_bytes(s, k.quant, bnb_of(k))  # fmt: skip
-    if k.quant == "int8":
+    if k.quant == Quant.INT8:
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
-    if k.batching == "packed":  # on the data's lengths only (`autofit.estimate.data`)
+    if k.batching == Batching.PACKED:  # on the data's lengths only (`autofit.estimate.data`)
         acts += mem.packed_mask_bytes(model, s, k.micro_batch, k.seq_len, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,

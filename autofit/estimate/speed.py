@@ -32,6 +32,7 @@ from autofit.estimate.memory import BF16, FP32
 from autofit.recipe import checkpointed_count, trained_embedding_modules
 from autofit.settings import trained_token_count
 from autofit.structure import Structure
+from autofit.values import Checkpointing, Quant, TrainEmbeddings
 
 TIME_KEYS = (
     "compute", "memory_bound", "overhead", "host", "dequant", "communication", "offload",
@@ -138,7 +139,7 @@ def _recompute_share(checkpointing: str, layers: int) -> float:
     """Share of the `layers` decoder layers whose whole forward is re-run in backward: the
     checkpointed ones (`autofit.recipe.checkpointed_layers`, the builder's list: all with `full`,
     0, 2, 4, ... with `every-2`), none with op-level `selective` (no matmul is recomputed)."""
-    if checkpointing == "selective" or layers <= 0:
+    if checkpointing == Checkpointing.SELECTIVE or layers <= 0:
         return 0.0
     return checkpointed_count(checkpointing, layers) / layers
 
@@ -279,7 +280,7 @@ def trained_embedding_bytes(
       at every forward (`index_copy`: vocab x hidden read and written in bf16); in backward the
       embedding's gradient is the whole merged weight's (zero-filled, then the tokens' rows
       scatter-added), of which the trained rows are kept."""
-    if train_embeddings == "none":
+    if train_embeddings == TrainEmbeddings.NONE:
         return 0.0, 0.0
     if trained_token_count(train_embeddings) is None:
         return 0.0, 2.0 * FP32 * tokens * s.hidden
@@ -332,7 +333,7 @@ def micro_step_times(
     hf, hd, hw = linear_times(tokens, s.hidden, s.vocab, flops_per_s, bytes_per_s)
     # a trained head (a full fine-tune's, or `train_embeddings`': a copy, or rows of the merged
     # weight, whose gradient is the whole weight's) needs its weight gradient
-    head_bwd = hd + (0.0 if frozen and train_embeddings == "none" else hw)
+    head_bwd = hd + (0.0 if frozen and train_embeddings == TrainEmbeddings.NONE else hw)
 
     mem_bw = bytes_per_s  # achievable HBM bandwidth, as for the GEMMs' bytes
     ew_fwd, ew_bwd = layer_elementwise_bytes(s, tokens, rank, targets)
@@ -343,14 +344,14 @@ def micro_step_times(
     root_mb_bwd = ce_b / mem_bw
     if not frozen:  # the embedding's gradient: a scatter-add of tokens x hidden (read + write)
         root_mb_bwd += 2.0 * FP32 * tokens * s.hidden / mem_bw
-    elif train_embeddings != "none":
+    elif train_embeddings != TrainEmbeddings.NONE:
         emb_fwd, emb_bwd = trained_embedding_bytes(s, tokens, train_embeddings)
         root_mb_fwd += emb_fwd / mem_bw
         root_mb_bwd += emb_bwd / mem_bw
 
     recompute = _recompute_share(checkpointing, s.layers)
     # `selective` re-runs the layers' pointwise ops (no matmuls) in backward
-    recompute_mb = 1.0 if checkpointing == "selective" else recompute
+    recompute_mb = 1.0 if checkpointing == Checkpointing.SELECTIVE else recompute
     layers_mm = s.layers * (layer_fwd_mm * (1.0 + recompute) + layer_bwd_mm)
     layers_mb = s.layers * (layer_fwd_mb * (1.0 + recompute_mb) + layer_bwd_mb)
     backward = (
@@ -417,7 +418,7 @@ def dequant_time(s: Structure, quant: str, checkpointing: str, mem_bw_gbs: float
     """Dequantizing int8/NF4 weights to bf16 before each matmul, one micro-step: the kernels
     torchao runs (`NF4_DEQUANT_BYTES`, `INT8_DEQUANT_BYTES`) over HBM bandwidth, at least their
     launches per weight tensor (`KERNEL_LAUNCH_S`)."""
-    if quant == "none":
+    if quant == Quant.NONE:
         return 0.0
     nbytes, kernels = {
         "nf4": (NF4_DEQUANT_BYTES, NF4_DEQUANT_KERNELS),

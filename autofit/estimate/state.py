@@ -12,6 +12,7 @@ from autofit.estimate import memory as mem
 from autofit.layout import Layout, Sharding
 from autofit.recipe import Bnb4bit, base_stays_whole
 from autofit.structure import Structure
+from autofit.values import Offload
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
 
@@ -79,13 +80,13 @@ def states(
     opt = trainable * mem.optimizer_bytes_per_param(optimizer, precision) / shard
 
     host = 0.0
-    if offload == "params":
+    if offload == Offload.PARAMS:
         # FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host;
         # parameters FSDP2 leaves whole stay on the GPU.
         kept = projections if whole else 0.0
         host = (base - kept + weights + grads + opt) * per_node
         base, weights, grads, opt = kept, 0.0, 0.0, 0.0
-    elif offload == "optimizer":
+    elif offload == Offload.OPTIMIZER:
         # torchao CPUOffloadOptimizer: states + an fp32 param copy + grads on the host; device
         # grads are freed as soon as they are copied off (offload_gradients).
         host = (opt + trainable * (mem.FP32 + mem.FP32) / shard) * per_node

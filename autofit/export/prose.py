@@ -26,6 +26,7 @@ from autofit.recipe import (
 )
 from autofit.settings import ALL_LINEAR, trained_token_count
 from autofit.units import all_together, device_noun, fmt_size
+from autofit.values import Batching, Checkpointing, Loss, Offload, Optimizer, TrainEmbeddings, Wrap
 
 
 def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
@@ -65,10 +66,10 @@ def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
         if spec.get("tied_embeddings"):
             units = (
                 "one root unit holds everything (tied embeddings and LM head included)"
-                if cfg["wrap"] == "model"
+                if cfg["wrap"] == Wrap.MODEL
                 else f"units of {layers}; the tied embeddings and LM head stay in the root unit"
             )
-        elif cfg["wrap"] == "model":
+        elif cfg["wrap"] == Wrap.MODEL:
             units = "units of the token embeddings and [final norm, LM head]; the root unit holds "
             units += "the decoder layers"
         else:
@@ -85,12 +86,12 @@ def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
         else:
             lines = [f"# Measured path: FSDP2 on {gpus} laid out as torchtitan: {units}."]
         extra = []
-        if cfg.get("train_embeddings", "none") == "full":
+        if cfg.get("train_embeddings", "none") == TrainEmbeddings.FULL:
             extra.append(
                 "The frozen originals beside the trainable embedding and head copies are a unit "
                 "of their own, never gathered"
             )
-        if cfg["offload"] == "params":
+        if cfg["offload"] == Offload.PARAMS:
             extra.append("Params offloaded to CPU (CPUOffloadPolicy)")
         if mixed:
             extra.append("fp32 trainable params, gathered in bf16 (MixedPrecisionPolicy)")
@@ -191,13 +192,13 @@ def batching_notes(cfg: dict[str, Any]) -> list[str]:
     """How the measured micro-batches were made, when not padded (`batching`), and who makes
     them in a run of yours."""
     batching = cfg.get("batching", "padded")
-    if batching == "grouped":
+    if batching == Batching.GROUPED:
         return [
             "# Batching: length-grouped micro-batches, each padded to its longest (HF Trainer "
             "train_sampling_strategy='group_by_length', LengthGroupedSampler); "
             "run.collate(examples) pads them as measured."
         ]
-    if batching == "packed":
+    if batching == Batching.PACKED:
         return [
             f"# Batching: packed rows of seq_len={cfg['seq_len']} tokens, position ids reset per "
             "document, no loss across documents: run.collate(examples) from autofit.apply makes "
@@ -264,7 +265,7 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
             + (
                 ", but prepare() still puts a second activation-checkpoint wrapper on each layer "
                 "(fsdp_activation_checkpointing) over autofit's."
-                if cfg["checkpointing"] != "none"
+                if cfg["checkpointing"] != Checkpointing.NONE
                 else " (nothing to gain)."
             )
             + " The Accelerator only launches, sets up the process group autofit.apply uses, "
@@ -285,8 +286,8 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
             f"# autofit measured FSDP2 units of {cfg['wrap'][6:]} decoder layers; "
             "Accelerate's own wrapping would wrap each layer (autofit.apply groups them)."
         )
-    if cfg["checkpointing"] != "none" and (
-        sharding is not Sharding.FSDP2 or cfg["checkpointing"] != "full"
+    if cfg["checkpointing"] != Checkpointing.NONE and (
+        sharding is not Sharding.FSDP2 or cfg["checkpointing"] != Checkpointing.FULL
     ):
         notes.append(
             f"# Checkpointing measured: {cfg['checkpointing']} (autofit.apply sets it; "
@@ -296,12 +297,12 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
                 else "this config has no field for it)."
             )
         )
-    if cfg["offload"] == "optimizer":
+    if cfg["offload"] == Offload.OPTIMIZER:
         notes.append(
             "# Optimizer state and step on the CPU (torchao CPUOffloadOptimizer): "
             "Accelerate cannot say this; run.optimizer is that optimizer."
         )
-    if cfg["optimizer"] != "adamw":
+    if cfg["optimizer"] != Optimizer.ADAMW:
         notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
     if not layout.fp32_trainable:
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
@@ -317,12 +318,12 @@ def loss_and_compile_notes(cfg: dict[str, Any]) -> list[str]:
     """What the `loss` and `compile` knobs measured, and who sets them up."""
     notes = []
     loss = cfg.get("loss", "standard")
-    if loss == "chunked":
+    if loss == Loss.CHUNKED:
         notes.append(
             "# Loss: LM head + cross-entropy over chunks of tokens (autofit.builder.loss; "
             "autofit.apply sets it on the model: model(input_ids=..., labels=...).loss)."
         )
-    elif loss == "fused":
+    elif loss == Loss.FUSED:
         notes.append(
             "# Loss: Liger's fused linear cross-entropy (pip install 'autofit[liger]'); "
             "autofit.apply sets it on the model."

@@ -19,6 +19,7 @@ from autofit.export.layout import (
 from autofit.export.prose import accelerate_notes, header
 from autofit.layout import Sharding
 from autofit.recipe import hf_optim
+from autofit.values import Batching, Checkpointing, Loss, Offload, Wrap
 
 
 def render_autofit(doc: dict[str, Any], path: Path | None = None) -> str:
@@ -74,11 +75,11 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     base["distributed_type"] = "FSDP"
     base["fsdp_config"] = {
         "fsdp_version": 2,
-        "fsdp_auto_wrap_policy": "NO_WRAP" if wrap == "model" else "TRANSFORMER_BASED_WRAP",
+        "fsdp_auto_wrap_policy": "NO_WRAP" if wrap == Wrap.MODEL else "TRANSFORMER_BASED_WRAP",
         "fsdp_transformer_layer_cls_to_wrap": doc.get("decoder_layer", "LlamaDecoderLayer"),
         "fsdp_reshard_after_forward": bool(cfg["reshard"]),
-        "fsdp_offload_params": cfg["offload"] == "params",
-        "fsdp_activation_checkpointing": cfg["checkpointing"] != "none",
+        "fsdp_offload_params": cfg["offload"] == Offload.PARAMS,
+        "fsdp_activation_checkpointing": cfg["checkpointing"] != Checkpointing.NONE,
         # Off: with it on, transformers' `from_pretrained` under `accelerate launch` loads real
         # weights on rank 0 only (meta elsewhere) for `accelerator.prepare` to broadcast, and
         # `autofit.apply` (which shards the model itself) would train the other ranks' weights
@@ -86,7 +87,7 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
         "fsdp_cpu_ram_efficient_loading": False,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
     }
-    if wrap == "model":
+    if wrap == Wrap.MODEL:
         del base["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
     hsdp = accelerate_hsdp(doc)
     if hsdp:
@@ -116,9 +117,9 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     }
     if cfg.get("compile"):
         args["torch_compile"] = True
-    if cfg.get("batching") == "grouped":  # transformers 5's name of `group_by_length`
+    if cfg.get("batching") == Batching.GROUPED:  # transformers 5's name of `group_by_length`
         args["train_sampling_strategy"] = "group_by_length"
-    if cfg.get("loss") == "fused":
+    if cfg.get("loss") == Loss.FUSED:
         # Liger's fused linear cross-entropy alone, as measured (not its other kernels)
         args["use_liger_kernel"] = True
         args["liger_kernel_config"] = {
@@ -128,7 +129,7 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
             "rms_norm": False,
             "swiglu": False,
         }
-    ckpt = cfg["checkpointing"] != "none"
+    ckpt = cfg["checkpointing"] != Checkpointing.NONE
     sharding = plan_sharding(doc)
     if sharding is not Sharding.FSDP2:  # the plain module, or DDP replicas on several GPUs
         if ckpt:
@@ -139,10 +140,10 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     fsdp_config: dict[str, Any] = {
         "version": 2,
         "reshard_after_forward": bool(cfg["reshard"]),
-        "cpu_offload": cfg["offload"] == "params",
+        "cpu_offload": cfg["offload"] == Offload.PARAMS,
         "activation_checkpointing": ckpt,
     }
-    if cfg["wrap"] == "model":
+    if cfg["wrap"] == Wrap.MODEL:
         fsdp_config["auto_wrap_policy"] = "NO_WRAP"
     else:
         fsdp_config["transformer_layer_cls_to_wrap"] = [

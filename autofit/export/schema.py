@@ -15,6 +15,7 @@ from autofit.export.plan_file import PlanFile
 from autofit.models import ModelSpec
 from autofit.recipe import embedding_peft_options
 from autofit.settings import ALL_LINEAR
+from autofit.values import TrainEmbeddings
 
 FORMATS = ("autofit", "accelerate", "trainer")
 
@@ -114,7 +115,7 @@ def lora_section(cfg: Config, model: ModelSpec | None = None) -> dict[str, Any]:
         "dropout": cfg.lora_dropout,
         "target_modules": list(cfg.lora_targets) if cfg.lora_targets is not None else ALL_LINEAR,
     }
-    if cfg.train_embeddings != "none" and model is not None:
+    if cfg.train_embeddings != TrainEmbeddings.NONE and model is not None:
         section.update(
             embedding_peft_options(cfg.train_embeddings, model.vocab, model.tied_embeddings)
         )

@@ -14,6 +14,7 @@ from autofit.estimate import Estimate, estimate, estimate_many
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.units import fmt_size
+from autofit.values import Checkpointing, Loss, Offload, Quant, Wrap
 
 Fits = Callable[[Estimate, Hardware], bool]
 """Whether an estimate fits its hardware: the bare capacity (`autofit estimate`) or the plan's
@@ -41,22 +42,22 @@ def changes_for(cfg: Config) -> list[Change]:
     chunked loss, full recomputation, a smaller micro-batch (the batch kept by accumulation),
     NF4 with LoRA, optimizer offload, param offload (FSDP2)."""
     out = []
-    if cfg.loss == "standard":
+    if cfg.loss == Loss.STANDARD:
         out.append(Change({"loss": "chunked"}, "loss chunked"))
-    if cfg.checkpointing != "full":
+    if cfg.checkpointing != Checkpointing.FULL:
         out.append(Change({"checkpointing": "full"}, "checkpointing full"))
     mb = cfg.micro_batch // 2
     while mb >= 1:
         ga = cfg.grad_accum * cfg.micro_batch // mb
         out.append(Change({"micro_batch": mb, "grad_accum": ga}, f"micro_batch {mb}"))
         mb //= 2
-    if cfg.quant != "nf4":
+    if cfg.quant != Quant.NF4:
         out.append(Change({"quant": "nf4", "lora_rank": cfg.lora_rank or 16},
                           "quant nf4 (--space qlora)"))  # fmt: skip
-    if cfg.offload == "none":
+    if cfg.offload == Offload.NONE:
         out.append(Change({"offload": "optimizer"}, "offload optimizer"))
-    if cfg.offload != "params" and cfg.quant != "int8":
-        wrap = {"wrap": "layer"} if cfg.wrap == "none" else {}  # param offload needs FSDP2
+    if cfg.offload != Offload.PARAMS and cfg.quant != Quant.INT8:
+        wrap = {"wrap": "layer"} if cfg.wrap == Wrap.NONE else {}  # param offload needs FSDP2
         space = "offload params (--space full or default)"
         out.append(Change({"offload": "params", **wrap}, space))
     return out

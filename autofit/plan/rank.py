@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from autofit.config import Config
+from autofit.values import Checkpointing, Loss, Offload, Optimizer, Precision
 
 if TYPE_CHECKING:
     from autofit.plan.types import Candidate
@@ -19,11 +20,11 @@ def complexity(cfg: Config) -> int:
     """How far a config departs from the plain recipe (AdamW, no offload, mixed precision, no
     recompute, the model's own loss): among equally fast configs users want the plainest."""
     return (
-        (cfg.optimizer != "adamw")
-        + (cfg.loss != "standard")
-        + (cfg.offload != "none")
-        + (cfg.precision != "bf16-mixed")
-        + (cfg.checkpointing != "none")
+        (cfg.optimizer != Optimizer.ADAMW)
+        + (cfg.loss != Loss.STANDARD)
+        + (cfg.offload != Offload.NONE)
+        + (cfg.precision != Precision.BF16_MIXED)
+        + (cfg.checkpointing != Checkpointing.NONE)
         + (not cfg.reshard)
     )
 

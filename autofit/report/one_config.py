@@ -17,6 +17,7 @@ from autofit.plan.fixes import MORE_GPUS, fitting_changes, more_gpus_that_fit, t
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
 from autofit.units import device_noun, fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
+from autofit.values import Shard
 
 BREAKDOWN_LABELS = {
     "base_weights": "frozen base weights (storage width, scales incl.)",
@@ -118,7 +119,7 @@ def estimate_report(
             f"communication exposed inside nodes {links.get('intra', 0.0):.3f} s, between nodes "
             f"{links.get('inter', 0.0):.3f} s; the network is busy "
             f"{links.get('network_busy', 0.0):.3f} s per step"
-            + (" (HSDP: shard: node)" if cfg.shard == "node" else ""),
+            + (" (HSDP: shard: node)" if cfg.shard == Shard.NODE else ""),
             highlight=False,
         )
     if not est.within_capacity:

@@ -24,6 +24,7 @@ from autofit.checks import TRIAL_TIMEOUT_S
 from autofit.config import Config
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
+from autofit.values import Offload, Quant
 
 START_S = {"cuda": 15.0, "cpu": 10.0}
 """Process start, imports and the process group. H200: a launch's first config took 14-15 s
@@ -111,9 +112,9 @@ def trial_time(
     billions = structure_of(model).n_params / 1e9
     if device != "cuda":
         build = billions * HOST_INIT_S_PER_B
-    elif config.quant != "none":  # the base quantized on the GPU; what FSDP2 offloads is small
+    elif config.quant != Quant.NONE:  # the base quantized on the GPU; what FSDP2 offloads is small
         build = billions * QUANTIZE_S_PER_B
-    elif config.offload == "params":
+    elif config.offload == Offload.PARAMS:
         build = billions * HOST_INIT_S_PER_B
     else:
         build = billions * DEVICE_INIT_S_PER_B

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from autofit.quiet import quiet_libraries
 from autofit.trials.guard import exit_now, guard_trial_process
+from autofit.values import QuantBackend
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,7 +51,7 @@ def _skip_unused_bitsandbytes(argv: list[str]) -> None:
         configs = json.loads(Path(known.spec).read_text())["configs"]
     except (TypeError, OSError, ValueError, KeyError):
         return  # the rank itself reports a spec it cannot read
-    if not any(c.get("quant_backend") == "bitsandbytes" for c in configs):
+    if not any(c.get("quant_backend") == QuantBackend.BITSANDBYTES for c in configs):
         sys.modules.setdefault("bitsandbytes", None)  # type: ignore[assignment]
 
 

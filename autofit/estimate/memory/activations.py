@@ -14,6 +14,7 @@ from autofit.estimate.memory.widths import BF16, FP32, Targets, traced_loss
 from autofit.layout import Sharding, wrap_group_size
 from autofit.models import ModelSpec
 from autofit.structure import ActivationKey, LayerActivations, Structure
+from autofit.values import Checkpointing, Launch, Quant, Wrap
 
 
 # ----- activations ------------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def forward_gather_buffer_bytes(
     root). Measured on CPU trials (two gloo ranks, 128K vocabulary): without it, `loss: chunked`,
     whose whole working set is in forward, was under-estimated by 29%. `model` (the root's own
     buffer, alive through forward) is the `gather` phase's (`root_all_gather_buffer_bytes`)."""
-    if sharding is not Sharding.FSDP2 or wrap == "model":
+    if sharding is not Sharding.FSDP2 or wrap == Wrap.MODEL:
         return 0.0
     if not s.tied_embeddings:
         return head_unit_bytes(s)
@@ -121,7 +122,7 @@ def layer_backward_bytes(
                                dropout, "standard", launch)  # fmt: skip
     if ckpt is None:
         return micro_batch * kept.backward
-    if checkpointing == "every-2":
+    if checkpointing == Checkpointing.EVERY_2:
         return micro_batch * max(kept.backward, ckpt.backward)
     return micro_batch * ckpt.backward
 
@@ -129,7 +130,7 @@ def layer_backward_bytes(
 def compiled_fusion_applies(lora_rank: int, checkpointing: str) -> bool:
     """Whether `compile` makes a config hold more than its eager twin (`compiled_mlp_fusion_bytes`):
     LoRA with whole-layer recomputation."""
-    return bool(lora_rank) and checkpointing in ("full", "every-2")
+    return bool(lora_rank) and checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_2)
 
 
 def compiled_mlp_fusion_bytes(
@@ -196,7 +197,7 @@ def dequant_transient_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None
     layer's forward and again in its backward): torchao's, or bitsandbytes' with `bnb`. int8
     keeps its bf16 copy for backward instead (`int8_saved_weight_bytes`) and holds nothing more
     (measured: 2.0 B per weight kept, 0.03 B more in backward)."""
-    if quant != "nf4":
+    if quant != Quant.NF4:
         return 0.0
     per = (
         NF4_DEQUANT_TRANSIENT_BYTES
@@ -221,9 +222,9 @@ def _layer_traces(
         seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss), casts
     )
     kept = activations_of(model, key)
-    if checkpointing == "none":
+    if checkpointing == Checkpointing.NONE:
         return kept, None
-    policy = "selective" if checkpointing == "selective" else "full"
+    policy = "selective" if checkpointing == Checkpointing.SELECTIVE else "full"
     return kept, activations_of(model, replace(key, policy=policy))
 
 
@@ -232,7 +233,7 @@ def adapter_casts(launch: str, lora_rank: int, autocast: bool) -> bool:
     (`ActivationKey.adapter_casts`): a LoRA model under autocast that autofit's builder did not
     set up (`launch: trainer`; `autofit.builder.apply.keep_lora_inputs` turns the casts off).
     Elsewhere the casts are no-ops (the input is already in the adapters' dtype) or absent."""
-    return launch == "trainer" and lora_rank > 0 and autocast
+    return launch == Launch.TRAINER and lora_rank > 0 and autocast
 
 
 def int8_saved_weight_bytes(s: Structure, checkpointing: str) -> float:

@@ -10,6 +10,7 @@ from autofit.estimate.memory.widths import BF16, FP32, grad_bytes, traced_loss
 from autofit.layout import Sharding
 from autofit.settings import trained_token_count, trained_tokens_error
 from autofit.structure import Structure
+from autofit.values import TrainEmbeddings
 
 
 # ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------
@@ -30,7 +31,7 @@ def trained_rows(s: Structure, train_embeddings: str) -> int:
 def trained_module_params(s: Structure, train_embeddings: str) -> int:
     """Trained parameters of one trained module (the embedding's, or the head's: both are
     vocab x hidden): its trained rows x its width."""
-    if train_embeddings == "none":
+    if train_embeddings == TrainEmbeddings.NONE:
         return 0
     return trained_rows(s, train_embeddings) * (s.embedding_params // max(s.vocab, 1))
 
@@ -69,7 +70,7 @@ def trained_head_autocast_bytes(s: Structure, train_embeddings: str, autocast: b
     for backward (`autocast_copy_bytes`' rule for the head of a full fine-tune). The embedding
     lookup is not autocast. `tokens:N` merges its rows into the bf16 weight instead
     (`trained_head_loss_bytes`)."""
-    if not autocast or train_embeddings != "full":
+    if not autocast or train_embeddings != TrainEmbeddings.FULL:
         return 0.0
     return trained_module_params(s, train_embeddings) * BF16
 
@@ -95,7 +96,7 @@ def trained_head_loss_bytes(
     - `chunked` (and Liger's `fused`, counted as it): the fp32 sum of the head weight's gradient,
       vocab x hidden, from the loss's forward through its backward (`autofit.builder.loss`; as
       `head_grad_sum_bytes` for a full fine-tune)."""
-    if train_embeddings == "none":
+    if train_embeddings == TrainEmbeddings.NONE:
         return 0.0, 0.0
     head = trained_module_params(s, "full")  # the head's whole weight, vocab x hidden
     merged = head * BF16 if trained_token_count(train_embeddings) is not None else 0.0

@@ -16,6 +16,7 @@ from autofit.estimate.memory.widths import (
 )
 from autofit.layout import Sharding, wrap_group_size
 from autofit.structure import Structure
+from autofit.values import Launch, Offload, Quant, TrainEmbeddings, Wrap
 
 
 # ----- all-gather buffers -----------------------------------------------------------------------
@@ -29,7 +30,7 @@ def gathered_layer_bytes(
         return s.layer_params * BF16
     lora = s.lora_params(lora_rank, targets) / s.layers * BF16
     others = s.layer_frozen_other_params * BF16
-    if quant == "int8":
+    if quant == Quant.INT8:
         return lora + others
     return s.layer_linear_params * base_bytes_per_param(quant) + lora + others
 
@@ -66,7 +67,7 @@ def gathered_bytes(
         return 0.0
     layer = gathered_layer_bytes(s, quant, lora_rank, targets)
     k = wrap_group_size(wrap, s.layers)
-    if wrap == "model" or k >= s.layers or not reshard:
+    if wrap == Wrap.MODEL or k >= s.layers or not reshard:
         layers = s.layers * layer
     else:
         layers = 2 * k * layer
@@ -85,7 +86,7 @@ def root_all_gather_buffer_bytes(
     `AllGatherState`, `_fsdp_param_group.py`): a second whole-model copy at that moment, while
     activations are still few (FSDPMemTracker at 7B: 12.38 + 12.14 GiB). Smaller units make this
     one unit's worth, inside the prefetch allowance of `gathered_bytes`."""
-    if sharding is not Sharding.FSDP2 or wrap != "model":
+    if sharding is not Sharding.FSDP2 or wrap != Wrap.MODEL:
         return 0.0
     return s.layers * gathered_layer_bytes(s, quant, lora_rank, targets)
 
@@ -103,7 +104,7 @@ def gathered_at_loss_bytes(
     experts counted at the loss over-estimated its LoRA runs by 16-18%)."""
     total = gathered_bytes(s, quant, lora_rank, wrap, reshard, sharding, targets)
     k = wrap_group_size(wrap, s.layers)
-    if sharding is not Sharding.FSDP2 or wrap == "model" or k >= s.layers or not reshard:
+    if sharding is not Sharding.FSDP2 or wrap == Wrap.MODEL or k >= s.layers or not reshard:
         return total
     return total - 2 * k * gathered_layer_bytes(s, quant, lora_rank, targets)
 
@@ -129,7 +130,7 @@ def gathered_at_reduce_bytes(s: Structure, wrap: str, sharding: Sharding, device
     CPU trials gloo's reduce-scatter path keeps the forward's buffers (measured)."""
     if sharding is not Sharding.FSDP2:
         return 0.0
-    if wrap == "model" and device == "cpu":
+    if wrap == Wrap.MODEL and device == "cpu":
         return gathered
     return embed_unit_bytes(s)
 
@@ -160,7 +161,7 @@ def layer_unit_grad_bytes(s: Structure, lora_rank: int, wrap: str, sharding: Sha
     and FSDP2's fp32 copy for the reduce-scatter), the part of `unit_grad_bytes` alive while the
     other layers' activations still are (the last layer's backward). `model` has no layer unit
     of its own (its gradients come at the end of backward)."""
-    if sharding is not Sharding.FSDP2 or wrap == "model":
+    if sharding is not Sharding.FSDP2 or wrap == Wrap.MODEL:
         return 0.0
     per_layer = s.lora_params(lora_rank, targets) / s.layers if lora_rank else s.layer_params
     k = max(1, min(wrap_group_size(wrap, s.layers), s.layers))
@@ -197,7 +198,7 @@ def optimizer_temp_bytes(
     On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one.
     Under `launch: trainer` a full fine-tune's for-loop steps in Trainer's order
     (`trainer_for_loop_elements`)."""
-    if impl == "fused" or (device != "cpu" and (impl is None or offload != "none")):
+    if impl == "fused" or (device != "cpu" and (impl is None or offload != Offload.NONE)):
         return 0.0
     pb = master_bytes(precision, optimizer)
     if impl == "foreach":
@@ -205,7 +206,7 @@ def optimizer_temp_bytes(
             foreach_intermediates = recipe.ADAMW_IMPLS["foreach"].intermediates
         return foreach_intermediates * trainable * pb / shard
     per_param = recipe.ADAMW_IMPLS["for-loop"].intermediates
-    if launch == "trainer" and not lora_rank:
+    if launch == Launch.TRAINER and not lora_rank:
         return trainer_for_loop_elements(s) * pb / shard
     largest = s.largest_lora_matrix(targets) * lora_rank if lora_rank else s.largest_param
     trained = trained_largest_tensor(s, embeddings)
@@ -239,11 +240,11 @@ def head_grad_bytes(
     micro-steps' `.grad` is there already and autograd's `AccumulateGrad` adds the new one into
     it, so it is a transient beside it. The loss's trace stops at the logits' gradient, before
     any weight gradient; FSDP2's unit gradients are counted per unit (`unit_grad_bytes`)."""
-    if sharding is Sharding.FSDP2 or offload == "params":
+    if sharding is Sharding.FSDP2 or offload == Offload.PARAMS:
         return 0.0
     if lora_rank == 0:
         params = s.head_params or s.embedding_params
-    elif train_embeddings != "none":
+    elif train_embeddings != TrainEmbeddings.NONE:
         params = trained_module_params(s, train_embeddings)
     else:
         return 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import autofit.recipe as recipe
 from autofit.structure import Structure
+from autofit.values import Loss, Quant
 
 Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
 
@@ -24,9 +25,9 @@ def base_bytes_per_param(quant: str) -> float:
     - nf4: torchao `to_nf4` (QLoRA, Dettmers et al. 2023): `autofit.recipe.nf4_bytes_per_param`
       (4-bit codes + an int8 scale per 64 weights + a bf16 factor per 64 x 256 weights).
     """
-    if quant == "nf4":
+    if quant == Quant.NF4:
         return recipe.nf4_bytes_per_param()
-    if quant == "int8":
+    if quant == Quant.INT8:
         return 1.0
     return float(recipe.DTYPE_BYTES[recipe.FROZEN_DTYPE])
 
@@ -79,10 +80,10 @@ def trainable_params(s: Structure, lora_rank: int, targets: Targets = None) -> i
 def base_weight_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None = None) -> float:
     """All frozen projection weights of a LoRA run at their storage width (unsharded); with
     `bnb` (NF4 by bitsandbytes) each weight's exact `recipe.bnb_nf4_bytes`."""
-    if quant == "nf4" and bnb is not None:
+    if quant == Quant.NF4 and bnb is not None:
         return float(s.layers * sum(bnb.weight_bytes(p.weight_params) for p in s.projections))
     total = s.linear_params * base_bytes_per_param(quant)
-    if quant == "int8":
+    if quant == Quant.INT8:
         rows = sum(p.out_features for p in s.projections)
         total += s.layers * rows * BF16
     return total
@@ -100,4 +101,4 @@ def traced_loss(loss: str) -> str:
     hidden-state gradient, with its chunk's logits held in bf16 and overwritten by their gradient
     in place where `chunked` has fp32 copies, so the count is an upper bound of a few chunk-sized
     tensors (Liger `fused_linear_cross_entropy_forward`)."""
-    return "chunked" if loss == "fused" else loss
+    return "chunked" if loss == Loss.FUSED else loss
