@@ -29,8 +29,9 @@ from autofit.recipe import (
     reduce_dtype,
     trainable_dtype,
 )
+from autofit.rules import fsdp2_only_knob
 from autofit.settings import targeted
-from autofit.values import Checkpointing, Offload, Quant, Shard, Wrap
+from autofit.values import Checkpointing, Quant, Shard, Wrap
 
 if TYPE_CHECKING:
     from autofit.config import Config
@@ -98,8 +99,8 @@ def resolve_wrap(wrap: str, n_gpus: int, offload: str = "none", shard: str = "al
     space resolve `auto` with this before anything reads the wrap (`Config.resolved`)."""
     if wrap != AUTO_WRAP:
         return wrap
-    needs_fsdp = offload == Offload.PARAMS or shard == Shard.NODE
-    return "none" if n_gpus <= 1 and not needs_fsdp else "layer"
+    needs_fsdp = fsdp2_only_knob(offload, shard) is not None
+    return Wrap.NONE.value if n_gpus <= 1 and not needs_fsdp else Wrap.LAYER.value
 
 
 def sharding_for(wrap: str, n_gpus: int) -> Sharding:

@@ -139,6 +139,27 @@ def _trainer_unsupported(cfg: Config) -> str | None:
     return None
 
 
+FSDP2_ONLY: dict[str, str] = {"shard": Shard.NODE, "offload": Offload.PARAMS}
+"""The knob values only FSDP2 runs (HSDP is a 2-D FSDP2 mesh; CPUOffloadPolicy moves FSDP2's
+shards): with one, `wrap: auto` is `layer` even on one GPU (`autofit.layout.resolve_wrap`),
+`wrap: none` is refused (`broken_rule`), and a one-GPU space or calibration sweep keeps it
+sharded (`autofit.space`, `autofit.calibration.sweep`)."""
+_FSDP2_ONLY_WHY = {
+    "shard": "shard=node (HSDP: shard within a node, replicate across nodes) needs FSDP2 "
+    "(wrap=layer, every-2, every-4 or model): wrap=none runs DDP replicas, which hold "
+    "everything on every GPU. Use shard=all with wrap=none.",
+    "offload": "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
+    "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
+    "replicas, which keep the weights on the GPU.",
+}
+
+
+def fsdp2_only_knob(offload: str, shard: str) -> str | None:
+    """The first knob (`FSDP2_ONLY`) whose value here only FSDP2 runs, or None."""
+    given = {"offload": offload, "shard": shard}
+    return next((knob for knob, value in FSDP2_ONLY.items() if given[knob] == value), None)
+
+
 QUANT_NEEDS_LORA = "quant needs LoRA"
 """The short reason of the first rule, which a space also applies to whole blocks of configs."""
 
@@ -180,26 +201,16 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             "of FSDP2 sharding, so FSDP2's CPUOffloadPolicy cannot move them. Use quant=nf4, or "
             "offload=optimizer/none.",
         )
-    if cfg.shard == Shard.NODE and cfg.wrap == Wrap.NONE:
-        return (
-            "shard=node without sharding",
-            "shard=node (HSDP: shard within a node, replicate across nodes) needs FSDP2 "
-            "(wrap=layer, every-2, every-4 or model): wrap=none runs DDP replicas, which hold "
-            "everything on every GPU. Use shard=all with wrap=none.",
-        )
+    fsdp2_only = fsdp2_only_knob(cfg.offload, cfg.shard)
+    if fsdp2_only and cfg.wrap == Wrap.NONE:
+        value = getattr(cfg, fsdp2_only)
+        return f"{fsdp2_only}={value} without sharding", _FSDP2_ONLY_WHY[fsdp2_only]
     if cfg.optimizer_impl != OptimizerImpl.AUTO and cfg.optimizer != Optimizer.ADAMW:
         return (
             "optimizer_impl without torch AdamW",
             f"optimizer_impl={cfg.optimizer_impl} chooses how torch's AdamW runs its step, and "
             f"optimizer={cfg.optimizer} is torchao's low-bit AdamW, which has one step of its "
             "own (compiled, one parameter at a time). Use optimizer=adamw, or optimizer_impl=auto.",
-        )
-    if cfg.offload == Offload.PARAMS and cfg.wrap == Wrap.NONE:
-        return (
-            "offload=params without sharding",
-            "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
-            "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
-            "replicas, which keep the weights on the GPU.",
         )
     if cfg.launch == Launch.TRAINER:
         unsupported = _trainer_unsupported(cfg)

@@ -25,9 +25,10 @@ from autofit.errors import ConfigError, WriteError
 from autofit.estimate import estimate
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec, resolve_model
+from autofit.rules import fsdp2_only_knob
 from autofit.space_file import parse_space
 from autofit.trials.result import TrialResult
-from autofit.values import Offload
+from autofit.values import Wrap
 
 # (model, seq_len) per device: the sweep's models, small enough for a few minutes of trials.
 MODELS = {
@@ -112,8 +113,9 @@ def sweep(hardware: Hardware, device: str, quick: bool = False) -> list[tuple[Mo
             variants = VARIANTS if m == 0 else VARIANTS[:SECOND_MODEL_VARIANTS]
         for variant in variants:
             knobs = {**BASE, **variant}
-            if hardware.n_gpus == 1 and knobs.get("offload") != Offload.PARAMS:
-                knobs["wrap"] = "none"  # one GPU trains the plain module
+            fsdp2_only = fsdp2_only_knob(knobs.get("offload", ""), knobs.get("shard", ""))
+            if hardware.n_gpus == 1 and not fsdp2_only:
+                knobs["wrap"] = Wrap.NONE.value  # one GPU trains the plain module
             space = parse_space(
                 {"seq_len": seq_len, "knobs": {k: [v] for k, v in knobs.items()}},
                 "calibration sweep",
