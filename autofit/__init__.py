@@ -7,7 +7,9 @@ they return. Everything else is private and may change.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +29,13 @@ from autofit.data.source import DataKeywords, data_keywords, data_lengths
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError, SpaceError
 from autofit.estimate import Estimate
 from autofit.plan import Candidate, Plan
-from autofit.request import DEFAULT_MARGIN, DEFAULT_TRIALS, check_calibration, check_plan_numbers
+from autofit.request import (
+    DEFAULT_MARGIN,
+    DEFAULT_TRIALS,
+    PlanRequest,
+    check_calibration,
+    check_plan_numbers,
+)
 from autofit.rules import loss_unavailable
 
 if TYPE_CHECKING:
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
     from autofit.calibration.sweep import CalibrationRun
     from autofit.hardware import Hardware
     from autofit.models import ModelSpec
+    from autofit.space import Space
     from autofit.trials import TrialResult
 
 __all__ = [
@@ -107,38 +116,19 @@ def estimate(
 
 
 def plan(
-    model: str,
-    gpus: str = "auto",
-    *,
-    seq_len: int | None = None,
-    global_batch: int | None = None,
-    space: str | Path = "default",
-    trials: int = DEFAULT_TRIALS,
-    timeout: float | None = SEARCH_TIMEOUT_S,
-    trial_timeout: float | None = None,
-    steps: int = 3,
-    margin: float = DEFAULT_MARGIN,
-    device: str = "cuda",
-    gpu_memory: str | int | None = None,
-    inter_node_bandwidth: str | float | None = None,
-    storage: str | None = None,
-    study: str | None = None,
-    run_dir: str | Path | None = None,
-    prune: bool = True,
-    lora_alpha: int | None = None,
-    lora_targets: str | Sequence[str] | None = None,
-    lora_dropout: float | None = None,
-    train_embeddings: str | None = None,
-    optimizer_impl: str | None = None,
-    quant_backend: str | None = None,
-    bnb_4bit_use_double_quant: bool | None = None,
-    bnb_4bit_quant_storage: str | None = None,
-    launch: str | None = None,
-    calibration: str = "auto",
-    node_rank: int | None = None,
-    console: Any = None,
-    **data: Unpack[DataKeywords],
-) -> Plan:
+    model: str, gpus: str = "auto", *, seq_len: int | None = None,
+    global_batch: int | None = None, space: str | Path = "default", trials: int = DEFAULT_TRIALS,
+    timeout: float | None = SEARCH_TIMEOUT_S, trial_timeout: float | None = None, steps: int = 3,
+    margin: float = DEFAULT_MARGIN, device: str = "cuda", gpu_memory: str | int | None = None,
+    inter_node_bandwidth: str | float | None = None, storage: str | None = None,
+    study: str | None = None, run_dir: str | Path | None = None, prune: bool = True,
+    lora_alpha: int | None = None, lora_targets: str | Sequence[str] | None = None,
+    lora_dropout: float | None = None, train_embeddings: str | None = None,
+    optimizer_impl: str | None = None, quant_backend: str | None = None,
+    bnb_4bit_use_double_quant: bool | None = None, bnb_4bit_quant_storage: str | None = None,
+    launch: str | None = None, calibration: str = "auto", node_rank: int | None = None,
+    console: Any = None, **data: Unpack[DataKeywords],
+) -> Plan:  # fmt: skip
     """Find the fastest config that fits. `trials=0` plans from estimates alone (no GPU needed);
     otherwise an Optuna study runs real trials of the most promising candidates: the estimate's
     fastest that fits first, then the one expected to improve most on the best measured. Trials
@@ -184,25 +174,49 @@ def plan(
 
     A run folder that cannot be written (a full disk) raises `autofit.errors.WriteError`, whose
     `.plan` is the plan all the same."""
-    from autofit.checks import check_search_flags
-    from autofit.hardware import check_trial_hardware, resolve_hardware, trial_memory_cap
-    from autofit.models import check_seq_len, resolve_model
-    from autofit.plan import plan_estimates
-    from autofit.request import PlanRequest
-    from autofit.space_file import load_space
-
     data = data_keywords("plan", data, only=True)
-    check_plan_numbers(margin, trials, seq_len, global_batch)
-    check_steps(steps)
-    check_search_flags(timeout, node_rank)
-    check_calibration(calibration)
+    _check_plan_flags(margin, trials, seq_len, global_batch, steps, timeout, node_rank, calibration)
     settings = lora_settings(
         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
         train_embeddings=train_embeddings, optimizer_impl=optimizer_impl,
         quant_backend=quant_backend, bnb_4bit_use_double_quant=bnb_4bit_use_double_quant,
-        bnb_4bit_quant_storage=bnb_4bit_quant_storage,
-        launch=launch,
+        bnb_4bit_quant_storage=bnb_4bit_quant_storage, launch=launch,
     )  # fmt: skip
+    spec, hw = _plan_model_and_hardware(model, gpus, seq_len, device, gpu_memory,
+                                        inter_node_bandwidth, calibration)  # fmt: skip
+    sp = _plan_space(space, settings, spec)
+    read_data = partial(data_lengths, base=sp.data, progress=console is not None, **data)
+    given = _PlanInputs(spec, hw, sp, seq_len, global_batch, margin, device, calibration, read_data)
+    if trials == 0:
+        return _plan_estimates(given)
+    return _search(given, gpus=gpus, prune=prune, trials=trials, timeout=timeout,
+                   trial_timeout=trial_timeout, steps=steps, gpu_memory=gpu_memory,
+                   storage=storage, study=study, run_dir=run_dir, node_rank=node_rank,
+                   console=console)  # fmt: skip
+
+
+def _check_plan_flags(
+    margin: float, trials: int, seq_len: int | None, global_batch: int | None, steps: int,
+    timeout: float | None, node_rank: int | None, calibration: str,
+) -> None:  # fmt: skip
+    """`plan`'s numbers, search flags and calibration mode, each checked on its own."""
+    from autofit.checks import check_search_flags
+
+    check_plan_numbers(margin, trials, seq_len, global_batch)
+    check_steps(steps)
+    check_search_flags(timeout, node_rank)
+    check_calibration(calibration)
+
+
+def _plan_model_and_hardware(
+    model: str, gpus: str, seq_len: int | None, device: str, gpu_memory: str | int | None,
+    inter_node_bandwidth: str | float | None, calibration: str,
+) -> tuple[ModelSpec, Hardware]:  # fmt: skip
+    """The model (checked, with `seq_len`) and the hardware, with the CUDA context this
+    machine's trials measured where `calibration` is `auto`."""
+    from autofit.hardware import resolve_hardware
+    from autofit.models import check_seq_len, resolve_model
+
     spec = resolve_model(model)
     check_model_size(spec)
     check_seq_len(spec, seq_len)
@@ -213,36 +227,75 @@ def plan(
         from autofit.calibration.store import with_measured_context
 
         hw = with_measured_context(hw, device)
+    return spec, hw
+
+
+def _plan_space(space: str | Path, settings: dict[str, Any], spec: ModelSpec) -> Space:
+    """The space, the LoRA settings given replacing its own, checked against the model."""
+    from autofit.space_file import load_space
+
     sp = load_space(space)
     if settings:
         sp = sp.with_settings(**settings)
     check_space_embeddings(sp, spec)
+    return sp
 
-    def read_data() -> LengthHistogram | None:  # last of the checks: it may take a while
-        return data_lengths(base=sp.data, progress=console is not None, **data)
 
-    if trials == 0:
-        hist = read_data()
-        return plan_estimates(
-            PlanRequest.of(spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin,
-                           device=device, calibration=calibration, lengths=hist)
+@dataclass(frozen=True)
+class _PlanInputs:
+    """What `plan` has resolved and checked before it plans, for either way of planning: the
+    model, the hardware, the space, the numbers given, and how to read the data's lengths (last
+    of the checks: it may take a while)."""
+
+    spec: ModelSpec
+    hw: Hardware
+    sp: Space
+    seq_len: int | None
+    global_batch: int | None
+    margin: float
+    device: str
+    calibration: str
+    read_data: Callable[[], LengthHistogram | None]
+
+    def request(self, **more: Any) -> PlanRequest:
+        """The plan's request, with `more` of `PlanRequest.of`'s keyword arguments."""
+        return PlanRequest.of(
+            self.spec, self.hw, self.sp, seq_len=self.seq_len, global_batch=self.global_batch,
+            margin=self.margin, device=self.device, calibration=self.calibration, **more,
         )  # fmt: skip
+
+
+def _plan_estimates(given: _PlanInputs) -> Plan:
+    """The plan from estimates alone (`trials=0`)."""
+    from autofit.plan import plan_estimates
+
+    return plan_estimates(given.request(lengths=given.read_data()))
+
+
+def _search(
+    given: _PlanInputs, *, gpus: str, prune: bool, trials: int, timeout: float | None,
+    trial_timeout: float | None, steps: int, gpu_memory: str | int | None, storage: str | None,
+    study: str | None, run_dir: str | Path | None, node_rank: int | None, console: Any,
+) -> Plan:  # fmt: skip
+    """The plan of a search with trials, shown live on `console`; node 0 writes its run folder,
+    the other nodes return the plan it stored."""
+    from autofit.hardware import check_trial_hardware, trial_memory_cap
     from autofit.report.live import SearchDisplay
     from autofit.report.run_folder import check_earlier_plan, write_run_folder
     from autofit.search import search
     from autofit.search.study import default_storage
 
+    spec, hw, device = given.spec, given.hw, given.device
     # everything a search needs is checked before its first trial: the hardware trials run on,
     # and the run folder it writes at the end
     check_trial_hardware(hw, device, gpus, per_node=True)
     rank = node_rank_of(hw, node_rank, storage)
-    hist = read_data()
-    folder = run_folder(spec, hw, sp, seq_len, global_batch, device, study, run_dir, hist)
+    hist = given.read_data()
+    folder = run_folder(spec, hw, given.sp, given.seq_len, given.global_batch, device, study,
+                        run_dir, hist)  # fmt: skip
     check_earlier_plan(folder, storage or default_storage(folder))
-    request = PlanRequest.of(
-        spec, hw, sp, seq_len=seq_len, global_batch=global_batch, margin=margin, device=device,
-        prune=prune, calibration=calibration, trials=trials, timeout=timeout,
-        trial_timeout=trial_timeout, steps=steps,
+    request = given.request(
+        prune=prune, trials=trials, timeout=timeout, trial_timeout=trial_timeout, steps=steps,
         gpu_memory=trial_memory_cap(hw, device, gpu_memory), storage=storage, study=study,
         run_dir=folder, lengths=hist,
     )  # fmt: skip

@@ -157,12 +157,61 @@ class Space:
         `autofit.rules.loss_unavailable`; `launch: trainer` one GPU, `launch_unavailable`), with
         the values that differ on `nodes` nodes and
         with (`data`) or without the data's lengths (`knobs_on`)."""
-        seq = seq_len or self.seq_len
-        names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
-        knobs = self.knobs_on(nodes, data=data)  # `wrap: auto`: resolved per combination below
-        accum_values = (None,) if global_batch else knobs["grad_accum"]
+        walk = _Walk.of(self, n_gpus, seq_len or self.seq_len, global_batch, device, nodes, data)
         out: list[Config] = []
         skipped: Counter[str] = Counter()
+        for combo in itertools.product(*(walk.knobs[k] for k in walk.outer)):
+            accums = walk.block_accums(combo, skipped)
+            if accums is not None:
+                walk.add_block(walk.prefix(combo), accums, out, skipped)
+        return out, skipped
+
+
+ONE_GPU_FSDP = "one GPU: FSDP2 only with offload=params"
+
+
+@dataclass
+class _Walk:
+    """What `Space.candidates` settles once before it walks the knobs' combinations: the knobs
+    with the values that make different runs, which checks apply, and the configs already kept.
+    The innermost knob (`inner`) varies fastest: each combination of the others (`outer`) is
+    checked and laid out once (the checks read none of it), then takes each of its values."""
+
+    knobs: dict[str, tuple[Any, ...]]
+    outer: list[str]
+    inner: str
+    n_gpus: int
+    accum_values: tuple[Any, ...]
+    # micro_batch -> the grad_accum values it is tried with (none: skipped); only with a
+    # global batch
+    accums_of: dict[int, tuple[int, ...]]
+    global_batch: int | None
+    template: dict[str, Any]  # every config's fields before the knobs' values (`_config_dict`)
+    auto: bool  # the space lists `wrap: auto`, resolved per combination
+    plain_only: bool  # one GPU: FSDP2 kept for param offload alone
+    unavailable: dict[str, str | None]  # loss -> why it cannot run here
+    launch: str | None  # why the space's launch cannot run here
+    seen: set[Config] | None  # the configs kept so far, where some may come twice
+    quant_at: int
+    rank_at: int
+    mb_at: int
+    loss_at: int
+
+    @classmethod
+    def of(
+        cls,
+        space: Space,
+        n_gpus: int,
+        seq: int,
+        global_batch: int | None,
+        device: str,
+        nodes: int,
+        data: bool,
+    ) -> _Walk:
+        """The walk over `space`'s knobs on `n_gpus` GPUs of `device`, `nodes` nodes."""
+        names = [k for k in KNOBS if k not in ("seq_len", "grad_accum")]
+        knobs = space.knobs_on(nodes, data=data)  # `wrap: auto`: resolved per combination
+        accum_values = (None,) if global_batch else knobs["grad_accum"]
         # a space that lists a value twice, or `auto` beside a wrap it may stand for, makes some
         # configs twice: each is kept once
         auto = AUTO_WRAP in knobs["wrap"]
@@ -175,58 +224,87 @@ class Space:
         # space offers it, a one-rank FSDP2 mesh (which only adds gathered copies and DTensor
         # overhead) is kept for param offload alone.
         plain_only = n_gpus == 1 and ("none" in knobs["wrap"] or auto)
-        unavailable = {loss: loss_unavailable(loss, device) for loss in knobs["loss"]}
-        launch = launch_unavailable(self.settings.get("launch", _DEFAULTS.launch), n_gpus)
-        accums_of = {  # micro_batch -> the grad_accum values it is tried with (none: skipped)
+        accums_of = {
             m: () if (ga := derive_grad_accum(global_batch, m, n_gpus)) is None else (ga,)
             for m in knobs["micro_batch"]
         } if global_batch else {}  # fmt: skip
-        template = _config_dict(seq, self.settings)
-        # The innermost knob varies fastest: each combination of the others is checked and laid
-        # out once (the checks below read none of it), then takes each of its values.
         *outer, inner = names
         quant_at, rank_at, mb_at, loss_at = (
             outer.index(k) for k in ("quant", "lora_rank", "micro_batch", "loss")
         )
-        inner_values = knobs[inner]
-        for combo in itertools.product(*(knobs[k] for k in outer)):
-            if quant_without_lora(combo[quant_at], combo[rank_at]):  # the whole block at once
-                skipped[QUANT_NEEDS_LORA] += len(inner_values) * len(accum_values)
-                continue
-            why = launch or unavailable[combo[loss_at]]
-            if why:
-                skipped[why] += len(inner_values) * len(accum_values)
-                continue
-            if global_batch:
-                accums = accums_of[combo[mb_at]]
-                if not accums:
-                    skipped["micro_batch x GPUs does not divide global batch"] += len(inner_values)
+        return cls(
+            knobs=knobs,
+            outer=outer,
+            inner=inner,
+            n_gpus=n_gpus,
+            accum_values=accum_values,
+            accums_of=accums_of,
+            global_batch=global_batch,
+            template=_config_dict(seq, space.settings),
+            auto=auto,
+            plain_only=plain_only,
+            unavailable={loss: loss_unavailable(loss, device) for loss in knobs["loss"]},
+            launch=launch_unavailable(space.settings.get("launch", _DEFAULTS.launch), n_gpus),
+            seen=seen,
+            quant_at=quant_at,
+            rank_at=rank_at,
+            mb_at=mb_at,
+            loss_at=loss_at,
+        )
+
+    def block_accums(self, combo: tuple[Any, ...], skipped: Counter[str]) -> tuple[Any, ...] | None:
+        """The grad_accum values the outer combination `combo` is tried with, or None where the
+        whole block of its inner values is skipped (counted in `skipped` by reason)."""
+        inner_values = self.knobs[self.inner]
+        if quant_without_lora(combo[self.quant_at], combo[self.rank_at]):  # the block at once
+            skipped[QUANT_NEEDS_LORA] += len(inner_values) * len(self.accum_values)
+            return None
+        why = self.launch or self.unavailable[combo[self.loss_at]]
+        if why:
+            skipped[why] += len(inner_values) * len(self.accum_values)
+            return None
+        if not self.global_batch:
+            return self.accum_values
+        accums = self.accums_of[combo[self.mb_at]]
+        if not accums:
+            skipped["micro_batch x GPUs does not divide global batch"] += len(inner_values)
+            return None
+        return accums
+
+    def prefix(self, combo: tuple[Any, ...]) -> dict[str, Any]:
+        """A config's fields with the outer knobs at `combo`, `wrap: auto` resolved."""
+        prefix = self.template.copy()
+        prefix.update(zip(self.outer, combo, strict=True))
+        if self.auto and prefix["wrap"] == AUTO_WRAP:  # what it stands for with offload, shard
+            prefix["wrap"] = resolve_wrap(
+                AUTO_WRAP, self.n_gpus, prefix["offload"], prefix["shard"]
+            )
+        return prefix
+
+    def add_block(
+        self,
+        prefix: dict[str, Any],
+        accums: tuple[Any, ...],
+        out: list[Config],
+        skipped: Counter[str],
+    ) -> None:
+        """Append to `out` each config of `prefix` with each inner value and grad_accum that
+        breaks no rule and was not kept before; count the others in `skipped` by reason."""
+        for value in self.knobs[self.inner]:
+            for ga in accums:
+                cfg = _fast_config(prefix, self.inner, value, ga)
+                broken = broken_rule(cfg)
+                if broken:
+                    skipped[broken[0]] += 1
                     continue
-            else:
-                accums = accum_values
-            prefix = template.copy()
-            prefix.update(zip(outer, combo, strict=True))
-            if auto and prefix["wrap"] == AUTO_WRAP:  # what it stands for with this offload, shard
-                prefix["wrap"] = resolve_wrap(AUTO_WRAP, n_gpus, prefix["offload"], prefix["shard"])
-            for value in inner_values:
-                for ga in accums:
-                    cfg = _fast_config(prefix, inner, value, ga)
-                    broken = broken_rule(cfg)
-                    if broken:
-                        skipped[broken[0]] += 1
+                if self.plain_only and cfg.wrap != "none" and cfg.offload != "params":
+                    skipped[ONE_GPU_FSDP] += 1
+                    continue
+                if self.seen is not None:
+                    if cfg in self.seen:
                         continue
-                    if plain_only and cfg.wrap != "none" and cfg.offload != "params":
-                        skipped[ONE_GPU_FSDP] += 1
-                        continue
-                    if seen is not None:
-                        if cfg in seen:
-                            continue
-                        seen.add(cfg)
-                    out.append(cfg)
-        return out, skipped
-
-
-ONE_GPU_FSDP = "one GPU: FSDP2 only with offload=params"
+                    self.seen.add(cfg)
+                out.append(cfg)
 
 
 def _config_dict(seq_len: int, settings: dict[str, Any]) -> dict[str, Any]:

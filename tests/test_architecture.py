@@ -266,3 +266,21 @@ def test_every_test_folder_is_collected(pytestconfig) -> None:  # type: ignore[n
     for folder in (root / "tests").rglob("*"):
         if folder.is_dir() and any(folder.glob("test_*.py")):
             assert not any(fnmatch.fnmatch(folder.name, p) for p in skipped), folder
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_a_reader_can_hold():
+    """Every function in the package (methods and nested functions too), docstring and
+    signature included, is at most `MAX_FUNCTION_LINES` lines: a longer one is split into steps
+    a reader can name, as `autofit.plan` and `run_trials` are."""
+    long = sorted(
+        (node.end_lineno - node.lineno + 1, f"{path.relative_to(ROOT.parent)}:{node.lineno}",
+         node.name)
+        for path in ROOT.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    )  # fmt: skip
+    assert not long, "\n".join(f"{where} {name}: {n} lines" for n, where, name in reversed(long))

@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.hooks import RemovableHandle
 
 from autofit.builder.dtypes import TORCH_DTYPES
 from autofit.builder.loss import per_step_loss_tensors
@@ -242,70 +243,112 @@ def traced_step(
         births = _Births(kept, series=True)
         series = births.series
         assert series is not None
-
-        def mark(name: str) -> Any:
-            def hook(*_: Any) -> None:
-                marks.setdefault(name, len(births.log))
-                if name == "backward":
-                    marks.setdefault("backward_op", len(series))
-
-            return hook
-
-        def needs_grad(_mod: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
-            return out if out.requires_grad else out.detach().requires_grad_()
-
-        def on_input(_mod: nn.Module, args: Any, kwargs: Any) -> None:
-            marks.setdefault("forward", len(births.log))
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-                hidden.register_hook(mark("post"))
-
-        def on_output(_mod: nn.Module, _args: Any, out: Any) -> None:
-            marks.setdefault("mid", len(births.log))
-            hidden = out[0] if isinstance(out, tuple) else out
-            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-                hidden.register_hook(mark("backward"))
-
-        layers = decoder_layers(model)
-        handles = [
-            model.get_input_embeddings().register_forward_hook(needs_grad),
-            layers[0].register_forward_pre_hook(on_input, with_kwargs=True),
-            layers[-1].register_forward_hook(on_output),
-        ]
+        handles = _mark_the_layers(model, births, series, marks)
         autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
         try:
-            with births:
-                with autocast, unpacked_sequences():
-                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-                per_step = {
-                    births.ids[ref]
-                    for t in per_step_loss_tensors(loss)
-                    if (ref := StorageWeakRef(t.untyped_storage())) in births.ids
-                }
-                loss.backward()
-                del loss
-                births.sweep()
+            per_step = _forward_and_backward(model, ids, births, autocast)
         finally:
             for handle in handles:
                 handle.remove()
-        grads = [p.grad.untyped_storage() for p in params if p.grad is not None]
-        born_at = [births.birth_op.get(StorageWeakRef(g), 0) for g in grads]
-        sizes = [g.nbytes() for g in grads]
-        grad_ids = {births.ids[StorageWeakRef(g)] for g in grads if StorageWeakRef(g) in births.ids}
+        grads = _ParamGrads.of(params, births)
     if "backward_op" not in marks:  # pragma: no cover - every layer's output is in the loss
         raise RuntimeError("the trace's backward never reached the decoder layer's output")
-    peak = 0
-    for t in range(marks["backward_op"], len(series)):
-        grad_bytes = sum(n for b, n in zip(born_at, sizes, strict=True) if b <= t)
-        peak = max(peak, series[t] - grad_bytes)
+    peak = grads.peak_without(series, marks["backward_op"])
     end = len(births.log)
     events = StepEvents(
         log=tuple(births.log),
         marks=(marks["forward"], marks["mid"], marks["backward"], marks.get("post", end)),
-        fixed=frozenset(births.copy_ids | grad_ids | per_step),
-        grads=frozenset(grad_ids),
+        fixed=frozenset(births.copy_ids | grads.ids | per_step),
+        grads=frozenset(grads.ids),
     )
     return float(peak), events
+
+
+def _mark_the_layers(
+    model: nn.Module, births: _Births, series: list[int], marks: dict[str, int]
+) -> list[RemovableHandle]:
+    """Hooks that record in `marks` where in `births`' log the first layer's forward starts
+    (`forward`), the last layer's forward ends (`mid`), the last layer's output gets its
+    gradient (`backward`, and the op `backward_op` in `series`) and the first layer's input gets
+    its gradient (`post`); and that make the embedding's output need a gradient. The caller
+    removes them."""
+
+    def mark(name: str) -> Any:
+        def hook(*_: Any) -> None:
+            marks.setdefault(name, len(births.log))
+            if name == "backward":
+                marks.setdefault("backward_op", len(series))
+
+        return hook
+
+    def needs_grad(_mod: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        return out if out.requires_grad else out.detach().requires_grad_()
+
+    def on_input(_mod: nn.Module, args: Any, kwargs: Any) -> None:
+        marks.setdefault("forward", len(births.log))
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(mark("post"))
+
+    def on_output(_mod: nn.Module, _args: Any, out: Any) -> None:
+        marks.setdefault("mid", len(births.log))
+        hidden = out[0] if isinstance(out, tuple) else out
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(mark("backward"))
+
+    layers = decoder_layers(model)
+    return [
+        model.get_input_embeddings().register_forward_hook(needs_grad),
+        layers[0].register_forward_pre_hook(on_input, with_kwargs=True),
+        layers[-1].register_forward_hook(on_output),
+    ]
+
+
+def _forward_and_backward(
+    model: nn.Module, ids: torch.Tensor, births: _Births, autocast: torch.autocast
+) -> set[int]:
+    """One micro-step (forward with the loss, its whole backward) recorded by `births`; the ids
+    of the storages the loss keeps once per micro-step (`per_step_loss_tensors`)."""
+    with births:
+        with autocast, unpacked_sequences():
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        per_step = {
+            births.ids[ref]
+            for t in per_step_loss_tensors(loss)
+            if (ref := StorageWeakRef(t.untyped_storage())) in births.ids
+        }
+        loss.backward()
+        del loss
+        births.sweep()
+    return per_step
+
+
+@dataclasses.dataclass(frozen=True)
+class _ParamGrads:
+    """The parameters' gradients of a traced step: the op each was born at, its bytes, and the
+    ids of those in the log."""
+
+    born_at: list[int]
+    sizes: list[int]
+    ids: set[int]
+
+    @classmethod
+    def of(cls, params: list[nn.Parameter], births: _Births) -> _ParamGrads:
+        """The gradients `params` hold after the step `births` recorded."""
+        grads = [p.grad.untyped_storage() for p in params if p.grad is not None]
+        born_at = [births.birth_op.get(StorageWeakRef(g), 0) for g in grads]
+        sizes = [g.nbytes() for g in grads]
+        ids = {births.ids[StorageWeakRef(g)] for g in grads if StorageWeakRef(g) in births.ids}
+        return cls(born_at, sizes, ids)
+
+    def peak_without(self, series: list[int], start: int) -> int:
+        """The peak of the live bytes in `series` from op `start` on, less the gradients born by
+        then (the estimator counts those from the parameters)."""
+        peak = 0
+        for t in range(start, len(series)):
+            grad_bytes = sum(n for b, n in zip(self.born_at, self.sizes, strict=True) if b <= t)
+            peak = max(peak, series[t] - grad_bytes)
+        return peak
 
 
 def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:

@@ -23,6 +23,7 @@ from autofit.estimate.step import step_time, step_time_terms
 from autofit.hardware import Hardware
 from autofit.layout import AUTO_WRAP
 from autofit.models import ModelSpec
+from autofit.structure import Structure
 
 __all__ = [
     "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "OUTSIDE_KEYS", "TIME_KEYS", "Estimate",
@@ -181,6 +182,23 @@ def estimate_many(
     produce under the config's `batching`, and the step time that of its mean micro-batch, whose
     useful tokens (padding excluded) `tokens_per_s` counts (`autofit.estimate.data`); without
     them every sequence is `seq_len` tokens."""
+    _check_foreach_intermediates(foreach_intermediates)
+    n = max(hardware.n_gpus, 1)
+    per_node = min(max(hardware.gpus_per_node, 1), n)
+    s = structure_of(model)
+    gpu = hardware.smallest_gpu
+    peaks = Peaks(model, n, device, per_node,
+                  workspace=mem.workspace_bytes(device, gpu.compute_capability),
+                  outside=mem.outsides(device, n, hardware.link, hardware.context_bytes),
+                  foreach_intermediates=foreach_intermediates,
+                  expandable_segments=expandable_segments)  # fmt: skip
+    batch = _unsettled(model, s, hardware, configs, peaks, n, per_node, lengths)
+    _settle(batch, peaks, hardware, device)
+    return batch.out
+
+
+def _check_foreach_intermediates(foreach_intermediates: int | None) -> None:
+    """`ConfigError` unless `foreach_intermediates` is None or a whole number >= 0."""
     if foreach_intermediates is not None and (
         isinstance(foreach_intermediates, bool)
         or not isinstance(foreach_intermediates, int)
@@ -191,21 +209,29 @@ def estimate_many(
             f"launch's foreach AdamW step holds at once: 1 on torch 2.1 and later, 2 on torch "
             f"2.0), or None for this torch's; got {foreach_intermediates!r}."
         )
-    n = max(hardware.n_gpus, 1)
-    per_node = min(max(hardware.gpus_per_node, 1), n)
-    s = structure_of(model)
-    gpu = hardware.smallest_gpu
-    peaks = Peaks(model, n, device, per_node,
-                  workspace=mem.workspace_bytes(device, gpu.compute_capability),
-                  outside=mem.outsides(device, n, hardware.link, hardware.context_bytes),
-                  foreach_intermediates=foreach_intermediates,
-                  expandable_segments=expandable_segments)  # fmt: skip
+
+
+@dataclass
+class _Unsettled:
+    """A batch's estimates before their allocator slack, usable bytes and fit are known, with
+    each one's peak (`held`) and the config that peak is of (`at_peaks`: the longest
+    micro-batch's shape), in the estimates' order."""
+
+    out: list[Estimate]
+    held: list[Any]
+    at_peaks: list[Config]
+
+
+def _unsettled(
+    model: ModelSpec, s: Structure, hardware: Hardware, configs: Iterable[Config], peaks: Peaks,
+    n: int, per_node: int, lengths: LengthHistogram | None,
+) -> _Unsettled:  # fmt: skip
+    """Each config's peak and step time on `n` GPUs (`s`: the model's structure): its estimate,
+    but for the slack and fit."""
     step_times: dict[Any, tuple[dict[str, float], float, dict[str, float]]] = {}  # sum, by link
     parts = step_time_terms(s, hardware, model)  # `step_time`'s parts, per value of their knobs
-    capacity = gpu.memory_bytes
+    capacity_int = int(hardware.smallest_gpu.memory_bytes)
     host_cap = hardware.host_ram_bytes
-    host_usable = mem.usable_host_bytes(host_cap)
-    capacity_int = int(capacity)
     out: list[Estimate] = []
     held: list[Any] = []  # each estimate's peak, for its slack
     at_peaks: list[Config] = []  # the config each peak is of (the longest micro-batch's shape)
@@ -231,7 +257,7 @@ def estimate_many(
             times, links = step_time(s, hardware, at_step, peak.trainable, peak.shard, parts)
             timed = step_times[key] = times, sum(times.values()), links
         times, step, links = timed
-        # the slack, the fit and the usable bytes are set below, once every peak is known
+        # the slack, the fit and the usable bytes are set by `_settle`, once every peak is known
         append(Estimate(
             config, peak.allocated, peak.allocated, capacity_int, 0, False, peak.breakdown,
             peak.phase, peak.overhead, int(peak.host), int(host_cap), step,
@@ -239,12 +265,20 @@ def estimate_many(
             tokens, padding,
         ))  # fmt: skip
         hold(peak)
-    slack_of = _allocator_slacks(peaks, at_peaks, held, capacity, device)
-    # per peak (configs that differ in `compile` or the step-time knobs share one): the slack,
-    # the overhead dict (shared, as the rest of a peak is), the usable bytes and the fit
+    return _Unsettled(out, held, at_peaks)
+
+
+def _settle(batch: _Unsettled, peaks: Peaks, hardware: Hardware, device: str) -> None:
+    """Set each estimate's allocator slack, peak, overhead, usable bytes and fit, once per peak
+    (configs that differ in `compile` or the step-time knobs share one, and its dicts)."""
+    capacity = hardware.smallest_gpu.memory_bytes
+    host_usable = mem.usable_host_bytes(hardware.host_ram_bytes)
+    slack_of = _allocator_slacks(peaks, batch.at_peaks, batch.held, capacity, device)
+    # per peak: the slack, the overhead dict (shared, as the rest of a peak is), the usable bytes
+    # and the fit
     per_peak: dict[int, tuple[int, dict[str, int], int, bool]] = {}
     get_peak = per_peak.get
-    for est, peak, at_peak in zip(out, held, at_peaks, strict=True):
+    for est, peak, at_peak in zip(batch.out, batch.held, batch.at_peaks, strict=True):
         shared = get_peak(id(peak))
         if shared is None:
             slack = slack_of(at_peak, peak)
@@ -255,7 +289,6 @@ def estimate_many(
             shared = per_peak[id(peak)] = slack, overhead, int(usable), bool(fits)
         est.peak_bytes = est.peak_allocated_bytes + shared[0]
         est.overhead, est.usable_bytes, est.within_capacity = shared[1], shared[2], shared[3]
-    return out
 
 
 def _unbatched(config: Config) -> Config:

@@ -6,7 +6,7 @@ each computed once per value of the knobs it reads, and how much of the moves th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autofit.arch import ops_of
@@ -15,7 +15,7 @@ from autofit.estimate import comm
 from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.terms import reads
-from autofit.hardware import Hardware
+from autofit.hardware import GPU, Hardware
 from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_unit_count
 from autofit.models import ModelSpec
 from autofit.recipe import checkpointed_count
@@ -213,6 +213,41 @@ def _transfers(
     group=all_reduce_group)` on its own stream right after each unit's reduce-scatter, so the
     two pipeline over the units). DDP's all-reduce spans every GPU."""
     gpu = hardware.smallest_gpu
+    m = _mesh(k, hardware, shard)
+    units = wrap_unit_count(k.wrap, s.layers) if m.fsdp else 0  # `len(layout.units)`, counted
+    gathers, reduces = comm.fsdp_collectives(units, s.tied_embeddings, k.reshard)
+    prefetch_units = 1 if m.on_cpu or not units else gathers - units * k.reshard
+    pb = mem.master_bytes(k.precision, k.optimizer)
+    per_gpu = trainable / shard
+    gather, h2d = _gather_times(k, s, m, shard, gathers, pb, gpu.pcie_bw_gbs)
+    overhead_micro, overhead_step = _fsdp_overheads(k, s, m.fsdp)
+    ddp = m.layout.sharding is Sharding.DDP
+    reduced = comm.reduce_bytes_per_step(trainable, k.precision, k.optimizer, ddp)
+    reduce, net, reduce_net, busy_net = _reduce_times(m, hardware, reduced, shard, reduces)
+    d2h, h2d_step, optim = _offloaded_step(k, s, m, gpu, trainable, per_gpu, pb)
+    return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
+            reduced / 2 if ddp else 0.0, m.fsdp, h2d_step, optim, net, reduce_net,
+            busy_net)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Mesh:
+    """The mesh a config's collectives run over (`Layout.mesh`): its layout, and its shard (or
+    DDP) group of `group` GPUs, spanning `group_nodes` nodes, at `group_bw` with `latency`
+    seconds per collective."""
+
+    layout: Layout
+    on_cpu: bool  # a CPU trial: nothing overlaps there
+    fsdp: bool
+    replicas: int  # HSDP's replicas, one per node (1: none)
+    group: int
+    group_nodes: int
+    group_bw: float
+    latency: float
+
+
+def _mesh(k: Any, hardware: Hardware, shard: int) -> _Mesh:
+    """The mesh of config `k` on `hardware`, whose shard degree `shard` is."""
     n = max(hardware.n_gpus, 1)
     # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
     # behind, so nothing overlaps there.
@@ -223,61 +258,82 @@ def _transfers(
         optimizer=k.optimizer, offload=k.offload, optimizer_impl=k.optimizer_impl,
         device="cpu" if on_cpu else "cuda",
     )  # fmt: skip
-    sharding, fsdp, replicas = layout.sharding, layout.fsdp, layout.mesh[0]
+    fsdp, replicas = layout.fsdp, layout.mesh[0]
     # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
     group = shard if fsdp else n
     group_nodes = -(-group // per_node)
     group_bw = comm.group_bw(hardware.link_bw_gbs, hardware.inter_node_bw_gbs, group_nodes,
                             min(group, per_node))  # fmt: skip
     latency = comm.collective_latency(on_cpu, group_nodes - 1)
-    units = wrap_unit_count(k.wrap, s.layers) if fsdp else 0  # `len(layout.units)`, counted
-    gathers, reduces = comm.fsdp_collectives(units, s.tied_embeddings, k.reshard)
-    prefetch_units = 1 if on_cpu or not units else gathers - units * k.reshard
-    pb = mem.master_bytes(k.precision, k.optimizer)
-    per_gpu = trainable / shard
+    return _Mesh(layout, on_cpu, fsdp, replicas, group, group_nodes, group_bw, latency)
+
+
+def _gather_times(
+    k: Any, s: Structure, m: _Mesh, shard: int, gathers: int, pb: int, pcie_bw_gbs: float
+) -> tuple[float, float]:
+    """One micro-step's all-gathers (per-call latency included) and param H2D copies (under
+    `offload: params`), in seconds before any overlap."""
     gathered = comm.comm_bytes_per_micro_step(
         s, k.quant, k.lora_rank, k.wrap, k.reshard, k.lora_targets
     )
-    gather = comm.ring_time(gathered, shard, group_bw)
-    if fsdp and shard > 1:
-        gather += gathers * latency
+    gather = comm.ring_time(gathered, shard, m.group_bw)
+    if m.fsdp and shard > 1:
+        gather += gathers * m.latency
     h2d = 0.0
     if k.offload == "params":  # the sharded params in their stored dtype (fp32 masters)
         stored = gathered / shard * (pb / mem.BF16 if not k.lora_rank else 1.0)
-        h2d = comm.pcie_time(stored, gpu.pcie_bw_gbs)
-    overhead_micro = overhead_step = 0.0
-    if fsdp:  # FSDP2's per-parameter work in each all-gather, and in the one reduce-scatter
-        tensors = s.layers * spd.layer_param_tensors(s, k.lora_rank, k.lora_targets)
-        overhead_micro = (2 if k.reshard else 1) * tensors * spd.FSDP2_PER_PARAM_S
-        overhead_step = tensors * spd.FSDP2_PER_PARAM_S
-    ddp = sharding is Sharding.DDP
-    reduced = comm.reduce_bytes_per_step(trainable, k.precision, k.optimizer, ddp)
-    reduce = comm.ring_time(reduced, group, group_bw)
-    if reduce and fsdp:
-        reduce += reduces * latency
+        h2d = comm.pcie_time(stored, pcie_bw_gbs)
+    return gather, h2d
+
+
+def _fsdp_overheads(k: Any, s: Structure, fsdp: bool) -> tuple[float, float]:
+    """FSDP2's per-parameter CPU work per micro-step (in each all-gather) and per step (in the
+    one reduce-scatter); none without FSDP2."""
+    if not fsdp:
+        return 0.0, 0.0
+    tensors = s.layers * spd.layer_param_tensors(s, k.lora_rank, k.lora_targets)
+    overhead_micro = (2 if k.reshard else 1) * tensors * spd.FSDP2_PER_PARAM_S
+    return overhead_micro, tensors * spd.FSDP2_PER_PARAM_S
+
+
+def _reduce_times(
+    m: _Mesh, hardware: Hardware, reduced: float, shard: int, reduces: int
+) -> tuple[float, float, float, float]:
+    """The last micro-step's gradient reduction of `reduced` bytes (`reduce`), in seconds before
+    any overlap; whether the shard group's collectives cross the network (1.0) or not (0.0);
+    the share of `reduce` that does; and the reduction's seconds on the network."""
+    reduce = comm.ring_time(reduced, m.group, m.group_bw)
+    if reduce and m.fsdp:
+        reduce += reduces * m.latency
     elif reduce:  # DDP: one all-reduce per gradient bucket
-        latency = comm.collective_latency(on_cpu, 2 * (group_nodes - 1))
+        latency = comm.collective_latency(m.on_cpu, 2 * (m.group_nodes - 1))
         reduce += -(-reduced / 2 // comm.DDP_BUCKET_BYTES) * latency
     # HSDP: each GPU's 1/shard of the reduced gradient all-reduced (a reduce-scatter and an
     # all-gather: 2x a ring) across the replicas, one GPU per node, on that GPU's own NIC
     across = 0.0
-    if replicas > 1:
-        across = 2 * comm.ring_time(reduced / shard, replicas, hardware.inter_node_bw_gbs)
-        across += reduces * comm.collective_latency(on_cpu, 2 * (replicas - 1))
-    net = 1.0 if group_nodes > 1 else 0.0
+    if m.replicas > 1:
+        across = 2 * comm.ring_time(reduced / shard, m.replicas, hardware.inter_node_bw_gbs)
+        across += reduces * comm.collective_latency(m.on_cpu, 2 * (m.replicas - 1))
+    net = 1.0 if m.group_nodes > 1 else 0.0
     busy_net = reduce * net + across
     reduce_net = busy_net / (reduce + across) if reduce + across > 0 else 0.0
     if across:  # on two streams: each unit's all-reduce runs beside the next reduce-scatter
-        chain = reduce + across if on_cpu else max(reduce, across)
-        reduce = chain + (0.0 if on_cpu else min(reduce, across) / max(reduces, 1))
+        chain = reduce + across if m.on_cpu else max(reduce, across)
+        reduce = chain + (0.0 if m.on_cpu else min(reduce, across) / max(reduces, 1))
+    return reduce, net, reduce_net, busy_net
+
+
+def _offloaded_step(
+    k: Any, s: Structure, m: _Mesh, gpu: GPU, trainable: int, per_gpu: float, pb: int
+) -> tuple[float, float, float]:
+    """The gradient D2H copy of the last micro-step (under offload), the H2D copy after a CPU
+    optimizer step, and the optimizer step, in seconds."""
     d2h = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload != "none" else 0.0
     # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
     h2d_step = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload == "optimizer" else 0.0
     # the host's step under offload: torch AdamW as the builder makes it (`Layout.adamw`)
     optim = comm.optimizer_step_time(
         per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != "none",
-        tensors=trainable_tensors(s, k.lora_rank, k.lora_targets), impl=layout.adamw,
+        tensors=trainable_tensors(s, k.lora_rank, k.lora_targets), impl=m.layout.adamw,
     )  # fmt: skip
-    return (gather, h2d, prefetch_units, overhead_micro, overhead_step, reduce, d2h,
-            reduced / 2 if ddp else 0.0, fsdp, h2d_step, optim, net, reduce_net,
-            busy_net)  # fmt: skip
+    return d2h, h2d_step, optim

@@ -228,53 +228,84 @@ def infeasible_advice(
         )
     if not rejected:
         return invalid_space_advice(space, hardware, global_batch, skipped or Counter())
+    nearest = _nearest(rejected, margin)
+    est = nearest.estimate
+    noun = device_noun("cpu" if hardware.source == "cpu" else "cuda")  # CPU processes' memory
+    bound = _bound(est, noun)
+    small = too_small(est, hardware.describe())
+    if small is not None:
+        return small
+    nothing_fits = (
+        f"Nothing in space '{space.name}' fits {hardware.describe()} "
+        f"({fmt_size(est.usable_bytes)} usable per {noun}, {margin:.0%} headroom kept). Nearest: "
+        f"'{nearest.config.short()}', bound by {bound}."
+    )
+    tips = _fitting_tips(model, hardware, space, nearest, seq_len, margin, device, lengths)
+    return f"{nothing_fits} {_tips_sentence(tips)}"
+
+
+def _nearest(rejected: list[Candidate], margin: float) -> Candidate:
+    """The rejected candidate nearest to fitting: the least overshoot of its headroom line (or
+    of the host RAM a run may use)."""
 
     def overshoot(c: Candidate) -> float:
         e = c.estimate
         host = e.host_bytes / max(usable_host_bytes(e.host_capacity_bytes), 1)
         return max(e.peak_bytes / max(headroom_line(e.usable_bytes, margin), 1), host)
 
-    nearest = min(rejected, key=overshoot)
-    est = nearest.estimate
+    return min(rejected, key=overshoot)
+
+
+def _bound(est: Estimate, noun: str) -> str:
+    """What bounds the estimate: the host RAM it offloads to, or the memory per device (`noun`)
+    and its largest part."""
     part, size = max(est.breakdown.items(), key=lambda kv: kv[1])
-    host_bound = host_ram_bound(est)
-    noun = device_noun("cpu" if hardware.source == "cpu" else "cuda")  # CPU processes' memory
-    bound = (
-        f"host RAM: it offloads {fmt_bytes(est.host_bytes)} to a host with "
-        f"{fmt_bytes(est.host_capacity_bytes)}"
-        if host_bound
-        else f"{noun} memory: {fmt_bytes(est.peak_bytes)} per {noun}, mostly "
+    if host_ram_bound(est):
+        return (
+            f"host RAM: it offloads {fmt_bytes(est.host_bytes)} to a host with "
+            f"{fmt_bytes(est.host_capacity_bytes)}"
+        )
+    return (
+        f"{noun} memory: {fmt_bytes(est.peak_bytes)} per {noun}, mostly "
         f"{part.replace('_', ' ')} ({fmt_bytes(size)})"
     )
-    small = too_small(est, hardware.describe())
-    if small is not None:
-        return small
-    lines = [
-        f"Nothing in space '{space.name}' fits {hardware.describe()} "
-        f"({fmt_size(est.usable_bytes)} usable per {noun}, {margin:.0%} headroom kept). Nearest: "
-        f"'{nearest.config.short()}', bound by {bound}."
-    ]
+
+
+def _fitting_tips(
+    model: ModelSpec,
+    hardware: Hardware,
+    space: Space,
+    nearest: Candidate,
+    seq_len: int,
+    margin: float,
+    device: str,
+    lengths: LengthHistogram | None,
+) -> list[str]:
+    """What would make `nearest` fit, each checked by the estimate: more host RAM, more GPUs, a
+    shorter --seq-len, the changes the space lacks alone (what it holds was estimated already)
+    and all of them together."""
 
     def fits(e: Estimate, hw: Hardware) -> bool:
         return prune_reason(e, margin, hw) is None
 
     tips = []
-    if host_bound:
+    est, config = nearest.estimate, nearest.config
+    if host_ram_bound(est):
         need = est.host_bytes / HOST_RAM_USABLE
         tips.append(f"a host with at least {fmt_bytes(need)} of RAM")
-    n = more_gpus_that_fit(model, hardware, nearest.config, device, fits, lengths)
+    n = more_gpus_that_fit(model, hardware, config, device, fits, lengths)
     if n is not None:
         tips.append(f"{n} GPUs of this kind")
     seq = seq_len
     while seq > 128:
         seq //= 2
-        cfg = nearest.config.replace(seq_len=seq)
+        cfg = config.replace(seq_len=seq)
         if fits(estimate(model, hardware, cfg, device=device, lengths=lengths), hardware):
             tips.append(f"--seq-len {seq}")
             break
     knobs = space.knobs
     # the changes the space lacks (what it holds was estimated already), each checked
-    fitting, together = fitting_changes(model, hardware, nearest.config, device, fits, lengths)
+    fitting, together = fitting_changes(model, hardware, config, device, fits, lengths)
     tips += [
         f"a space with {c.space}"
         for c in fitting
@@ -284,15 +315,18 @@ def infeasible_advice(
         tips.append(
             "a space with all of " + ", ".join(f"{k} {v}" for k, v in together.knobs.items())
         )
+    return tips
+
+
+def _tips_sentence(tips: list[str]) -> str:
+    """The sentence that lists `tips`, or says that nothing autofit could change helps."""
     if tips:
-        lines.append("What would make it fit, by the estimate: " + "; or ".join(tips) + ".")
-    else:
-        lines.append(
-            "By the estimate, nothing autofit could change makes it fit: not up to "
-            f"{MORE_GPUS[-1]}x the GPUs, a shorter --seq-len, nor the chunked loss, full "
-            "recomputation, micro-batch 1, NF4 or offload, alone or together."
-        )
-    return " ".join(lines)
+        return "What would make it fit, by the estimate: " + "; or ".join(tips) + "."
+    return (
+        "By the estimate, nothing autofit could change makes it fit: not up to "
+        f"{MORE_GPUS[-1]}x the GPUs, a shorter --seq-len, nor the chunked loss, full "
+        "recomputation, micro-batch 1, NF4 or offload, alone or together."
+    )
 
 
 def invalid_space_advice(

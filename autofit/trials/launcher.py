@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -191,34 +191,13 @@ def run_trials(
         raise ValueError("a trial across nodes runs one config (run_trial)")
     start = time.monotonic()
     configs = [c.resolved(nprocs) for c in configs]  # `wrap: auto` as it runs on these devices
-    results = [
-        TrialResult(
-            status="error",
-            config=config.to_dict(),
-            model=model.name if isinstance(model, ModelSpec) else str(model),
-            device=device,
-            nprocs=nprocs,
-            capacity_bytes=gpu_memory,
-            sharding=str(layout_of(config, nprocs).sharding),
-        )
-        for config in configs
-    ]
+    results = _unsettled_results(model, configs, device, nprocs, gpu_memory)
     nodes = rendezvous.nodes if rendezvous is not None else 1
     per_node = nprocs // nodes
-    problem = _precheck(device, per_node)
-    if not problem and per_node * nodes != nprocs:
-        problem = f"{nprocs} devices cannot be split evenly over {nodes} nodes."
-    try:
-        spec = resolve_model(model)
-    except AutofitError as exc:
-        problem = str(exc)
+    problem, spec = _launch_problem(model, device, nprocs, nodes)
     if problem:
-        for i, result in enumerate(results):
-            result.message = problem
-            result.wall_s = time.monotonic() - start
-            if on_result is not None:
-                on_result(i, result)
-        return results
+        return _all_failed(results, problem, start, on_result)
+    assert spec is not None
     payload = {
         "model": asdict(spec),
         "device": device,
@@ -232,29 +211,102 @@ def run_trials(
     slow = [slow_after_s] * len(configs) if not isinstance(slow_after_s, Sequence) else slow_after_s
     if len(slow) != len(configs):
         raise ValueError(f"{len(slow)} slow_after_s for {len(configs)} configs")
+    launches = _Launches(spec, configs, results, payload, slow, per_node, timeout_s, rendezvous,
+                         abort, on_progress, on_result)  # fmt: skip
     guard.sweep_orphans(WORKER_MODULE)
     guard.sweep_stale_workdirs()
     held = device_lock(device, per_node, on_wait) if lock else contextlib.nullcontext()
     with held:
         todo = list(range(len(configs)))
         while todo:
-            batch = [results[i] for i in todo]
-            for result in batch:
-                result.model = spec.name
-            payload["configs"] = [configs[i].to_dict() for i in todo]
-            payload["slow_after_s"] = [slow[i] for i in todo]
-            workdir = guard.make_workdir()
-            first = todo[0]
-            settle = _settler(on_result, results, first)
-            try:
-                settled = _launch(
-                    payload, per_node, timeout_s, workdir, batch,
-                    _offset(on_progress, first), rendezvous, abort, settle,
-                )  # fmt: skip
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-            todo = todo[settled:]
+            todo = todo[launches.launch(todo) :]
     return results
+
+
+def _unsettled_results(
+    model: str | ModelSpec, configs: list[Config], device: str, nprocs: int,
+    gpu_memory: int | None,
+) -> list[TrialResult]:  # fmt: skip
+    """One result per config, an `error` until its launch settles it."""
+    return [
+        TrialResult(
+            status="error",
+            config=config.to_dict(),
+            model=model.name if isinstance(model, ModelSpec) else str(model),
+            device=device,
+            nprocs=nprocs,
+            capacity_bytes=gpu_memory,
+            sharding=str(layout_of(config, nprocs).sharding),
+        )
+        for config in configs
+    ]
+
+
+def _launch_problem(
+    model: str | ModelSpec, device: str, nprocs: int, nodes: int
+) -> tuple[str, ModelSpec | None]:
+    """Why no launch of `nprocs` devices over `nodes` nodes can run here ("": none), and the
+    model resolved (None where it cannot be: the problem says why)."""
+    per_node = nprocs // nodes
+    problem = _precheck(device, per_node)
+    if not problem and per_node * nodes != nprocs:
+        problem = f"{nprocs} devices cannot be split evenly over {nodes} nodes."
+    try:
+        spec = resolve_model(model)
+    except AutofitError as exc:
+        return str(exc), None
+    return problem, spec
+
+
+def _all_failed(
+    results: list[TrialResult], problem: str, start: float,
+    on_result: Callable[[int, TrialResult], None] | None,
+) -> list[TrialResult]:  # fmt: skip
+    """Every result an `error` that says `problem`, each settled in turn."""
+    for i, result in enumerate(results):
+        result.message = problem
+        result.wall_s = time.monotonic() - start
+        if on_result is not None:
+            on_result(i, result)
+    return results
+
+
+@dataclass
+class _Launches:
+    """What every launch of one `run_trials` call shares: the model, the configs and their
+    results, the payload the workers read (its `configs` and `slow_after_s` are each launch's),
+    and the caller's limits and callbacks."""
+
+    spec: ModelSpec
+    configs: list[Config]
+    results: list[TrialResult]
+    payload: dict[str, Any]
+    slow: Sequence[float | None]
+    per_node: int
+    timeout_s: float
+    rendezvous: Rendezvous | None
+    abort: Callable[[], str | None] | None
+    on_progress: Callable[[dict[str, Any]], None] | None
+    on_result: Callable[[int, TrialResult], None] | None
+
+    def launch(self, todo: list[int]) -> int:
+        """Launch the configs `todo` (the caller's indices, in order) in fresh processes, in a
+        work folder removed after; how many of them are settled (`_launch`)."""
+        batch = [self.results[i] for i in todo]
+        for result in batch:
+            result.model = self.spec.name
+        self.payload["configs"] = [self.configs[i].to_dict() for i in todo]
+        self.payload["slow_after_s"] = [self.slow[i] for i in todo]
+        workdir = guard.make_workdir()
+        first = todo[0]
+        settle = _settler(self.on_result, self.results, first)
+        try:
+            return _launch(
+                self.payload, self.per_node, self.timeout_s, workdir, batch,
+                _offset(self.on_progress, first), self.rendezvous, self.abort, settle,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _settler(
@@ -312,71 +364,25 @@ def _launch(
     spec_path.write_text(json.dumps(payload))
     worker = ["-m", WORKER_MODULE, "--spec", str(spec_path), "--out", str(out_path)]
     env = _env(nprocs, timeout_s * len(results))
-    if rendezvous is None and nprocs == 1:
-        # one GPU runs as `python train.py` does, without torchrun: its start (importing torch
-        # once more) and its exit take seconds of every one-rank launch, for a group of one
-        cmd = [sys.executable, "-u", *worker]  # as torchrun starts a worker
+    one_rank = rendezvous is None and nprocs == 1
+    cmd = _command(worker, nprocs, rendezvous)
+    if one_rank:
         env.update(ONE_RANK_ENV)
-    else:
-        where = (
-            ["--standalone", f"--nproc-per-node={nprocs}"]
-            if rendezvous is None
-            else rendezvous.torchrun_args(nprocs)
-        )
-        cmd = [
-            sys.executable, guard.__file__,  # torchrun, guarded to die with this process
-            *where, "--max-restarts=0", "--monitor-interval=0.2", *worker,
-        ]  # fmt: skip
     stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
-    progress_path, last_progress = workdir / "progress.json", ""
     oom_kills = host_oom_kills()
-    ended = [time.monotonic()]  # when the launch started, then when each config's result came
-
-    def collect() -> None:
-        """Take the results rank 0 has written since the last look; each restarts the limit."""
-        while len(ended) <= len(results) and config_result(out_path, len(ended) - 1).is_file():
-            result = results[len(ended) - 1]
-            result.update(json.loads(config_result(out_path, len(ended) - 1).read_text()))
-            ended.append(time.monotonic())
-            result.wall_s = ended[-1] - ended[-2]
-            settle(len(ended) - 2)
-
+    watch = _Watch(results, out_path, workdir / "progress.json", settle, on_progress)
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
-        timed_out, stopped = False, None
-
-        def report_progress() -> None:
-            nonlocal last_progress
-            now = read_text(progress_path)
-            if on_progress is not None and now and now != last_progress:
-                last_progress = now
-                with contextlib.suppress(ValueError):
-                    on_progress(json.loads(now))
-
         try:
-            while True:
-                try:
-                    proc.wait(timeout=POLL_S)
-                    report_progress()  # the last step, when it ended between two looks
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                collect()
-                if time.monotonic() > ended[-1] + timeout_s:
-                    timed_out = True
-                    break
-                stopped = abort() if abort is not None else None
-                if stopped:
-                    break
-                report_progress()
+            timed_out, stopped = _wait(proc, watch, timeout_s, abort)
         finally:
             _kill_tree(proc, workdir)  # also clears stragglers after a normal exit
-    collect()
-    done = len(ended) - 1
+    watch.collect()
+    done = watch.done
     if done == len(results):
         return done
     failed = results[done]
-    failed.wall_s = time.monotonic() - ended[-1]
+    failed.wall_s = time.monotonic() - watch.ended[-1]
     if stopped:
         for i, result in enumerate(results[done:], done):
             result.status, result.message = "error", f"The trial was stopped: {stopped}"
@@ -392,3 +398,82 @@ def _launch(
         )
     settle(done)
     return done + 1
+
+
+def _command(worker: list[str], nprocs: int, rendezvous: Rendezvous | None) -> list[str]:
+    """The command that starts this node's `nprocs` ranks of `worker`: one rank as a plain
+    process (the caller adds `ONE_RANK_ENV`), several under torchrun."""
+    if rendezvous is None and nprocs == 1:
+        # one GPU runs as `python train.py` does, without torchrun: its start (importing torch
+        # once more) and its exit take seconds of every one-rank launch, for a group of one
+        return [sys.executable, "-u", *worker]  # as torchrun starts a worker
+    where = (
+        ["--standalone", f"--nproc-per-node={nprocs}"]
+        if rendezvous is None
+        else rendezvous.torchrun_args(nprocs)
+    )
+    return [
+        sys.executable, guard.__file__,  # torchrun, guarded to die with this process
+        *where, "--max-restarts=0", "--monitor-interval=0.2", *worker,
+    ]  # fmt: skip
+
+
+@dataclass
+class _Watch:
+    """What the caller reads of a running launch: the results rank 0 writes (each restarts the
+    limit) and local rank 0's progress."""
+
+    results: list[TrialResult]
+    out_path: Path
+    progress_path: Path
+    settle: Callable[[int], None]
+    on_progress: Callable[[dict[str, Any]], None] | None
+    # when the launch started, then when each config's result came
+    ended: list[float] = field(default_factory=lambda: [time.monotonic()])
+    last_progress: str = ""
+
+    @property
+    def done(self) -> int:
+        """How many configs have their result."""
+        return len(self.ended) - 1
+
+    def collect(self) -> None:
+        """Take the results rank 0 has written since the last look; each restarts the limit."""
+        ended, results, out_path = self.ended, self.results, self.out_path
+        while len(ended) <= len(results) and config_result(out_path, len(ended) - 1).is_file():
+            result = results[len(ended) - 1]
+            result.update(json.loads(config_result(out_path, len(ended) - 1).read_text()))
+            ended.append(time.monotonic())
+            result.wall_s = ended[-1] - ended[-2]
+            self.settle(len(ended) - 2)
+
+    def report_progress(self) -> None:
+        """Pass local rank 0's progress on, where it changed since the last look."""
+        now = read_text(self.progress_path)
+        if self.on_progress is not None and now and now != self.last_progress:
+            self.last_progress = now
+            with contextlib.suppress(ValueError):
+                self.on_progress(json.loads(now))
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], watch: _Watch, timeout_s: float,
+    abort: Callable[[], str | None] | None,
+) -> tuple[bool, str | None]:  # fmt: skip
+    """Watch the launch until its processes exit, a config runs past `timeout_s`, or `abort()`
+    gives a reason to stop: (whether it timed out, the reason it was stopped)."""
+    stopped = None
+    while True:
+        try:
+            proc.wait(timeout=POLL_S)
+            watch.report_progress()  # the last step, when it ended between two looks
+            return False, stopped
+        except subprocess.TimeoutExpired:
+            pass
+        watch.collect()
+        if time.monotonic() > watch.ended[-1] + timeout_s:
+            return True, stopped
+        stopped = abort() if abort is not None else None
+        if stopped:
+            return False, stopped
+        watch.report_progress()

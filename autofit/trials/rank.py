@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -237,13 +238,11 @@ def run(
 
         made = run_trainer(spec, config, device, capacity, world, progress, slow_after_s)
         return made if local_rank == 0 else None
-    device_type = device.type
     progress("build")
 
     model_spec = ModelSpec(**spec["model"])
     torch.manual_seed(0)
-    tracker = TensorTracker(capacity) if device_type == "cpu" else None
-    device_peak = 0
+    tracker = TensorTracker(capacity) if device.type == "cpu" else None
     lengths = spec.get("lengths")
     warmup = warmup_steps(config, spec["warmup"], data=bool(lengths))
     steps = warmup + spec["steps"]
@@ -251,74 +250,25 @@ def run(
     if lengths:  # drawn on the host, untracked: token ids are no term of the peak
         plan = step_batches(model_spec, config, rank, device, lengths, steps, warmup - 1)
     with tracker if tracker is not None else contextlib.nullcontext():
-        applied = build_for_trial(model_spec, config, device)
-        applied.model.train()
-        if plan is None:
-            plan = step_batches(model_spec, config, rank, device, None, steps)
-        # On CPU the "device" is the host: offloaded optimizer state (and, for offload=params, the
-        # sharded fp32 params) are kept out of the device count, as they would be on a GPU.
-        gc.collect()
-        if tracker is not None:
-            build_peak = tracker.peak
-            if config.offload == "params":  # what FSDP2 manages is on the host; not what it left
-                tracker.untrack([p for p in applied.model.parameters() if isinstance(p, DTensor)])
-            tracker.reset_peak()
-        else:
-            build_peak = torch.cuda.max_memory_reserved(device)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        losses, times = [], []
-        compiled, recompiled = CompileStats(), CompileStats()
-        slow = ""
-        for step in range(warmup + spec["steps"]):
-            warm = step < warmup
-            progress("warmup" if warm else "step", step + 1 - (0 if warm else warmup))
-            start = time.perf_counter()
-            batches = [b if torch.is_tensor(b) else _on(b, device) for b in plan[step][0]]
-            loss, made = train_step(applied, batches, tracker)
-            losses.append(loss)
-            if device_type == "cuda":
-                torch.cuda.synchronize(device)
-                device_peak = max(device_peak, device_used_bytes(device))
-            # compile time is not training time: a recompile in a measured step is taken out
-            times.append(time.perf_counter() - start - (0.0 if warm else made.seconds))
-            if warm:
-                compiled += made
-            else:
-                recompiled += made
-                slow = _too_slow(times[-1], slow_after_s, device, step + 1 - warmup)
-                if slow:
-                    break
-    if tracker is not None:
-        peaks = [tracker.peak, tracker.peak, build_peak, 0]  # no device-level view on CPU
-    else:
-        peaks = [
-            torch.cuda.max_memory_reserved(device),
-            torch.cuda.max_memory_allocated(device),
-            build_peak,
-            device_peak,
-        ]
-    peak_t = torch.tensor(peaks, dtype=torch.float64, device=device)
+        applied, plan, build_peak = _build(model_spec, config, device, rank, steps, plan, tracker)
+        ran = _steps(applied, plan, warmup, steps, device, tracker, progress, slow_after_s)
+    peak_t = torch.tensor(
+        _peaks(tracker, build_peak, ran.device_peak, device), dtype=torch.float64, device=device
+    )
     all_reduce(peak_t, dist.ReduceOp.MAX)
     host_t = torch.tensor([float(host_peak_bytes())], dtype=torch.float64, device=device)
     all_reduce(host_t, dist.ReduceOp.SUM)
-    loss_t = torch.stack(losses).to(torch.float64)
-    all_reduce(loss_t, dist.ReduceOp.AVG if device_type == "cuda" else dist.ReduceOp.SUM)
-    if device_type != "cuda":  # gloo has no AVG
+    loss_t = torch.stack(ran.losses).to(torch.float64)
+    all_reduce(loss_t, dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
+    if device.type != "cuda":  # gloo has no AVG
         loss_t /= world
-    measured = times[warmup:] or times
-    step_time = statistics.median(measured)
-    tokens_per_s = config.micro_batch * config.grad_accum * config.seq_len * world / step_time
-    if lengths:  # useful tokens (padding excluded) of the measured steps, all ranks
-        ran = plan[warmup : len(times)] if times[warmup:] else plan[: len(times)]
-        useful = [n for _, n in ran]
-        useful_t = torch.tensor([float(sum(useful))], dtype=torch.float64, device=device)
-        all_reduce(useful_t, dist.ReduceOp.SUM)
-        tokens_per_s = float(useful_t.item()) / sum(measured)
-    compile_report = compile_result(config, compiled, recompiled, device)
+    step_time, tokens_per_s = _speed(config, plan, ran.times, warmup, bool(lengths), world, device)
+    compile_report = compile_result(config, ran.compiled, ran.recompiled, device)
     if local_rank != 0:
         return None
-    result: dict[str, Any] = {"status": "slow", "message": slow} if slow else {"status": "ok"}
+    result: dict[str, Any] = (
+        {"status": "slow", "message": ran.slow} if ran.slow else {"status": "ok"}
+    )
     return {
         **compile_report,
         **result,
@@ -334,6 +284,111 @@ def run(
         "losses": [float(x) for x in loss_t.tolist()],
         "capacity_bytes": capacity,
     }
+
+
+def _build(
+    model_spec: ModelSpec, config: Config, device: torch.device, rank: int, steps: int,
+    plan: list[tuple[list[Batch], int]] | None, tracker: TensorTracker | None,
+) -> tuple[Applied, list[tuple[list[Batch], int]], int]:  # fmt: skip
+    """Build `config` for training (and, without the data's lengths, its fixed batch), then set
+    the peaks back to what the build left: the model, each step's batches, and the build's
+    peak."""
+    applied = build_for_trial(model_spec, config, device)
+    applied.model.train()
+    if plan is None:
+        plan = step_batches(model_spec, config, rank, device, None, steps)
+    # On CPU the "device" is the host: offloaded optimizer state (and, for offload=params, the
+    # sharded fp32 params) are kept out of the device count, as they would be on a GPU.
+    gc.collect()
+    if tracker is not None:
+        build_peak = tracker.peak
+        if config.offload == "params":  # what FSDP2 manages is on the host; not what it left
+            tracker.untrack([p for p in applied.model.parameters() if isinstance(p, DTensor)])
+        tracker.reset_peak()
+    else:
+        build_peak = torch.cuda.max_memory_reserved(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return applied, plan, build_peak
+
+
+@dataclass
+class _Ran:
+    """What a config's steps measured on this rank: each step's loss and seconds (compile time
+    taken out of the measured ones), what dynamo compiled in warm-up and again in measured
+    steps, the device's peak level (CUDA), and why the steps stopped as slow ("": they did
+    not)."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    compiled: CompileStats = field(default_factory=CompileStats)
+    recompiled: CompileStats = field(default_factory=CompileStats)
+    device_peak: int = 0
+    slow: str = ""
+
+
+def _steps(
+    applied: Applied, plan: list[tuple[list[Batch], int]], warmup: int, steps: int,
+    device: torch.device, tracker: TensorTracker | None, progress: Progress,
+    slow_after_s: float | None,
+) -> _Ran:  # fmt: skip
+    """Run the warm-up then the measured steps, `steps` in all, each reported to `progress`;
+    a measured step past `slow_after_s` on the slowest rank ends them."""
+    ran = _Ran()
+    for step in range(steps):
+        warm = step < warmup
+        progress("warmup" if warm else "step", step + 1 - (0 if warm else warmup))
+        start = time.perf_counter()
+        batches = [b if torch.is_tensor(b) else _on(b, device) for b in plan[step][0]]
+        loss, made = train_step(applied, batches, tracker)
+        ran.losses.append(loss)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            ran.device_peak = max(ran.device_peak, device_used_bytes(device))
+        # compile time is not training time: a recompile in a measured step is taken out
+        ran.times.append(time.perf_counter() - start - (0.0 if warm else made.seconds))
+        if warm:
+            ran.compiled += made
+        else:
+            ran.recompiled += made
+            ran.slow = _too_slow(ran.times[-1], slow_after_s, device, step + 1 - warmup)
+            if ran.slow:
+                break
+    return ran
+
+
+def _peaks(
+    tracker: TensorTracker | None, build_peak: int, device_peak: int, device: torch.device
+) -> list[int]:
+    """This rank's peaks: reserved, allocated, the build's, and the device level (none on CPU,
+    where the tracker counts both of the first)."""
+    if tracker is not None:
+        return [tracker.peak, tracker.peak, build_peak, 0]  # no device-level view on CPU
+    return [
+        torch.cuda.max_memory_reserved(device),
+        torch.cuda.max_memory_allocated(device),
+        build_peak,
+        device_peak,
+    ]
+
+
+def _speed(
+    config: Config, plan: list[tuple[list[Batch], int]], times: list[float], warmup: int,
+    data: bool, world: int, device: torch.device,
+) -> tuple[float, float]:  # fmt: skip
+    """The median measured step's seconds and the tokens/s of all ranks: with the data's
+    lengths (`data`), the useful tokens (padding excluded) of the measured steps, reduced over
+    the ranks."""
+    measured = times[warmup:] or times
+    step_time = statistics.median(measured)
+    tokens_per_s = config.micro_batch * config.grad_accum * config.seq_len * world / step_time
+    if data:  # useful tokens (padding excluded) of the measured steps, all ranks
+        ran = plan[warmup : len(times)] if times[warmup:] else plan[: len(times)]
+        useful = [n for _, n in ran]
+        useful_t = torch.tensor([float(sum(useful))], dtype=torch.float64, device=device)
+        all_reduce(useful_t, dist.ReduceOp.SUM)
+        tokens_per_s = float(useful_t.item()) / sum(measured)
+    return step_time, tokens_per_s
 
 
 def _too_slow(seconds: float, limit: float | None, device: torch.device, measured: int) -> str:
