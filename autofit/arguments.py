@@ -10,6 +10,7 @@ from typing import Any
 from autofit.config import Config
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError, ConfigError, HardwareError, ModelError
+from autofit.values import TrainEmbeddings
 
 
 def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
@@ -90,8 +91,8 @@ def check_space_embeddings(sp: Any, spec: Any) -> None:
         ranks = list(sp.knobs["lora_rank"])
         raise ConfigError(f"Space {sp.name!r} has only full fine-tunes (lora_rank: {ranks}): "
                           f"{problem}")  # fmt: skip
-    value = sp.settings.get("train_embeddings", "none")
-    if value == "none":
+    value = sp.settings.get("train_embeddings", TrainEmbeddings.NONE)
+    if value == TrainEmbeddings.NONE:
         return
     check_train_embeddings(value, spec)
     if not any(rank > 0 for rank in sp.knobs["lora_rank"]):

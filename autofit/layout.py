@@ -87,7 +87,7 @@ class Sharding(str, enum.Enum):
         return self.value
 
 
-AUTO_WRAP = "auto"
+AUTO_WRAP = Wrap.AUTO.value
 """`wrap`'s default: how the best recipes hold the model on the GPUs at hand (`resolve_wrap`)."""
 
 
@@ -221,7 +221,7 @@ class Layout:
             checkpointed=checkpointed_layers(checkpointing, n_layers),
             selective=checkpointing == Checkpointing.SELECTIVE,
             quant=stored,
-            bnb=bnb if stored == "nf4" else None,
+            bnb=bnb if stored == Quant.NF4 else None,
             quantized=projections if stored is not None else (),
             adapted=tuple(p for p in projections if targeted(p, lora_targets)) if lora else (),
             trains_all=not lora,

@@ -187,7 +187,7 @@ def adamw_impl(setting: str, optimizer: str, device: str, offload: str) -> str |
     this and the estimator counts it."""
     if optimizer != Optimizer.ADAMW:
         return None
-    if setting != "auto":
+    if setting != OptimizerImpl.AUTO:
         return setting
     fused = device == "cuda" and offload != Offload.PARAMS
     return (OptimizerImpl.FUSED if fused else OptimizerImpl.FOR_LOOP).value

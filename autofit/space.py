@@ -40,11 +40,13 @@ from autofit.rules import (
     QUANT_NEEDS_LORA,
     broken_rule,
     derive_grad_accum,
+    fsdp2_only_knob,
     launch_unavailable,
     loss_unavailable,
     quant_without_lora,
 )
 from autofit.settings import coerce_setting
+from autofit.values import Wrap
 
 _DEFAULTS = Config()
 """Every knob and setting at its default."""
@@ -297,7 +299,11 @@ class _Walk:
                 if broken:
                     skipped[broken[0]] += 1
                     continue
-                if self.plain_only and cfg.wrap != "none" and cfg.offload != "params":
+                if (
+                    self.plain_only
+                    and cfg.wrap != Wrap.NONE
+                    and not fsdp2_only_knob(cfg.offload, cfg.shard)
+                ):
                     skipped[ONE_GPU_FSDP] += 1
                     continue
                 if self.seen is not None:

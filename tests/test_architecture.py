@@ -284,3 +284,33 @@ def test_no_function_is_longer_than_a_reader_can_hold():
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     )  # fmt: skip
     assert not long, "\n".join(f"{where} {name}: {n} lines" for n, where, name in reversed(long))
+
+
+def test_no_module_compares_a_knob_with_its_word():
+    """A knob's or a word setting's values are compared as `autofit.values` members
+    (`cfg.offload == Offload.PARAMS`), never as the words (`== "params"`): the words live in
+    their declaration only, so renaming or adding one is one edit and `grep` finds every reader.
+    Read from the code: any `<...>knob ==/!=/in "word"` where the word is one of that knob's."""
+    import re
+
+    from autofit.config import DECLARED
+    from autofit.settings import WORD_SETTINGS
+
+    words = {
+        n: d.choices for n, d in DECLARED.items() if d.choices and isinstance(d.choices[0], str)
+    }
+    words.update({n: tuple(m.value for m in e) for n, e in WORD_SETTINGS.items()})
+    words["train_embeddings"] = ("none", "full")
+    names = "|".join(sorted(words, key=len, reverse=True))
+    lhs = rf'(?:\b(?P<a>{names})\b|\[\s*"(?P<b>{names})"\s*\]|\.get\(\s*"(?P<c>{names})"[^)]*\))'
+    compare = re.compile(lhs + r'\s*(?:==|!=|(?:not\s+)?in)\s*[(\[{]?\s*"(?P<w>[^"]+)"')
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name in ("values.py", "config.py") and path.parent == ROOT:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for m in compare.finditer(line):
+                knob = m.group("a") or m.group("b") or m.group("c")
+                if m.group("w") in words[knob]:
+                    found.append(f"{path.relative_to(ROOT.parent)}:{n}: {line.strip()}")
+    assert not found, "compare with autofit.values members:\n" + "\n".join(found)

@@ -29,11 +29,12 @@ from torch.nn import functional as F
 
 from autofit.builder.dtypes import compute_dtype
 from autofit.rules import liger_installed
+from autofit.values import Loss, values
 
 IGNORE_INDEX = -100
 """The label of a position without loss (HF's, torch's `cross_entropy` default)."""
 
-LOSS_KINDS = ("standard", "chunked", "fused")
+LOSS_KINDS = values(Loss)
 
 
 def loss_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
@@ -182,7 +183,7 @@ def linear_cross_entropy(
     `chunked` (pure torch) or `fused`, the same loss with Liger's fused linear cross-entropy
     kernel (CUDA; on CPU only under Triton's interpreter, `TRITON_INTERPRET=1`, which the tests
     use to check it without a GPU)."""
-    if kind == "chunked":
+    if kind == Loss.CHUNKED:
         return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, divisor, scale, softcap)
     if hidden.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
@@ -219,11 +220,11 @@ def causal_lm(model: nn.Module) -> nn.Module:
 def apply_loss(model: nn.Module, kind: str) -> nn.Module:
     """Make `model(input_ids=..., labels=...)` compute its loss as `kind` says (in place; the
     parameters and their names are untouched). `standard` leaves the model as it is."""
-    if kind == "standard":
+    if kind == Loss.STANDARD:
         return model
     if kind not in LOSS_KINDS:
         raise ValueError(f"loss={kind!r}; allowed: {', '.join(LOSS_KINDS)}")
-    if kind == "fused" and not liger_installed():
+    if kind == Loss.FUSED and not liger_installed():
         raise ValueError(
             "loss=fused needs Liger's kernels, which are not installed: pip install "
             "'autofit[liger]' (liger-kernel, CUDA), or use loss=chunked (pure torch)."

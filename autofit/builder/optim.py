@@ -9,14 +9,14 @@ from torch import nn
 
 from autofit.config import Config
 from autofit.recipe import ADAMW_IMPLS, LOW_BIT_STATES
-from autofit.values import Offload
+from autofit.values import Offload, Optimizer
 
 LR = 1e-3  # high enough that a few steps visibly memorise the fixed synthetic batch
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     """torch AdamW, or the torchao class `autofit.recipe.LOW_BIT_STATES` names."""
-    if name == "adamw":
+    if name == Optimizer.ADAMW:
         return torch.optim.AdamW
     import torchao.optim
 

@@ -29,7 +29,7 @@ from autofit.models import ModelSpec
 from autofit.recipe import DTYPE_BYTES, bnb_of, checkpointed_layers, reduce_dtype
 from autofit.settings import BNB_SETTINGS
 from autofit.structure import ActivationKey, Structure
-from autofit.values import Batching, Checkpointing, Launch, Quant
+from autofit.values import Batching, Checkpointing, Launch, Loss, Quant
 
 BREAKDOWN_KEYS = (
     "base_weights",
@@ -148,14 +148,15 @@ class Peaks:
         layers = min(s.layers, REPLAY_LAYERS)
         checkpointed = set(checkpointed_layers(c.checkpointing, layers))
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
-        policy = "selective" if c.checkpointing == Checkpointing.SELECTIVE else "full"
+        selective = c.checkpointing == Checkpointing.SELECTIVE
+        policy = (Checkpointing.SELECTIVE if selective else Checkpointing.FULL).value
         loss = mem.traced_loss(c.loss)  # the head's and the loss's allocations differ by loss
         casts = mem.adapter_casts(c.launch, c.lora_rank, m.autocast)
         keys = {
             p: ActivationKey(
                 c.seq_len, c.lora_rank, c.lora_targets, c.lora_dropout, p, m.autocast, loss, casts
             )  # fmt: skip
-            for p in {"none", policy}
+            for p in {Checkpointing.NONE.value, policy}
         }
         events = {p: step_events_of(self._model, k) for p, k in keys.items()}
         per_layer = [events[policy if i in checkpointed else "none"] for i in range(layers)]
@@ -374,7 +375,7 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
     # the vocabulary are freed (the chunked loss computes the head's gradient itself)
     head_out_grad = (
         k.micro_batch * k.seq_len * s.vocab * mem.BF16
-        if mem.traced_loss(k.loss) == "standard"
+        if mem.traced_loss(k.loss) == Loss.STANDARD
         else 0.0
     )
     return _Activations(

@@ -20,6 +20,7 @@ from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_u
 from autofit.models import ModelSpec
 from autofit.recipe import checkpointed_count
 from autofit.structure import OpsKey, Structure
+from autofit.values import Checkpointing, Offload
 
 __all__ = ["step_time", "step_time_terms"]
 
@@ -173,11 +174,12 @@ def _host_ops(k: Any, s: Structure, model: ModelSpec, n_gpus: int) -> tuple[floa
         autocast=uses_autocast(k.precision, k.optimizer, sharding_for(k.wrap, max(n_gpus, 1))),
     )  # fmt: skip
     plain = ops_of(model, key)
-    if k.checkpointing == "none":
+    if k.checkpointing == Checkpointing.NONE:
         return plain.layer, plain.root
-    policy = "selective" if k.checkpointing == "selective" else "full"
+    selective = k.checkpointing == Checkpointing.SELECTIVE
+    policy = (Checkpointing.SELECTIVE if selective else Checkpointing.FULL).value
     checked = ops_of(model, replace(key, policy=policy))
-    count = s.layers if policy == "selective" else checkpointed_count(k.checkpointing, s.layers)
+    count = s.layers if selective else checkpointed_count(k.checkpointing, s.layers)
     layer = (count * checked.layer + (s.layers - count) * plain.layer) / max(s.layers, 1)
     return layer, checked.root  # the first layer is checkpointed (`recipe.checkpointed_layers`)
 
@@ -280,7 +282,7 @@ def _gather_times(
     if m.fsdp and shard > 1:
         gather += gathers * m.latency
     h2d = 0.0
-    if k.offload == "params":  # the sharded params in their stored dtype (fp32 masters)
+    if k.offload == Offload.PARAMS:  # the sharded params in their stored dtype (fp32 masters)
         stored = gathered / shard * (pb / mem.BF16 if not k.lora_rank else 1.0)
         h2d = comm.pcie_time(stored, pcie_bw_gbs)
     return gather, h2d
@@ -328,12 +330,14 @@ def _offloaded_step(
 ) -> tuple[float, float, float]:
     """The gradient D2H copy of the last micro-step (under offload), the H2D copy after a CPU
     optimizer step, and the optimizer step, in seconds."""
-    d2h = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload != "none" else 0.0
+    d2h = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload != Offload.NONE else 0.0
     # torchao CPUOffloadOptimizer copies the updated params back H2D after the CPU step
-    h2d_step = comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload == "optimizer" else 0.0
+    h2d_step = (
+        comm.pcie_time(per_gpu * pb, gpu.pcie_bw_gbs) if k.offload == Offload.OPTIMIZER else 0.0
+    )
     # the host's step under offload: torch AdamW as the builder makes it (`Layout.adamw`)
     optim = comm.optimizer_step_time(
-        per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != "none",
+        per_gpu, k.optimizer, k.precision, gpu.mem_bw_gbs, k.offload != Offload.NONE,
         tensors=trainable_tensors(s, k.lora_rank, k.lora_targets), impl=m.layout.adamw,
     )  # fmt: skip
     return d2h, h2d_step, optim

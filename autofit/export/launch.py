@@ -13,6 +13,7 @@ from typing import Any
 from autofit.export.layout import hsdp_env, plan_nodes, plan_sharding
 from autofit.export.schema import check_format, env_text, plan_document, side_path
 from autofit.layout import Sharding
+from autofit.values import Launch
 
 # autofit cannot know the user's training script: launch commands name this placeholder, and
 # `launch_note` says what it stands for and runs the plan with an example shipped in the sources.
@@ -25,7 +26,7 @@ its trials loaded it (`from_config`/`from_pretrained`, peft LoRA of the plan's `
 
 def trainer_launch(doc: dict[str, Any]) -> bool:
     """Whether the plan was made for (and measured under) an HF Trainer script."""
-    return (doc.get("config") or {}).get("launch", "autofit") == "trainer"
+    return (doc.get("config") or {}).get("launch") == Launch.TRAINER
 
 
 RDZV_PORT = 29500

@@ -26,7 +26,16 @@ from autofit.recipe import (
 )
 from autofit.settings import ALL_LINEAR, trained_token_count
 from autofit.units import all_together, device_noun, fmt_size
-from autofit.values import Batching, Checkpointing, Loss, Offload, Optimizer, TrainEmbeddings, Wrap
+from autofit.values import (
+    Batching,
+    Checkpointing,
+    Loss,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    TrainEmbeddings,
+    Wrap,
+)
 
 
 def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
@@ -175,7 +184,10 @@ def adamw_notes(doc: dict[str, Any], layout: Layout) -> list[str]:
             "None)) from autofit.apply."
         ]
     impl = layout.adamw
-    if doc["config"].get("optimizer_impl", "auto") == "auto" or impl is None:
+    if (
+        doc["config"].get("optimizer_impl", OptimizerImpl.AUTO) == OptimizerImpl.AUTO
+        or impl is None
+    ):
         return []
     trainer = ADAMW_IMPLS[impl].hf_optim
     torch_call = ", ".join(f"{k}={v}" for k, v in ADAMW_IMPLS[impl].kwargs.items())
@@ -213,8 +225,8 @@ def batching_notes(cfg: dict[str, Any]) -> list[str]:
 def embedding_notes(doc: dict[str, Any]) -> list[str]:
     """What `train_embeddings` trains, in words and in peft's terms (the `lora:` section of the
     autofit plan holds the options themselves)."""
-    value = doc["config"].get("train_embeddings", "none")
-    if value == "none":
+    value = doc["config"].get("train_embeddings", TrainEmbeddings.NONE)
+    if value == TrainEmbeddings.NONE:
         return []
     spec = doc.get("model_spec") or {}
     tied = bool(spec.get("tied_embeddings"))

@@ -18,6 +18,7 @@ from autofit.plan.rank import RECIPE_KNOBS, TIE_TOLERANCE, faster, recipe_key, s
 from autofit.rules import derive_grad_accum
 from autofit.space import Space
 from autofit.units import device_noun, fmt_bytes, fmt_size, fmt_tokens_per_s
+from autofit.values import Loss, Shard, Wrap
 
 if TYPE_CHECKING:
     from autofit.data import LengthHistogram
@@ -134,7 +135,9 @@ def mesh_comparison(ranked: list[Candidate], hardware: Hardware) -> dict[str, An
         return None
     best: dict[str, Candidate] = {}
     for c in ranked:
-        kind = "hsdp" if c.config.shard == "node" else "fsdp" if c.config.wrap != "none" else ""
+        kind = (
+            "hsdp" if c.config.shard == Shard.NODE else "fsdp" if c.config.wrap != Wrap.NONE else ""
+        )
         if kind and kind not in best:
             best[kind] = c
             if len(best) == 2:
@@ -173,7 +176,7 @@ def loss_note(best: Candidate, request: PlanRequest) -> str:
     micro-batch of the space that would (every other knob the same). Empty for `standard`, or
     when the standard loss fits too (the winner then won on speed alone)."""
     cfg, r = best.config, request
-    if cfg.loss == "standard":
+    if cfg.loss == Loss.STANDARD:
         return ""
     own = estimate(r.model, r.hardware, cfg.replace(loss="standard"), device=r.device,
                    lengths=r.lengths)  # fmt: skip

@@ -60,6 +60,7 @@ from autofit.trials.memory import (
     untracked,
 )
 from autofit.trials.result import config_result
+from autofit.values import Launch, Offload
 
 # Joining the process group and every collective after it fail in this time rather than at the
 # trial's own limit: a peer that never comes costs seconds. Ranks build the same model at the same
@@ -146,7 +147,7 @@ def train_step(
     loss = run.backward(batches)
     compiled = CompileStats.now() - before
     optimizer = run.optimizer
-    cpu_offload = tracker is not None and config.offload != "none"
+    cpu_offload = tracker is not None and config.offload != Offload.NONE
     if tracker is not None and (cpu_offload or is_compiled_step(config.optimizer)):
         with untracked():
             optimizer.step()
@@ -233,7 +234,7 @@ def run(
     `slow_after_s`: a measured step longer than this (on the slowest rank) ends the steps there,
     and the result, of the steps measured so far, is `slow` (`autofit.trials.budget`)."""
     progress = progress or Progress(None, 0)
-    if config.launch == "trainer":  # HF Trainer's own loop (`autofit.trials.trainer`)
+    if config.launch == Launch.TRAINER:  # HF Trainer's own loop (`autofit.trials.trainer`)
         from autofit.trials.trainer import run_trainer
 
         made = run_trainer(spec, config, device, capacity, world, progress, slow_after_s)
@@ -302,7 +303,7 @@ def _build(
     gc.collect()
     if tracker is not None:
         build_peak = tracker.peak
-        if config.offload == "params":  # what FSDP2 manages is on the host; not what it left
+        if config.offload == Offload.PARAMS:  # what FSDP2 manages is on the host; not what it left
             tracker.untrack([p for p in applied.model.parameters() if isinstance(p, DTensor)])
         tracker.reset_peak()
     else:

@@ -14,7 +14,7 @@ from autofit.estimate.memory.widths import BF16, FP32, Targets, traced_loss
 from autofit.layout import Sharding, wrap_group_size
 from autofit.models import ModelSpec
 from autofit.structure import ActivationKey, LayerActivations, Structure
-from autofit.values import Checkpointing, Launch, Quant, Wrap
+from autofit.values import Checkpointing, Launch, Loss, Quant, Wrap
 
 
 # ----- activations ------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def head_grad_sum_bytes(model: ModelSpec, lora_rank: int, loss: str) -> float:
     part of the traced root (one sequence) that does not scale with it (at Llama 3 8B's width,
     2 GiB that micro-batch 8 would otherwise count eight times). Liger's kernel sums it in the
     weight's dtype (an upper bound)."""
-    if lora_rank or traced_loss(loss) != "chunked":
+    if lora_rank or traced_loss(loss) != Loss.CHUNKED:
         return 0.0
     return FP32 * model.vocab * model.hidden
 

@@ -10,7 +10,7 @@ from autofit.estimate.memory.widths import BF16, FP32, grad_bytes, traced_loss
 from autofit.layout import Sharding
 from autofit.settings import trained_token_count, trained_tokens_error
 from autofit.structure import Structure
-from autofit.values import TrainEmbeddings
+from autofit.values import Loss, TrainEmbeddings
 
 
 # ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------
@@ -100,7 +100,7 @@ def trained_head_loss_bytes(
         return 0.0, 0.0
     head = trained_module_params(s, "full")  # the head's whole weight, vocab x hidden
     merged = head * BF16 if trained_token_count(train_embeddings) is not None else 0.0
-    if traced_loss(loss) == "chunked":
+    if traced_loss(loss) == Loss.CHUNKED:
         grad_sum = head * FP32
         return grad_sum, grad_sum + merged
     kept = micro_batch * seq_len * s.hidden * BF16 + merged

@@ -16,7 +16,7 @@ from autofit.estimate.memory.widths import (
 )
 from autofit.layout import Sharding, wrap_group_size
 from autofit.structure import Structure
-from autofit.values import Launch, Offload, Quant, TrainEmbeddings, Wrap
+from autofit.values import Launch, Offload, OptimizerImpl, Quant, TrainEmbeddings, Wrap
 
 
 # ----- all-gather buffers -----------------------------------------------------------------------
@@ -198,7 +198,9 @@ def optimizer_temp_bytes(
     On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one.
     Under `launch: trainer` a full fine-tune's for-loop steps in Trainer's order
     (`trainer_for_loop_elements`)."""
-    if impl == "fused" or (device != "cpu" and (impl is None or offload != Offload.NONE)):
+    if impl == OptimizerImpl.FUSED or (
+        device != "cpu" and (impl is None or offload != Offload.NONE)
+    ):
         return 0.0
     pb = master_bytes(precision, optimizer)
     if impl == "foreach":
