@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autofit.checks import MAX_SEQ_LEN
 from autofit.errors import ConfigError
-from autofit.layout import AUTO_WRAP, resolve_wrap
+from autofit.layout import resolve_wrap
 from autofit.rules import rule_violation
 from autofit.settings import LAUNCHES, OPTIMIZER_IMPLS, QUANT_BACKENDS, coerce_setting
 from autofit.values import (
@@ -312,9 +312,8 @@ class Config:
     def resolved(self, n_gpus: int) -> Config:
         """This config as it runs on `n_gpus` GPUs: `wrap: auto` replaced by the value it stands
         for there (`resolve_wrap`); a config with a real wrap is returned as it is."""
-        if self.wrap != AUTO_WRAP:
-            return self
-        return self.replace(wrap=resolve_wrap(AUTO_WRAP, n_gpus, self.offload, self.shard))
+        wrap = resolve_wrap(self.wrap, n_gpus, self.offload, self.shard)
+        return self if wrap == self.wrap else self.replace(wrap=wrap)
 
     def settings(self) -> dict[str, Any]:
         """The settings that differ from their defaults, JSON-ready (targets as a list)."""

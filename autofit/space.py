@@ -46,7 +46,7 @@ from autofit.rules import (
     quant_without_lora,
 )
 from autofit.settings import coerce_setting
-from autofit.values import Wrap
+from autofit.values import Shard, Wrap
 
 _DEFAULTS = Config()
 """Every knob and setting at its default."""
@@ -95,8 +95,8 @@ class Space:
         Without the data's lengths (`data`) every sequence is `seq_len` long, where every
         `batching` is the same run, so only its default is kept."""
         knobs = self.knobs
-        if nodes <= 1 and "node" in knobs["shard"]:
-            knobs = {**knobs, "shard": ("all",)}
+        if nodes <= 1 and Shard.NODE in knobs["shard"]:
+            knobs = {**knobs, "shard": (Shard.ALL.value,)}
         if n_gpus is not None and AUTO_WRAP in knobs["wrap"]:
             wraps = [
                 resolve_wrap(w, n_gpus, offload, shard)
@@ -277,9 +277,9 @@ class _Walk:
         """A config's fields with the outer knobs at `combo`, `wrap: auto` resolved."""
         prefix = self.template.copy()
         prefix.update(zip(self.outer, combo, strict=True))
-        if self.auto and prefix["wrap"] == AUTO_WRAP:  # what it stands for with offload, shard
+        if self.auto:  # `wrap: auto`: what it stands for with this offload and shard
             prefix["wrap"] = resolve_wrap(
-                AUTO_WRAP, self.n_gpus, prefix["offload"], prefix["shard"]
+                prefix["wrap"], self.n_gpus, prefix["offload"], prefix["shard"]
             )
         return prefix
 

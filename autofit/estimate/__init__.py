@@ -21,7 +21,6 @@ from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks, padding_mask
 from autofit.estimate.speed import TIME_KEYS
 from autofit.estimate.step import step_time, step_time_terms
 from autofit.hardware import Hardware
-from autofit.layout import AUTO_WRAP
 from autofit.models import ModelSpec
 from autofit.structure import Structure
 
@@ -239,8 +238,7 @@ def _unsettled(
     # a space has a few hundred thousand configs: names bound once, fields given in order
     append, hold, peak_of, timed_of = out.append, held.append, peaks.of, step_times.get
     for config in configs:
-        if config.wrap == AUTO_WRAP:  # the default: what it stands for on these GPUs
-            config = config.resolved(n)
+        config = config.resolved(n)  # `wrap: auto`, the default: what it stands for here
         if shapes is None:  # every sequence is seq_len: each batching is the same run
             at_peak = at_step = _unbatched(config)
             useful, padding = config.seq_len, 0.0
