@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
 from autofit.arguments import (
+    check_launch_installed,
     check_model_size,
     check_space_embeddings,
     config_of,
@@ -158,10 +159,12 @@ def plan(
     torchao low-bit AdamW candidates are skipped. `quant_backend` ("torchao", "bitsandbytes"),
     `bnb_4bit_use_double_quant` and `bnb_4bit_quant_storage` store the NF4 candidates' base as
     that library does (bitsandbytes: `wrap: none` candidates only, the others skipped).
-    `launch` (`autofit`, `trainer`) is whose training loop every candidate runs (None: the
-    space's, default `autofit`): `trainer` plans for an HF Trainer script (one GPU; the space's
-    candidates Trainer cannot run, quantized or offloaded ones say, are skipped with the reason),
-    its trials run `Trainer.train()` and its trainer export is the arguments measured.
+    `launch` (`autofit`, `trainer`, `trl`) is whose training loop every candidate runs (None:
+    the space's, default `autofit`): `trainer` plans for an HF Trainer script (one GPU; the
+    space's candidates Trainer cannot run, quantized or offloaded ones say, are skipped with the
+    reason), its trials run `Trainer.train()` and its trainer export is the arguments measured;
+    `trl` likewise for TRL's `SFTTrainer` (its packing for `batching: packed`; the export is its
+    `SFTConfig`; TRL must be installed: `pip install 'autofit[trl]'`).
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -217,6 +220,7 @@ def plan(
     if settings:
         sp = sp.with_settings(**settings)
     check_space_embeddings(sp, spec)
+    check_launch_installed(sp.settings.get("launch", "autofit"))
 
     def read_data() -> LengthHistogram | None:  # last of the checks: it may take a while
         return data_lengths(base=sp.data, progress=console is not None, **data)
