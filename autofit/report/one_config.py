@@ -177,11 +177,14 @@ def trial_report(console: Console, result: TrialResult, requested_wrap: str | No
     if result.sharding:
         wrap = str((result.config or {}).get("wrap", ""))
         held = held_as(result.sharding, wrap, requested_wrap, result.nprocs, result.device)
-    trainer = (result.config or {}).get("launch") == "trainer"
+    loop = {
+        "trainer": ", HF Trainer's training loop (launch: trainer)",
+        "trl": ", TRL's SFTTrainer (launch: trl)",
+    }.get(str((result.config or {}).get("launch", "autofit")), "")
     console.print(
         f"trial {status}: {result.model} on {result.nprocs} x {result.device}"
         + (f", {held}" if held else "")
-        + (", HF Trainer's training loop (launch: trainer)" if trainer else "")
+        + loop
     )
     if result.status == Outcome.OK:
         device = (
