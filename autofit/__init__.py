@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit._version import __version__
 from autofit.arguments import (
+    check_launch_installed,
     check_model_size,
     check_space_embeddings,
     config_of,
@@ -37,6 +38,7 @@ from autofit.request import (
     check_plan_numbers,
 )
 from autofit.rules import loss_unavailable
+from autofit.values import Launch
 
 if TYPE_CHECKING:
     import torch
@@ -148,10 +150,12 @@ def plan(
     torchao low-bit AdamW candidates are skipped. `quant_backend` ("torchao", "bitsandbytes"),
     `bnb_4bit_use_double_quant` and `bnb_4bit_quant_storage` store the NF4 candidates' base as
     that library does (bitsandbytes: `wrap: none` candidates only, the others skipped).
-    `launch` (`autofit`, `trainer`) is whose training loop every candidate runs (None: the
-    space's, default `autofit`): `trainer` plans for an HF Trainer script (one GPU; the space's
-    candidates Trainer cannot run, quantized or offloaded ones say, are skipped with the reason),
-    its trials run `Trainer.train()` and its trainer export is the arguments measured.
+    `launch` (`autofit`, `trainer`, `trl`) is whose training loop every candidate runs (None:
+    the space's, default `autofit`): `trainer` plans for an HF Trainer script (one GPU; the
+    space's candidates Trainer cannot run, quantized or offloaded ones say, are skipped with the
+    reason), its trials run `Trainer.train()` and its trainer export is the arguments measured;
+    `trl` likewise for TRL's `SFTTrainer` (its packing for `batching: packed`; the export is its
+    `SFTConfig`; TRL must be installed: `pip install 'autofit[trl]'`).
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them
@@ -238,6 +242,7 @@ def _plan_space(space: str | Path, settings: dict[str, Any], spec: ModelSpec) ->
     if settings:
         sp = sp.with_settings(**settings)
     check_space_embeddings(sp, spec)
+    check_launch_installed(sp.settings.get("launch", Launch.AUTOFIT))
     return sp
 
 

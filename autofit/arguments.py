@@ -81,6 +81,16 @@ def check_train_embeddings(value: str, spec: Any) -> None:
         raise ConfigError(problem)
 
 
+def check_launch_installed(launch: str) -> None:
+    """A plan's `launch` whose library is installed here (`launch: trl`, TRL): one paragraph
+    naming what to install otherwise, before anything is estimated."""
+    from autofit.rules import launch_missing
+
+    problem = launch_missing(launch)
+    if problem:
+        raise ConfigError(problem)
+
+
 def check_space_embeddings(sp: Any, spec: Any) -> None:
     """A space's `train_embeddings` within the model's vocabulary, and with LoRA candidates to
     carry it (its full fine-tunes are skipped: they train the embeddings already)."""

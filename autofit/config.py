@@ -272,7 +272,8 @@ class Config:
         "and loop (autofit.apply); trainer = HF Trainer.train() with the TrainingArguments the "
         "trainer export writes, the model loaded as a Trainer script loads it (one GPU, plain "
         "module; no quant, chunked/fused loss, every-2/selective checkpointing, offload or "
-        "compile)",
+        "compile); trl = TRL's SFTTrainer.train() with the SFTConfig the trainer export writes "
+        "(as trainer, and its packing for batching=packed; pip install 'autofit[trl]')",
         metavar="|".join(LAUNCHES),
         label=lambda c: f"launch={c.launch}" if c.launch != Launch.AUTOFIT else None,
     )  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofit.settings import ADAPTER_SETTINGS, BNB_SETTINGS
+from autofit.settings import ADAPTER_SETTINGS, BNB_SETTINGS, HF_LAUNCHES
 from autofit.values import (
     Batching,
     Checkpointing,
@@ -16,6 +16,7 @@ from autofit.values import (
     Offload,
     Optimizer,
     OptimizerImpl,
+    Precision,
     Quant,
     QuantBackend,
     Shard,
@@ -82,31 +83,65 @@ def loss_unavailable(loss: str, device: str) -> str | None:
 
 
 TRAINER_FSDP = (Wrap.LAYER, Wrap.EVERY_2, Wrap.EVERY_4, Wrap.MODEL)
-"""The wraps that shard with FSDP2, which `launch: trainer` does not run yet."""
+"""The wraps that shard with FSDP2, which `launch: trainer` and `trl` do not run yet."""
+
+TRL_MODULE = "trl"
+"""The import name of TRL (`pip install 'autofit[trl]'`), whose `SFTTrainer` `launch: trl` runs."""
+TRL_VERSION = "1.16.0"
+"""The TRL release `launch: trl` is read from and measured with (`autofit[trl]` pins it)."""
+
+
+def trl_installed() -> bool:
+    """Whether TRL is importable here (found without importing it, or torch)."""
+    import importlib.util
+
+    return importlib.util.find_spec(TRL_MODULE) is not None
+
+
+def launch_missing(launch: str) -> str | None:
+    """The sentence for a `launch` whose library is not installed here, or None: `launch: trl`
+    runs TRL's `SFTTrainer` (its estimate traces TRL's fused LM head too)."""
+    if launch != Launch.TRL or trl_installed():
+        return None
+    return (
+        "launch=trl runs TRL's SFTTrainer, and TRL is not installed here: pip install "
+        f"'autofit[trl]' (trl {TRL_VERSION}, the release autofit reads and measures), or plan "
+        "for launch=trainer (HF Trainer) or launch=autofit."
+    )
 
 
 def launch_unavailable(launch: str, n_gpus: int) -> str | None:
-    """Why `launch` cannot run on `n_gpus` GPUs (a short reason a space's skip count shows, and
-    the sentence an estimate or trial raises), or None: `launch: trainer` is measured on one GPU
-    (one process, the plain module), as `python train.py` runs a Trainer script."""
-    if launch != Launch.TRAINER or n_gpus <= 1:
+    """Why `launch` cannot run on `n_gpus` GPUs here (a short reason a space's skip count shows,
+    and the sentence an estimate or trial raises), or None: `launch: trl` needs TRL installed
+    (`launch_missing`), and `launch: trainer` and `trl` are measured on one GPU (one process,
+    the plain module), as `python train.py` runs a Trainer or SFTTrainer script."""
+    missing = launch_missing(launch)
+    if missing:
+        return missing.rstrip(".")
+    if launch not in HF_LAUNCHES or n_gpus <= 1:
         return None
+    loop = "TRL's SFTTrainer" if launch == Launch.TRL else "HF Trainer"
     return (
-        f"launch=trainer runs on one GPU (one process, the plain module) for now; {n_gpus} GPUs "
-        "would be DDP or FSDP2 through Accelerate, which autofit does not measure under HF "
-        "Trainer yet. Plan one GPU (--gpus 1), or use launch=autofit"
+        f"launch={launch} runs on one GPU (one process, the plain module) for now; {n_gpus} GPUs "
+        f"would be DDP or FSDP2 through Accelerate, which autofit does not measure under {loop} "
+        "yet. Plan one GPU (--gpus 1), or use launch=autofit"
     )
 
 
 def _trainer_unsupported(cfg: Config) -> str | None:
-    """The first knob of `cfg` that `launch: trainer` cannot run as autofit counts it, or None:
-    HF Trainer (transformers 5.24) on a model loaded by `from_config` and wrapped by peft has no
-    torchao quantization of autofit's kind, no chunked loss (its loss is the model's own; Liger's
-    fused one, `use_liger_kernel`, is not measured under Trainer yet), checkpoints every decoder
-    layer or none (`activation_checkpointing`; no op-level policy), has no CPU offload of the
-    optimizer, compiles the whole model rather than each layer (`torch_compile`), and its `optim`
-    names no for-loop or foreach AdamW on a GPU. Low-bit AdamW and trained embeddings are not
-    measured under Trainer yet."""
+    """The first knob of `cfg` that `launch: trainer` (or `trl`, whose `SFTTrainer` is a
+    `Trainer`) cannot run as autofit counts it, or None: HF Trainer (transformers 5.24) on a model
+    loaded by `from_config` and wrapped by peft has no torchao quantization of autofit's kind, no
+    chunked loss (its loss is the model's own; Liger's fused one, `use_liger_kernel`, is not
+    measured under Trainer yet), checkpoints every decoder layer or none
+    (`activation_checkpointing`; no op-level policy), has no CPU offload of the optimizer,
+    compiles the whole model rather than each layer (`torch_compile`), and its `optim` names no
+    for-loop or foreach AdamW on a GPU. Low-bit AdamW and trained embeddings are not measured
+    under Trainer yet. TRL's own: `_trl_unsupported`."""
+    if cfg.launch == Launch.TRL:
+        own = _trl_unsupported(cfg)
+        if own:
+            return own
     if cfg.quant != Quant.NONE:
         return f"quant={cfg.quant} (torchao storage that autofit's builder applies)"
     if cfg.loss != Loss.STANDARD:
@@ -129,13 +164,28 @@ def _trainer_unsupported(cfg: Config) -> str | None:
         )
     if cfg.train_embeddings != TrainEmbeddings.NONE:
         return f"train_embeddings={cfg.train_embeddings} (not measured under Trainer yet)"
-    if cfg.batching == Batching.PACKED:
-        return (
-            "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer, not a "
-            "launch yet)"
-        )
+    if cfg.batching == Batching.PACKED and cfg.launch == Launch.TRAINER:
+        return "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer: launch=trl)"
     if cfg.wrap in TRAINER_FSDP:
         return f"wrap={cfg.wrap} (FSDP2 through Accelerate: not measured under Trainer yet)"
+    return None
+
+
+def _trl_unsupported(cfg: Config) -> str | None:
+    """What `launch: trl` refuses beyond Trainer's (TRL 1.16's `SFTTrainer`): any `loss` but
+    `standard`, which stands for SFTTrainer's own (a fused LM head over vocabulary tiles, which
+    the estimate counts), and LoRA under pure `bf16`, whose adapters SFTTrainer's peft wrapping
+    keeps in fp32 (peft's `autocast_adapter_dtype`): that is `bf16-mixed`."""
+    if cfg.loss != Loss.STANDARD:
+        return (
+            f"loss={cfg.loss} (SFTTrainer computes its own loss, a fused LM head over tiles of "
+            "the vocabulary, which loss=standard stands for under launch=trl)"
+        )
+    if cfg.is_lora and cfg.precision == Precision.BF16:
+        return (
+            "precision=bf16 with LoRA (SFTTrainer wraps the model with peft itself, whose "
+            "adapters stay fp32 beside the bf16 base: precision=bf16-mixed)"
+        )
     return None
 
 
@@ -212,16 +262,25 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             f"optimizer={cfg.optimizer} is torchao's low-bit AdamW, which has one step of its "
             "own (compiled, one parameter at a time). Use optimizer=adamw, or optimizer_impl=auto.",
         )
-    if cfg.launch == Launch.TRAINER:
+    if cfg.offload == Offload.PARAMS and cfg.wrap == Wrap.NONE:
+        return (
+            "offload=params without sharding",
+            "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
+            "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
+            "replicas, which keep the weights on the GPU.",
+        )
+    if cfg.launch in HF_LAUNCHES:
         unsupported = _trainer_unsupported(cfg)
         if unsupported:
             knob = unsupported.split("=", 1)[0]
+            loop = "TRL's SFTTrainer" if cfg.launch == Launch.TRL else "HF Trainer"
+            lora = " (bf16-mixed for LoRA)" if cfg.launch == Launch.TRL else ""
             return (
-                f"launch=trainer with {knob}",
-                f"launch=trainer cannot run {unsupported}. Under HF Trainer autofit measures "
+                f"launch={cfg.launch} with {knob}",
+                f"launch={cfg.launch} cannot run {unsupported}. Under {loop} autofit measures "
                 "LoRA or a full fine-tune of the plain module on one GPU, with quant=none, "
                 "loss=standard, checkpointing none or full, offload=none, compile=false and "
-                "torch AdamW; use launch=autofit for the rest.",
+                f"torch AdamW{lora}; use launch=autofit for the rest.",
             )
     return None
 

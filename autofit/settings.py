@@ -52,8 +52,13 @@ OPTIMIZER_IMPLS = values(OptimizerImpl)
 
 # `launch` values: whose training loop runs the config. `autofit`: autofit's builder and loop
 # (`autofit.apply`); `trainer`: HF `Trainer.train()` with the TrainingArguments the trainer
-# export writes, on the model a Trainer user loads (`autofit.builder.trainer`).
+# export writes, on the model a Trainer user loads (`autofit.builder.trainer`); `trl`: TRL's
+# `SFTTrainer.train()` with the SFTConfig the trainer export writes of such a plan, its peft
+# wrapping, collator, packing and loss (`autofit.builder.trl`).
 LAUNCHES = values(Launch)
+HF_LAUNCHES = (Launch.TRAINER.value, Launch.TRL.value)
+"""The launches whose loop is HF Trainer's (TRL's `SFTTrainer` is a `Trainer`): one GPU, the
+model a script loads, the arguments of the trainer export."""
 
 # `lora_targets` spellings of the default: every linear projection of the decoder blocks.
 ALL_LINEAR = "all-linear"
@@ -233,8 +238,9 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
     if name == "launch":
         return (
             f"Setting 'launch'{place} cannot be {value!r}. Allowed: autofit (the default: "
-            "autofit's own builder and training loop, autofit.apply) or trainer (HF Trainer's "
-            "training loop with the TrainingArguments the trainer export writes)."
+            "autofit's own builder and training loop, autofit.apply), trainer (HF Trainer's "
+            "training loop with the TrainingArguments the trainer export writes) or trl (TRL's "
+            "SFTTrainer with the SFTConfig the trainer export writes)."
         )
     if name == "train_embeddings":
         return (

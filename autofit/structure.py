@@ -200,12 +200,20 @@ def _lora_per_rank(s: Structure, targets: tuple[str, ...] | None) -> int:
     return s.layers * sum(p.in_features + p.out_features for p in s.targets(targets))
 
 
+TRL_LOSS = "trl"
+"""The traced loss of `launch: trl`: TRL's fused LM head around a stand-in for its kernel
+(`autofit.builder.trl`). Its trace's `root` is what lives outside the layers when the head's
+backward begins and its `root_forward` when forward has returned: the head's own buffers sit on
+top of them (`autofit.estimate.memory.trl`)."""
+
+
 @dataclass(frozen=True)
 class ActivationKey:
     """What a layer trace depends on besides the architecture: the plan's sequence length, the
     LoRA settings, the checkpointing of the layer, whether the run autocasts fp32 weights
     (the plain module and DDP under bf16-mixed) or computes in bf16 (FSDP2, pure bf16), the
-    loss (`standard` or `chunked`; `fused` is traced as `chunked`, `trace_loss`), and whether
+    loss (`standard` or `chunked`; `fused` is traced as `chunked`, `trace_loss`; `trl`: TRL's
+    fused LM head under `launch: trl`, `TRL_LOSS`), and whether
     peft casts each adapter's input to the adapters' fp32 under autocast (`adapter_casts`: the
     model of `launch: trainer`, which autofit's builder does not set up, `keep_lora_inputs`)."""
 
@@ -215,7 +223,7 @@ class ActivationKey:
     lora_dropout: float = 0.0
     policy: str = "none"  # none | full | selective: the checkpointing of every traced layer
     autocast: bool = False
-    loss: str = "standard"  # standard | chunked: how the traced model computes its loss
+    loss: str = "standard"  # standard | chunked | trl: how the traced model computes its loss
     adapter_casts: bool = False  # LoRA under autocast with peft's input casts (launch: trainer)
 
     def text(self) -> str:

@@ -118,6 +118,7 @@ class Launch(enum.StrEnum):
 
     AUTOFIT = "autofit"
     TRAINER = "trainer"
+    TRL = "trl"
 
 
 class TrainEmbeddings(enum.StrEnum):

@@ -64,8 +64,10 @@ def pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line(description: str) -> tuple[argparse.Namespace, object, dict]:
+    """The example's options, the plan file read back and the export's arguments (a plan that
+    cannot be read: one paragraph, exit 2)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--arguments", required=True, help="the trainer export (JSON)")
     parser.add_argument("--plan", required=True, help="the plan file beside it (.autofit.yaml)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -76,30 +78,32 @@ def main() -> None:
         plan = autofit.load_plan(args.plan)
     except autofit.AutofitError as exc:
         parser.exit(2, f"{exc}\n")
-    cfg = plan.best.config
     with open(args.arguments) as fh:
         arguments = json.load(fh)
-    print(f"plan: {cfg.short()} (seq_len {cfg.seq_len}); optim {arguments['optim']}")
+    return args, plan, arguments
 
-    tracker: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+
+def random_rows(plan: object) -> torch.Tensor:
+    """One optimizer step's rows of `seq_len` random token ids (your data instead)."""
+    cfg = plan.best.config  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    vocab = resolve_model(plan.document["model"]).vocab  # type: ignore[attr-defined]
+    return torch.randint(0, vocab, (cfg.micro_batch * cfg.grad_accum, cfg.seq_len))
+
+
+def peak_tracker(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]:
+    """With `--peak` on CPU, autofit's tensor tracker (the trials' measure): active from the
+    model's build on."""
     if args.peak and args.device == "cpu":
         from autofit.trials.memory import TensorTracker
 
-        tracker = TensorTracker()
-    torch.manual_seed(0)
-    vocab = resolve_model(plan.document["model"]).vocab
-    rows = torch.randint(0, vocab, (cfg.micro_batch * cfg.grad_accum, cfg.seq_len))
-    data = [{"input_ids": row} for row in rows]
-    with tracker, tempfile.TemporaryDirectory() as out:
-        model = load_model(plan, args.device)
-        training = TrainingArguments(
-            **{**arguments, "output_dir": out}, max_steps=args.steps, save_strategy="no",
-            logging_steps=1, report_to="none", disable_tqdm=True,
-            use_cpu=args.device == "cpu",
-        )  # fmt: skip
-        trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=pad)
-        trainer.train()
-    for entry in trainer.state.log_history:
+        return TensorTracker()
+    return contextlib.nullcontext()
+
+
+def report(trainer: object, tracker: object, args: argparse.Namespace) -> None:
+    """Each step's loss, and with `--peak` the peak memory."""
+    for entry in trainer.state.log_history:  # type: ignore[attr-defined]
         if "loss" in entry:
             print(f"step {entry['step']}: loss {entry['loss']:.4f}")
     if args.peak:
@@ -109,6 +113,24 @@ def main() -> None:
             else torch.cuda.max_memory_reserved()
         )
         print(f"peak bytes: {peak}")
+
+
+def main() -> None:
+    args, plan, arguments = command_line(__doc__.splitlines()[0])
+    cfg = plan.best.config  # type: ignore[attr-defined]
+    print(f"plan: {cfg.short()} (seq_len {cfg.seq_len}); optim {arguments['optim']}")
+    tracker = peak_tracker(args)
+    data = [{"input_ids": row} for row in random_rows(plan)]
+    with tracker, tempfile.TemporaryDirectory() as out:
+        model = load_model(plan, args.device)
+        training = TrainingArguments(
+            **{**arguments, "output_dir": out}, max_steps=args.steps, save_strategy="no",
+            logging_steps=1, report_to="none", disable_tqdm=True,
+            use_cpu=args.device == "cpu",
+        )  # fmt: skip
+        trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=pad)
+        trainer.train()
+    report(trainer, tracker, args)
 
 
 if __name__ == "__main__":

@@ -687,3 +687,14 @@ def test_the_max_position_warning_of_an_estimate_is_said_once():
     result = run("estimate", "-m", "llama-7b", "-g", "1xh100-80gb", "--seq-len", str(2 * maximum))
     assert result.exit_code == 0, result.output
     assert result.stderr.count(f"is above llama-7b's maximum of {maximum}") == 1, result.stderr
+
+
+def test_launch_trl_without_trl_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a plan for TRL's SFTTrainer where TRL is not installed: one paragraph, exit 2, before the
+    # space is searched (the flag or a space file's `launch: trl` alike)
+    monkeypatch.setattr("autofit.rules.trl_installed", lambda: False)
+    result = run("plan", "-m", "llama-debug", "-g", "1", "--device", "cpu", "--no-trials",
+                 "--launch", "trl")  # fmt: skip
+    assert_clean_failure(result, "TRL is not installed here", "pip install 'autofit[trl]'")
+    result = run("estimate", "-m", "llama-debug", "-g", "1", "--device", "cpu", "--launch", "trl")
+    assert_clean_failure(result, "TRL is not installed here")

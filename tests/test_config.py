@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -407,8 +408,8 @@ def test_launch_is_a_setting_whose_default_stays_out_of_every_config():
     assert cfg.launch == "trainer"
     assert cfg.short() == "lora r8 mb1x1 wrap=auto launch=trainer"
     assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    with pytest.raises(ConfigError, match="Setting 'launch' cannot be 'trl'"):
-        Config(launch="trl")
+    with pytest.raises(ConfigError, match="Setting 'launch' cannot be 'dpo'.* or trl"):
+        Config(launch="dpo")
 
 
 @pytest.mark.parametrize(
@@ -469,3 +470,41 @@ def test_every_word_a_config_takes_is_a_member_of_its_declared_enum():
     cfg = Config(offload="PARAMS", wrap="layer", optimizer_impl="For-Loop")
     assert cfg.offload == v.Offload.PARAMS and type(cfg.offload) is str
     assert json.loads(json.dumps(cfg.to_dict()))["optimizer_impl"] == "for-loop"
+
+
+@pytest.mark.parametrize(
+    ("knobs", "named"),
+    [
+        ({"lora_rank": 8, "quant": "nf4"}, "quant=nf4"),  # Trainer's rules hold for SFTTrainer
+        ({"checkpointing": "every-2"}, "checkpointing=every-2"),
+        ({"wrap": "layer"}, "wrap=layer"),
+        ({"loss": "chunked"}, "loss=chunked (SFTTrainer computes its own loss"),
+        ({"lora_rank": 8, "precision": "bf16"}, "precision=bf16 with LoRA"),
+    ],
+)
+def test_launch_trl_refuses_what_sfttrainer_cannot_run_as_counted(knobs, named) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=re.escape(f"launch=trl cannot run {named}")):
+        Config(launch="trl", **knobs)
+
+
+def test_launch_trl_packs_where_trainer_cannot():
+    # packing is TRL's (SFTTrainer's packing=True): launch=trl runs batching=packed, trainer not
+    assert Config(launch="trl", batching="packed", lora_rank=8).batching == "packed"
+    Config(launch="trl", precision="bf16")  # a full fine-tune in pure bf16 is Trainer's too
+    with pytest.raises(ConfigError, match="launch=trainer cannot run batching=packed"):
+        Config(launch="trainer", batching="packed")
+
+
+def test_launch_trl_needs_trl_installed_and_one_gpu(monkeypatch):
+    import autofit.rules as rules
+    from autofit.arguments import check_launch_installed
+
+    assert rules.launch_unavailable("trl", 1) is None  # installed with the dev extra
+    assert "under TRL's SFTTrainer" in (rules.launch_unavailable("trl", 2) or "")
+    monkeypatch.setattr(rules, "trl_installed", lambda: False)
+    missing = rules.launch_missing("trl")
+    assert missing is not None and "pip install 'autofit[trl]'" in missing
+    assert rules.launch_unavailable("trl", 1) == missing.rstrip(".")
+    assert rules.launch_missing("trainer") is None
+    with pytest.raises(ConfigError, match=r"TRL is not installed here: pip install"):
+        check_launch_installed("trl")

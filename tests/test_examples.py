@@ -81,10 +81,16 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path):
     assert [p.name for p in paths] == ["args.json", "args.autofit.yaml"]
     note = launch_note(plan, "trainer", tmp_path / "args.json")
     assert "trainer_train.py --arguments" in note and "no autofit.apply" in note
+    _peaks_as_its_trial(ROOT / "examples" / "trainer_train.py", paths, trial, tmp_path)
+
+
+def _peaks_as_its_trial(script: Path, paths: list[Path], trial, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`script` launched as the export's note says (`--arguments`, `--plan`) for three steps
+    trains and peaks within 1% of `trial`'s peak."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "trainer_train.py"), "--arguments",
-         str(paths[0]), "--plan", str(paths[1]), "--steps", "3", "--peak"],
+        [sys.executable, str(script), "--arguments", str(paths[0]), "--plan", str(paths[1]),
+         "--steps", "3", "--peak"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -93,3 +99,44 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path):
     (peak,) = (int(x) for x in re.findall(r"peak bytes: (\d+)", proc.stdout))
     # the example's peak is from the build on, the trial's of its steps (the build's is below)
     assert abs(peak / trial.peak_bytes - 1) < 0.01, (peak, trial.peak_bytes, proc.stdout)
+
+
+@pytest.mark.timeout(400)
+def test_a_trl_launch_export_trains_where_its_trial_peaked(tmp_path):
+    # A plan for a TRL script (launch: trl) on the data's lengths, packed: exported as SFTConfig
+    # JSON (packing, max_length, activation_checkpointing, the model's dtype) and launched as its
+    # printed note says (examples/trl_train.py: the model loaded as the trial loaded it,
+    # SFTTrainer wrapping it with peft itself), peaks where the trial of its winner measured.
+    pytest.importorskip("trl")
+    import json
+
+    from autofit.data.read import read_length_file
+    from autofit.export.launch import launch_note
+    from autofit.trials import run_trial
+
+    spec = resolve_model("llama-debug")
+    space = tmp_path / "trl_space.yaml"  # not in examples/: its traces are not shipped
+    space.write_text(
+        "seq_len: 64\nlaunch: trl\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
+        "  micro_batch: [2]\n  wrap: [none]\n  checkpointing: [none]\n  batching: [packed]\n"
+    )
+    hist = read_length_file(ROOT / "examples" / "instruct_lengths.json")
+    plan = plan_estimates(PlanRequest.of(
+        spec, resolve_hardware("1", device="cpu"), load_space(space), seq_len=64, device="cpu",
+        lengths=hist,
+    ))  # fmt: skip
+    assert plan.best is not None
+    cfg = plan.best.config
+    assert (cfg.launch, cfg.batching) == ("trl", "packed")
+    paths = plan.export("trainer", tmp_path / "args.json")
+    arguments = json.loads(paths[0].read_text())
+    assert arguments["packing"] is True and arguments["packing_strategy"] == "bfd"
+    assert arguments["activation_checkpointing"] is False  # SFTConfig's default is True
+    assert arguments["max_length"] == 64
+    assert arguments["model_init_kwargs"] == {"dtype": "bfloat16"}  # a LoRA base
+    note = launch_note(plan, "trainer", tmp_path / "args.json")
+    assert "trl_train.py --arguments" in note and "no autofit.apply" in note
+    # the trial of the winner on rows of seq_len, as the example trains (each row a document)
+    trial = run_trial(spec, cfg, nprocs=1, device="cpu", steps=2, warmup=1, timeout_s=240)
+    assert trial.status == "ok", trial.message[-800:]
+    _peaks_as_its_trial(ROOT / "examples" / "trl_train.py", paths, trial, tmp_path)

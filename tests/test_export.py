@@ -760,3 +760,28 @@ def test_a_loaded_plans_layout_is_what_the_run_checkpoints_quantizes_and_trains(
     # Llama-2-7B's 32 decoder layers, every other one from the first: 0, 2, ..., 30
     assert layout.checkpointed == (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
     assert layout.quant == "nf4" and not layout.trains_all
+
+
+def test_a_trl_plans_trainer_export_is_the_sftconfig_it_measured(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # launch=trl: the trainer export is TRL's SFTConfig, every argument whose default differs
+    # from what the trials ran written out (SFTConfig checkpoints by default, truncates at 1024
+    # tokens, and loads a model from a path in float32)
+    from autofit.config import Config
+    from autofit.export.render import trainer_arguments
+    from autofit.trials.trainer import trial_document
+
+    spec = resolve_model("llama-debug")
+    lora = Config(seq_len=512, micro_batch=4, lora_rank=16, checkpointing="full",
+                  batching="packed", launch="trl")  # fmt: skip
+    args = trainer_arguments(trial_document(spec, lora, 1, "cuda"))
+    assert args["activation_checkpointing"] is True and args["max_length"] == 512
+    assert (args["packing"], args["packing_strategy"]) == (True, "bfd")
+    assert args["model_init_kwargs"] == {"dtype": "bfloat16"}
+    full = trainer_arguments(trial_document(spec, Config(seq_len=512, launch="trl"), 1, "cuda"))
+    assert full["activation_checkpointing"] is False and full["packing"] is False
+    assert "packing_strategy" not in full and full["model_init_kwargs"] == {"dtype": "float32"}
+    assert full["optim"] == "adamw_torch_fused" and full["bf16"] is True
+    trl = pytest.importorskip("trl")
+    config = trl.SFTConfig(**{**args, "output_dir": str(tmp_path)}, use_cpu=True)
+    assert config.activation_checkpointing and config.packing and config.max_length == 512
+    json.dumps(args)  # JSON as written

@@ -43,7 +43,7 @@ from autofit.builder.model import build_layers_model, decoder_layers, layer_type
 from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
-from autofit.structure import ActivationKey, LayerActivations, StepEvents
+from autofit.structure import TRL_LOSS, ActivationKey, LayerActivations, StepEvents
 
 _CASTS = {torch.ops.aten._to_copy.default}
 
@@ -199,6 +199,8 @@ def _live_bytes(
                                                                *model.buffers(), ids)}  # fmt: skip
         births = _Births(kept)
         autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
+        if key.loss == TRL_LOSS:
+            return _live_bytes_fused(model, ids, births, autocast)
         with births:
             with autocast, unpacked_sequences(), _stop_at_the_logits(model) as logits_grad:
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -209,6 +211,33 @@ def _live_bytes(
                 raise RuntimeError("the trace's backward never reached the LM head's output")
         del loss
     return float(end), float(forward_peak), float(births.peak)
+
+
+def _live_bytes_fused(
+    model: nn.Module, ids: torch.Tensor, births: _Births, autocast: Any
+) -> tuple[float, float, float]:
+    """`_live_bytes` of a model whose loss is TRL's fused LM head (`TRL_LOSS`), run around its
+    stand-in (`autofit.builder.trl.traced_fused_head`): the bytes alive when forward has returned
+    the loss (twice: the head's own forward peak is the estimator's, on top of them) and when the
+    head's backward begins (the head's backward peak is the estimator's, on top of them)."""
+    from autofit.builder.trl import fused_head_loss, traced_fused_head
+
+    at_stop: list[int] = []
+
+    def stop() -> None:
+        at_stop.append(births.sweep())
+        raise _LogitsGradReady
+
+    with births, traced_fused_head(stop):
+        with autocast, unpacked_sequences():
+            loss = fused_head_loss(model, ids)
+        end = births.sweep()
+        with contextlib.suppress(_LogitsGradReady):
+            loss.backward()
+        del loss
+    if not at_stop:  # pragma: no cover - the loss is the head's
+        raise RuntimeError("the trace's backward never reached TRL's fused LM head")
+    return float(end), float(end), float(at_stop[0])
 
 
 @functools.lru_cache(maxsize=64)
@@ -246,7 +275,7 @@ def traced_step(
         handles = _mark_the_layers(model, births, series, marks)
         autocast = torch.autocast("cpu", dtype=TORCH_DTYPES[COMPUTE_DTYPE], enabled=key.autocast)
         try:
-            per_step = _forward_and_backward(model, ids, births, autocast)
+            per_step = _forward_and_backward(model, ids, births, autocast, key)
         finally:
             for handle in handles:
                 handle.remove()
@@ -305,13 +334,14 @@ def _mark_the_layers(
 
 
 def _forward_and_backward(
-    model: nn.Module, ids: torch.Tensor, births: _Births, autocast: torch.autocast
-) -> set[int]:
-    """One micro-step (forward with the loss, its whole backward) recorded by `births`; the ids
-    of the storages the loss keeps once per micro-step (`per_step_loss_tensors`)."""
-    with births:
+    model: nn.Module, ids: torch.Tensor, births: _Births, autocast: torch.autocast,
+    key: ActivationKey,
+) -> set[int]:  # fmt: skip
+    """One micro-step (forward with the key's loss, its whole backward) recorded by `births`;
+    the ids of the storages the loss keeps once per micro-step (`per_step_loss_tensors`)."""
+    with births, _loss_context(key):
         with autocast, unpacked_sequences():
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss = _loss(model, ids, key)
         per_step = {
             births.ids[ref]
             for t in per_step_loss_tensors(loss)
@@ -370,6 +400,24 @@ def step_events(spec: ModelSpec, key: ActivationKey) -> StepEvents:
         fake_log.setLevel(level)
 
 
+def _loss_context(key: ActivationKey) -> contextlib.AbstractContextManager[None]:
+    """What the key's loss runs inside: TRL's fused head around its stand-in (`TRL_LOSS`)."""
+    if key.loss != TRL_LOSS:
+        return contextlib.nullcontext()
+    from autofit.builder.trl import traced_fused_head
+
+    return traced_fused_head()
+
+
+def _loss(model: nn.Module, ids: torch.Tensor, key: ActivationKey) -> torch.Tensor:
+    """One sequence's loss as the key's loss computes it."""
+    if key.loss == TRL_LOSS:
+        from autofit.builder.trl import fused_head_loss
+
+        return fused_head_loss(model, ids)
+    return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+
 class _LogitsGradReady(Exception):
     """Raised in backward once the LM head's output has its gradient: the loss is done (with
     `chunked`, whose head returns the loss, before its backward hands on the hidden states'
@@ -425,17 +473,22 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
     plain module and DDP under `bf16-mixed`)."""
     from autofit.builder.apply import adapt, model_layout
 
+    fused = key.loss == TRL_LOSS  # TRL's fused head replaces the model's own loss (after peft)
     config = Config(
         lora_rank=key.lora_rank,
         precision="bf16-mixed" if key.autocast else "bf16",
         checkpointing=key.policy,
         lora_targets=key.lora_targets,
         lora_dropout=key.lora_dropout,
-        loss=key.loss,
+        loss="standard" if fused else key.loss,
         launch="trainer" if key.adapter_casts else "autofit",
     )
     layout = model_layout(model, config)  # one GPU, the plain module: autocast under bf16-mixed
     with torch.device("meta"):  # peft makes the adapters on the CPU, then moves them to meta
         model = adapt(model, config, layout)
+    if fused:
+        from autofit.builder.trl import add_fused_head
+
+        add_fused_head(model)
     model.train()
     return model

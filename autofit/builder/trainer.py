@@ -40,9 +40,17 @@ def trainer_model(
         model = AutoModelForCausalLM.from_config(hf_config, dtype=TORCH_DTYPES[layout.base_dtype])
     if lora is None:
         return model
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    lora_config = LoraConfig(
+    fp32_adapters = TORCH_DTYPES[layout.param_dtype] == torch.float32
+    return get_peft_model(model, lora_config(lora), autocast_adapter_dtype=fp32_adapters)
+
+
+def lora_config(lora: dict[str, Any]) -> Any:
+    """peft's `LoraConfig` of the export's `lora` section (rank, alpha, dropout, targets)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
         r=lora["rank"],
         lora_alpha=lora["alpha"],
         lora_dropout=lora["dropout"],
@@ -50,8 +58,6 @@ def trainer_model(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    fp32_adapters = TORCH_DTYPES[layout.param_dtype] == torch.float32
-    return get_peft_model(model, lora_config, autocast_adapter_dtype=fp32_adapters)
 
 
 class TokenRows(torch.utils.data.Dataset):

@@ -23,6 +23,7 @@ from autofit.estimate.step import step_time, step_time_terms
 from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.structure import Structure
+from autofit.values import Batching, Launch
 
 __all__ = [
     "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "OUTSIDE_KEYS", "TIME_KEYS", "Estimate",
@@ -292,7 +293,15 @@ def _settle(batch: _Unsettled, peaks: Peaks, hardware: Hardware, device: str) ->
 def _unbatched(config: Config) -> Config:
     """`config` as it runs without the data's lengths: rows of `seq_len` tokens, one sequence
     each, whatever its `batching` (a packed row of one sequence is a padded row without padding:
-    no mask is built)."""
+    no mask is built). But TRL's packing (`launch: trl`) runs padding-free: the collator
+    flattens a micro-batch of several rows into one row of as many documents, whose
+    block-diagonal mask SDPA is given."""
+    if (
+        config.launch == Launch.TRL
+        and config.batching == Batching.PACKED
+        and config.micro_batch > 1
+    ):
+        return config
     return with_checked(config, "batching", "padded")
 
 
@@ -330,7 +339,7 @@ def _allocator_slacks(
     if device == "cpu" or not held:
         return lambda _config, _peak: 0
     share = [peak.allocated / max(capacity - peak.outside, 1.0) for peak in held]
-    loss_of = [mem.traced_loss(c.loss) for c in configs]
+    loss_of = [mem.traced_loss(c.loss, c.launch) for c in configs]
     losses = set(loss_of)
     near = [i for i, x in enumerate(share) if NEAR_CAPACITY[0] <= x <= NEAR_CAPACITY[1]]
     for loss in sorted(losses - {loss_of[i] for i in near}):
@@ -385,5 +394,5 @@ def _allocator_slacks(
 def _slack_group(config: Config, peak: Any) -> tuple[Any, ...]:
     """The configs whose slack share (slack / allocated) one replay stands for: the same loss
     as traced (first), micro-batch, checkpointing, LoRA or not, and sharding."""
-    return (mem.traced_loss(config.loss), config.micro_batch, config.checkpointing,
+    return (mem.traced_loss(config.loss, config.launch), config.micro_batch, config.checkpointing,
             config.lora_rank > 0, peak.sharding)  # fmt: skip

@@ -18,6 +18,7 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+from autofit import recipe
 from autofit.arch import step_events_of, structure_of
 from autofit.config import Config
 from autofit.estimate import memory as mem
@@ -27,9 +28,9 @@ from autofit.estimate.terms import reads
 from autofit.layout import Sharding
 from autofit.models import ModelSpec
 from autofit.recipe import DTYPE_BYTES, bnb_of, checkpointed_layers, reduce_dtype
-from autofit.settings import BNB_SETTINGS
+from autofit.settings import BNB_SETTINGS, HF_LAUNCHES
 from autofit.structure import ActivationKey, Structure
-from autofit.values import Batching, Checkpointing, Launch, Loss, Quant
+from autofit.values import Batching, Checkpointing, Launch, Quant
 
 BREAKDOWN_KEYS = (
     "base_weights",
@@ -99,7 +100,7 @@ class Peaks:
         self._model_state = _model_state.memo(
             s, n, per_node, device, float(workspace), outside, foreach_intermediates
         )
-        self._activations = _activations.memo(model, s)
+        self._activations = _activations.memo(model, s, device)
         self._workspace = float(workspace)
         self._outside = outside
         self._model = model
@@ -148,9 +149,9 @@ class Peaks:
         layers = min(s.layers, REPLAY_LAYERS)
         checkpointed = set(checkpointed_layers(c.checkpointing, layers))
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
-        selective = c.checkpointing == Checkpointing.SELECTIVE
-        policy = (Checkpointing.SELECTIVE if selective else Checkpointing.FULL).value
-        loss = mem.traced_loss(c.loss)  # the head's and the loss's allocations differ by loss
+        policy = "selective" if c.checkpointing == Checkpointing.SELECTIVE else "full"
+        # the head's and the loss's allocations differ by loss
+        loss = mem.traced_loss(c.loss, c.launch)
         casts = mem.adapter_casts(c.launch, c.lora_rank, m.autocast)
         keys = {
             p: ActivationKey(
@@ -210,12 +211,13 @@ BNB_KNOBS = ("quant_backend", *BNB_SETTINGS)
 
 def padding_mask_applies(config: Config, padded_rows: bool) -> bool:
     """Whether `config`'s micro-batch at its peak carries an attention mask over padding: under
-    `launch: trainer` a Trainer script's collator pads rows of different lengths (the data's
-    lengths under `padded` or `grouped`, `padded_rows`) and passes their `attention_mask`, from
-    which transformers builds a 4-D mask for SDPA (bool `rows x width²`, and per layer that keeps
-    its activations SDPA's bf16 copy and k, v repeated per query head: what `packed` rows'
-    block-diagonal mask costs). autofit's own padded rows pass no mask (the causal kernel)."""
-    return padded_rows and config.launch == Launch.TRAINER and config.batching != Batching.PACKED
+    `launch: trainer` (and `trl`, whose collator pads alike unless it packs) a Trainer script's
+    collator pads rows of different lengths (the data's lengths under `padded` or `grouped`,
+    `padded_rows`) and passes their `attention_mask`, from which transformers builds a 4-D mask
+    for SDPA (bool `rows x width²`, and per layer that keeps its activations SDPA's bf16 copy and
+    k, v repeated per query head: what `packed` rows' block-diagonal mask costs). autofit's own
+    padded rows pass no mask (the causal kernel)."""
+    return padded_rows and config.launch in HF_LAUNCHES and config.batching != Batching.PACKED
 
 
 class _ModelState(NamedTuple):
@@ -248,7 +250,7 @@ def _model_state(
     autocast = st.layout.autocast
     g = gathered_at_moments(
         s, st.sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
-        k.train_embeddings
+        k.train_embeddings, k.launch
     )  # fmt: skip
     # a trained head's gradient exists from its backward on, the last layer's included
     head_grad = mem.trained_head_grad_bytes(
@@ -301,9 +303,9 @@ def _forward_or_later(
     # layer recomputed; NF4's dequantized weight). The larger is the forward phase.
     # The loss's own peak is in its forward (with FSDP2's last all-gather output still held) or
     # at the start of its backward, whichever is larger.
-    gathered_at_loss, logits = g.at_loss, a.logits
-    if a.loss_forward + g.forward_buffer > logits:
-        gathered_at_loss, logits = gathered_at_loss + g.forward_buffer, a.loss_forward
+    gathered_at_loss, logits = g.at_loss - a.copies_freed, a.logits
+    if a.loss_forward + g.forward_buffer > logits - a.copies_freed:
+        gathered_at_loss, logits = g.at_loss + g.forward_buffer, a.loss_forward
     forward_grads = st.buckets + st.accum
     # (gradients, gathered_params, activations, logits_loss) at either moment
     at_loss = (forward_grads, gathered_at_loss, a.kept, logits)
@@ -344,14 +346,20 @@ class _Activations(NamedTuple):
     loss_forward: float  # outside the layers at the peak of the loss's forward
     backward: float  # the last layer's backward, besides what the layers keep
     head_out_grad: float = 0.0  # the head output's gradient in its compute dtype (`standard`)
+    # autocast's copies gone by the loss's backward (`launch: trl`: `_copies_freed_at_loss`)
+    copies_freed: float = 0.0
 
 
 @reads("micro_batch", "seq_len", "lora_rank", "checkpointing", "lora_targets", "lora_dropout",
        "loss", "quant", "train_embeddings", "batching", *BNB_KNOBS, "launch")  # fmt: skip
-def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Activations:
+def _activations(
+    k: Any, model: ModelSpec, s: Structure, device: str, autocast: bool
+) -> _Activations:
     """Activations of one micro-batch, from the traced layer (and a trained head's, which the
     trace of the frozen one does not keep: `mem.trained_head_loss_bytes`), under `autocast`
-    (what the model state's precision and sharding decide)."""
+    (what the model state's precision and sharding decide). Under `launch: trl` the loss is TRL's
+    fused LM head (its buffers on `device`'s path: `_trl_head`), and packed rows reach the model
+    flattened into one (`mem.collated_rows`)."""
     acts, logits = mem.activation_bytes(
         model, s, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
         k.lora_dropout, k.loss, k.launch
@@ -362,8 +370,10 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
     ) + mem.dequant_transient_bytes(s, k.quant, bnb_of(k))  # fmt: skip
     if k.quant == Quant.INT8:
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
-    if k.batching == Batching.PACKED:  # on the data's lengths only (`autofit.estimate.data`)
-        acts += mem.packed_mask_bytes(model, s, k.micro_batch, k.seq_len, k.checkpointing)
+    # on the data's lengths (`autofit.estimate.data`); under TRL always
+    if k.batching == Batching.PACKED:
+        rows, width = mem.collated_rows(k.micro_batch, k.seq_len, k.launch == Launch.TRL)
+        acts += mem.packed_mask_bytes(model, s, rows, width, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
         k.lora_dropout, k.loss, k.launch
@@ -375,9 +385,39 @@ def _activations(k: Any, model: ModelSpec, s: Structure, autocast: bool) -> _Act
     # the vocabulary are freed (the chunked loss computes the head's gradient itself)
     head_out_grad = (
         k.micro_batch * k.seq_len * s.vocab * mem.BF16
-        if mem.traced_loss(k.loss) == Loss.STANDARD
+        if mem.traced_loss(k.loss, k.launch) == "standard"
         else 0.0
     )
+    freed = 0.0
+    if k.launch == Launch.TRL:  # the trace's root is what the fused head's buffers sit on
+        head = _trl_head(k, s, device, autocast)
+        logits, loss_forward = logits + head.backward, loss_forward + head.forward
+        freed = _copies_freed_at_loss(k, s, autocast)
     return _Activations(
-        acts, logits + head_at_loss, loss_forward + head_in_forward, backward, head_out_grad
-    )
+        acts, logits + head_at_loss, loss_forward + head_in_forward, backward, head_out_grad,
+        freed,
+    )  # fmt: skip
+
+
+def _copies_freed_at_loss(k: Any, s: Structure, autocast: bool) -> float:
+    """The bf16 copies autocast made of the trainable weights (`mem.autocast_copy_bytes`) that
+    are gone when TRL's fused head runs its backward: autocast's cache is cleared when the
+    forward's autocast region ends, and a checkpointed layer saved none of its copies, so only
+    the layers that keep their activations still hold theirs (llama-debug LoRA r8 with `full`
+    checkpointing under SFTTrainer: every adapter's copy gone, 0.30 MB, at the head's backward,
+    the peak). Counted for `launch: trl`, whose head's backward is its peak; the other launches'
+    peaks were measured without it."""
+    copies = mem.autocast_copy_bytes(s, k.lora_rank, autocast, k.lora_targets, head=False)
+    return copies * recipe.checkpointed_count(k.checkpointing, s.layers) / s.layers
+
+
+def _trl_head(k: Any, s: Structure, device: str, autocast: bool) -> mem.FusedHead:
+    """TRL's fused LM head of one micro-batch (`mem.fused_head_bytes`): the hidden states and the
+    head weight in the dtype the model holds them (a full fine-tune's fp32 masters under autocast,
+    bf16 otherwise), the head trained in a full fine-tune, Triton's folds on CUDA."""
+    rows, width = mem.collated_rows(k.micro_batch, k.seq_len, k.batching == Batching.PACKED)
+    width_bytes = mem.FP32 if autocast and not k.lora_rank else mem.BF16
+    return mem.fused_head_bytes(
+        rows, width, s.hidden, s.vocab, width_bytes, width_bytes, not k.lora_rank,
+        device == "cuda",
+    )  # fmt: skip

@@ -307,6 +307,7 @@ def layer_param_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None
 def micro_step_times(
     s: Structure, tokens: int, seq_len: int, rank: int, targets: tuple[str, ...] | None,
     checkpointing: str, flops_per_s: float, bytes_per_s: float, train_embeddings: str = "none",
+    head_recompute: bool = False,
 ) -> dict[str, float]:  # fmt: skip
     """Seconds of one eager micro-step on one GPU, memoised by value (an equal structure is the
     same model, so an entry never answers for another; the returned dict is shared: read it):
@@ -317,7 +318,9 @@ def micro_step_times(
 
     `flops_per_s` and `bytes_per_s` are the achievable throughputs (peak x efficiency). A LoRA
     run that trains the embeddings and head (`train_embeddings`) computes the head's weight
-    gradient and the embedding's (`trained_embedding_bytes`)."""
+    gradient and the embedding's (`trained_embedding_bytes`). `head_recompute`: the head's
+    forward matmul runs again in backward (TRL's fused LM head, `launch: trl`, recomputes each
+    tile of logits there instead of keeping them)."""
     frozen = rank > 0
     fwd = dgrad = wgrad = 0.0
     for m, k, n in layer_gemms(s, tokens):
@@ -334,6 +337,8 @@ def micro_step_times(
     # a trained head (a full fine-tune's, or `train_embeddings`': a copy, or rows of the merged
     # weight, whose gradient is the whole weight's) needs its weight gradient
     head_bwd = hd + (0.0 if frozen and train_embeddings == TrainEmbeddings.NONE else hw)
+    if head_recompute:
+        head_bwd += hf
 
     mem_bw = bytes_per_s  # achievable HBM bandwidth, as for the GEMMs' bytes
     ew_fwd, ew_bwd = layer_elementwise_bytes(s, tokens, rank, targets)

@@ -12,7 +12,7 @@ from autofit.estimate import memory as mem
 from autofit.layout import Layout, Sharding
 from autofit.recipe import Bnb4bit, base_stays_whole
 from autofit.structure import Structure
-from autofit.values import Offload
+from autofit.values import Launch, Offload
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
 
@@ -138,11 +138,13 @@ class Gathered(NamedTuple):
 def gathered_at_moments(
     s: Structure, sharding: Sharding, device: str, wrap: str, reshard: bool, quant: str,
     lora: int, targets: mem.Targets, autocast: bool, embeddings: str = "none",
+    launch: str = "autofit",
 ) -> Gathered:  # fmt: skip
     """Unsharded parameters (and their gradients) at each moment, as the run's `sharding` holds
-    them (`Layout.sharding`): FSDP2's all-gathers, or the bf16 copies autocast makes."""
+    them (`Layout.sharding`): FSDP2's all-gathers, or the bf16 copies autocast makes (none of
+    the LM head under `launch: trl`, whose fused head casts it chunk by chunk)."""
     gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
-    copies = mem.autocast_copy_bytes(s, lora, autocast, targets)
+    copies = mem.autocast_copy_bytes(s, lora, autocast, targets, head=launch != Launch.TRL)
     copies += mem.trained_head_autocast_bytes(s, embeddings, autocast)
     at_loss = copies + mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)
     gathered += copies

@@ -20,7 +20,7 @@ from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_u
 from autofit.models import ModelSpec
 from autofit.recipe import checkpointed_count
 from autofit.structure import OpsKey, Structure
-from autofit.values import Checkpointing, Offload
+from autofit.values import Checkpointing, Launch, Offload
 
 __all__ = ["step_time", "step_time_terms"]
 
@@ -121,19 +121,20 @@ def _per_op_time(host: float, device: float, gaps: float, on_cpu: bool) -> tuple
 
 
 @reads("micro_batch", "seq_len", "lora_rank", "lora_targets", "checkpointing", "compile", "quant",
-       "train_embeddings")  # fmt: skip
+       "train_embeddings", "launch")  # fmt: skip
 def _gpu_work(k: Any, s: Structure, hardware: Hardware) -> tuple[float, ...]:
     """One micro-step's (compute, memory_bound, dequant, backward) seconds on one GPU, with
     `compile` applied (`speed.compiled_layer_time`: its saving taken from the memory-bound
     kernels first, then the matmuls); `backward` is the part of the three that runs in backward,
-    what a reduce-scatter or a gradient copy can hide behind."""
+    what a reduce-scatter or a gradient copy can hide behind. Under `launch: trl` the LM head's
+    forward matmul runs again in backward (TRL's fused head recomputes its tiles)."""
     gpu = hardware.smallest_gpu
     flops_per_s = gpu.bf16_tflops * 1e12 * spd.GEMM_EFFICIENCY
     bytes_per_s = gpu.mem_bw_gbs * 1e9 * spd.MEM_BW_EFFICIENCY
     micro = spd.micro_step_times(
         s, k.micro_batch * k.seq_len, k.seq_len, k.lora_rank,
         k.lora_targets, k.checkpointing, flops_per_s, bytes_per_s,
-        k.train_embeddings,
+        k.train_embeddings, k.launch == Launch.TRL,
     )  # fmt: skip
     compute, memory_bound = micro["compute"], micro["memory_bound"]
     if k.compile:

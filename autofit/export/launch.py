@@ -13,7 +13,7 @@ from typing import Any
 from autofit.export.layout import hsdp_env, plan_nodes, plan_sharding
 from autofit.export.schema import check_format, env_text, plan_document, side_path
 from autofit.layout import Sharding
-from autofit.values import Launch
+from autofit.settings import HF_LAUNCHES
 
 # autofit cannot know the user's training script: launch commands name this placeholder, and
 # `launch_note` says what it stands for and runs the plan with an example shipped in the sources.
@@ -22,11 +22,20 @@ EXAMPLE_SCRIPTS = {"accelerate": "accelerate_train.py"}  # other formats: train_
 TRAINER_EXAMPLE = "trainer_train.py"
 """The example of a `launch: trainer` plan's trainer export: HF Trainer on the model loaded as
 its trials loaded it (`from_config`/`from_pretrained`, peft LoRA of the plan's `lora`)."""
+TRL_EXAMPLE = "trl_train.py"
+"""The example of a `launch: trl` plan's trainer export: TRL's SFTTrainer with its SFTConfig, on
+the model loaded as its trials loaded it, given peft's `LoraConfig` of the plan's `lora`."""
+
+
+def plan_launch(doc: dict[str, Any]) -> str:
+    """Whose training loop the plan was made for and measured under (its `launch` setting)."""
+    return str((doc.get("config") or {}).get("launch", "autofit"))
 
 
 def trainer_launch(doc: dict[str, Any]) -> bool:
-    """Whether the plan was made for (and measured under) an HF Trainer script."""
-    return (doc.get("config") or {}).get("launch") == Launch.TRAINER
+    """Whether the plan was made for (and measured under) an HF Trainer script: Trainer's own,
+    or TRL's SFTTrainer (a Trainer)."""
+    return plan_launch(doc) in HF_LAUNCHES
 
 
 RDZV_PORT = 29500
@@ -65,7 +74,8 @@ def launch_lines(
     if format == "accelerate":
         tail = f"{script} --plan {side_path(p)}"
     elif format == "trainer" and trainer_launch(doc):
-        tail = (f"{script}  # TrainingArguments(**json.load(open('{p}'))) on the model loaded "
+        arguments = "SFTConfig" if plan_launch(doc) == "trl" else "TrainingArguments"
+        tail = (f"{script}  # {arguments}(**json.load(open('{p}'))) on the model loaded "
                 f"as measured: peft LoraConfig of autofit.load_plan('{side_path(p)}')"
                 ".document['lora']")  # fmt: skip
     elif format == "trainer":
@@ -160,16 +170,26 @@ def launch_note(plan: Any, format: str, path: str | Path) -> str:
 
 
 def _trainer_note(doc: dict[str, Any], path: Path) -> str:
-    """`launch_note` of a `launch: trainer` plan's trainer export: the model is loaded as its
-    trials loaded it (no `autofit.apply`), and the example that does so."""
-    text = (
-        f"{TRAIN_SCRIPT} is your HF Trainer script: load the model in the dtype the plan trains "
-        "(bf16 for a LoRA base) and wrap it with peft's LoraConfig of the plan's lora section, as "
-        "the trials did; no autofit.apply."
-    )
-    example = Path(__file__).resolve().parents[2] / "examples" / TRAINER_EXAMPLE
+    """`launch_note` of a `launch: trainer` (or `trl`) plan's trainer export: the model is loaded
+    as its trials loaded it (no `autofit.apply`), and the example that does so."""
+    if plan_launch(doc) == "trl":
+        name = TRL_EXAMPLE
+        text = (
+            f"{TRAIN_SCRIPT} is your TRL script: SFTTrainer(model, args=SFTConfig(**json), "
+            "peft_config=LoraConfig of the plan's lora section), the model loaded in the dtype "
+            "the plan trains (the JSON's model_init_kwargs, bf16 for a LoRA base), as the trials "
+            "did; no autofit.apply."
+        )
+    else:
+        name = TRAINER_EXAMPLE
+        text = (
+            f"{TRAIN_SCRIPT} is your HF Trainer script: load the model in the dtype the plan "
+            "trains (bf16 for a LoRA base) and wrap it with peft's LoraConfig of the plan's lora "
+            "section, as the trials did; no autofit.apply."
+        )
+    example = Path(__file__).resolve().parents[2] / "examples" / name
     if not example.is_file():
-        return f"{text} examples/{TRAINER_EXAMPLE} in autofit's source repository is one."
+        return f"{text} examples/{name} in autofit's source repository is one."
     rel = os.path.relpath(example)
     shown = rel if not rel.startswith("..") else str(example)
     cmd = (

@@ -1,5 +1,6 @@
 """The three formats, each rendered in full from the plan document: the `autofit` YAML plan, an
-Accelerate config, and `transformers.TrainingArguments` as JSON."""
+Accelerate config, and `transformers.TrainingArguments` as JSON (of a `launch: trl` plan, TRL's
+`SFTConfig`)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from autofit.export.layout import (
 )
 from autofit.export.prose import accelerate_notes, header
 from autofit.layout import Sharding
-from autofit.recipe import hf_optim
-from autofit.values import Batching, Checkpointing, Loss, Offload, Wrap
+from autofit.recipe import BF16, FP32, hf_optim
+from autofit.values import Batching, Checkpointing, Launch, Loss, Offload, Wrap
 
 
 def render_autofit(doc: dict[str, Any], path: Path | None = None) -> str:
@@ -105,9 +106,17 @@ def render_accelerate(doc: dict[str, Any], side: Path, target: Path | None = Non
     return "\n".join(head) + "\n" + yaml.safe_dump(accelerate_config(doc), sort_keys=False)
 
 
+TORCH_DTYPE_NAMES = {BF16: "bfloat16", FP32: "float32"}
+"""autofit's dtype names as torch's (what `from_pretrained(dtype=...)` and TRL's
+`model_init_kwargs` take)."""
+
+
 def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
+    """The trainer export: `transformers.TrainingArguments` of the plan (as keyword arguments),
+    or for a `launch: trl` plan TRL's `SFTConfig` (`sft_arguments`)."""
     cfg = doc["config"]
-    optim = hf_optim(cfg["optimizer"], plan_layout(doc).adamw, cfg["offload"])
+    layout = plan_layout(doc)
+    optim = hf_optim(cfg["optimizer"], layout.adamw, cfg["offload"])
     args: dict[str, Any] = {
         "output_dir": "autofit-output",
         "per_device_train_batch_size": int(cfg["micro_batch"]),
@@ -130,6 +139,8 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
             "swiglu": False,
         }
     ckpt = cfg["checkpointing"] != Checkpointing.NONE
+    if cfg.get("launch") == Launch.TRL:
+        args.update(sft_arguments(cfg, layout.base_dtype))
     sharding = plan_sharding(doc)
     if sharding is not Sharding.FSDP2:  # the plain module, or DDP replicas on several GPUs
         if ckpt:
@@ -151,4 +162,23 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
         ]
     args["fsdp"] = True
     args["fsdp_config"] = fsdp_config
+    return args
+
+
+def sft_arguments(cfg: dict[str, Any], base_dtype: str) -> dict[str, Any]:
+    """What TRL 1.16's `SFTConfig` adds to a `launch: trl` plan's `TrainingArguments`, written out
+    where its defaults differ from what was measured: `activation_checkpointing` either way (its
+    `gradient_checkpointing` defaults to true), `max_length` the plan's `seq_len` (default 1024),
+    `packing` for `batching: packed` with TRL's default best-fit-decreasing strategy (which
+    SFTTrainer runs padding-free: a micro-batch flattened into one row), and
+    `model_init_kwargs`' `dtype`, the dtype the trials loaded the model in (a model SFTTrainer
+    loads from a path is float32 unless told)."""
+    args: dict[str, Any] = {
+        "activation_checkpointing": cfg["checkpointing"] != Checkpointing.NONE,
+        "max_length": int(cfg["seq_len"]),
+        "packing": cfg.get("batching") == Batching.PACKED,
+    }
+    if args["packing"]:
+        args["packing_strategy"] = "bfd"
+    args["model_init_kwargs"] = {"dtype": TORCH_DTYPE_NAMES[base_dtype]}
     return args

@@ -17,7 +17,7 @@ from autofit.plan.fixes import MORE_GPUS, fitting_changes, more_gpus_that_fit, t
 from autofit.report.style import styled
 from autofit.trials.result import TrialResult
 from autofit.units import device_noun, fmt_bytes, fmt_count, fmt_size, fmt_tokens_per_s
-from autofit.values import Launch, Shard
+from autofit.values import Shard
 
 BREAKDOWN_LABELS = {
     "base_weights": "frozen base weights (storage width, scales incl.)",
@@ -178,11 +178,14 @@ def trial_report(console: Console, result: TrialResult, requested_wrap: str | No
     if result.sharding:
         wrap = str((result.config or {}).get("wrap", ""))
         held = held_as(result.sharding, wrap, requested_wrap, result.nprocs, result.device)
-    trainer = (result.config or {}).get("launch") == Launch.TRAINER
+    loop = {
+        "trainer": ", HF Trainer's training loop (launch: trainer)",
+        "trl": ", TRL's SFTTrainer (launch: trl)",
+    }.get(str((result.config or {}).get("launch", "autofit")), "")
     console.print(
         f"trial {status}: {result.model} on {result.nprocs} x {result.device}"
         + (f", {held}" if held else "")
-        + (", HF Trainer's training loop (launch: trainer)" if trainer else "")
+        + loop
     )
     if result.status == Outcome.OK:
         device = (

@@ -51,6 +51,7 @@ from autofit.errors import oom_kind
 from autofit.files import atomic_write
 from autofit.layout import layout_of
 from autofit.models import ModelSpec
+from autofit.settings import HF_LAUNCHES
 from autofit.trials.budget import SLOW_FACTOR, SLOW_MIN_S, warmup_steps
 from autofit.trials.memory import (
     TensorTracker,
@@ -234,10 +235,14 @@ def run(
     `slow_after_s`: a measured step longer than this (on the slowest rank) ends the steps there,
     and the result, of the steps measured so far, is `slow` (`autofit.trials.budget`)."""
     progress = progress or Progress(None, 0)
-    if config.launch == Launch.TRAINER:  # HF Trainer's own loop (`autofit.trials.trainer`)
-        from autofit.trials.trainer import run_trainer
+    if config.launch in HF_LAUNCHES:  # HF Trainer's (or TRL's SFTTrainer's) own loop
+        from autofit.trials.trainer import run_trainer, trainer_setup
 
-        made = run_trainer(spec, config, device, capacity, world, progress, slow_after_s)
+        make = trainer_setup
+        if config.launch == Launch.TRL:
+            from autofit.trials.trl import sft_setup as make
+
+        made = run_trainer(spec, config, device, capacity, world, progress, slow_after_s, make)
         return made if local_rank == 0 else None
     progress("build")
 

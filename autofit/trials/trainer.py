@@ -1,4 +1,6 @@
 """A trial of `launch: trainer`: HF `Trainer.train()` runs the config's steps in the trial process.
+(`launch: trl` runs TRL's `SFTTrainer`, a `Trainer`, through the same `run_trainer`: its set-up is
+`autofit.trials.trl.sft_setup`.)
 
 The model is the one a Trainer script loads (`autofit.builder.trainer.trainer_model`: from_config
 with random weights, peft LoRA of the export's `lora` section), the `TrainingArguments` are the
@@ -24,8 +26,8 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -169,38 +171,72 @@ class _Steps:
         self.callback = Callback()
 
 
+@dataclass
+class Setup:
+    """What a launch's trial needs to set its trainer up: the model, the trial's steps (warm-up
+    first: the longest micro-batch is the first of step `warmup - 1`), the data's lengths, the
+    export's `lora` section, the trainer's arguments and callbacks."""
+
+    spec: ModelSpec
+    config: Config
+    layout: Any
+    device: torch.device
+    lengths: dict[str, Any] | None
+    steps: int
+    warmup: int
+    lora: dict[str, Any] | None
+    args: dict[str, Any]
+    callbacks: list[Any]
+
+
+Made = tuple[Any, Callable[[], list[int] | None]]
+"""A trainer ready to `train()`, and what gives each step's useful tokens after it ran (None
+without the data's lengths: every position is a token)."""
+
+
+def trainer_setup(setup: Setup) -> Made:
+    """`launch: trainer`: HF `Trainer` on the model a Trainer script loads (peft LoRA wrapped by
+    the script), padding one optimizer step's rows (`step_rows`) with `collate_rows`."""
+    rows, useful = step_rows(setup.spec, setup.config, setup.lengths, setup.steps,
+                             setup.warmup - 1)  # fmt: skip
+    model = trainer_model(setup.spec, setup.config, setup.layout, setup.lora, setup.device)
+    model.train()
+    trainer = make_trainer(model, setup.args, TokenRows(rows), setup.callbacks)
+    return trainer, lambda: useful
+
+
 def run_trainer(
     spec: dict[str, Any], config: Config, device: torch.device, capacity: int | None,
     world: int, progress: Any, slow_after_s: float | None = None,
+    make: Callable[[Setup], Made] = trainer_setup,
 ) -> dict[str, Any]:  # fmt: skip
-    """Build `config` as a Trainer script does, run `Trainer.train()` for the trial's steps and
-    return its result (the fields `autofit.trials.rank.run` returns). One process: `launch:
-    trainer` runs on one GPU (`autofit.rules.launch_unavailable`)."""
+    """Build `config` as a Trainer script does (`make`: `trainer_setup`; for `launch: trl` an
+    SFTTrainer script, `autofit.trials.trl.sft_setup`), run its `train()` for the trial's steps
+    and return its result (the fields `autofit.trials.rank.run` returns). One process: `launch:
+    trainer` and `trl` run on one GPU (`autofit.rules.launch_unavailable`)."""
     if world != 1:  # pragma: no cover - refused before a trial is launched
-        raise ValueError(f"launch=trainer runs in one process; this launch has {world}")
+        raise ValueError(f"launch={config.launch} runs in one process; this launch has {world}")
     progress("build")
     model_spec = ModelSpec(**spec["model"])
     lengths = spec.get("lengths")
     warmup = warmup_steps(config, spec["warmup"], data=bool(lengths))
     steps = warmup + spec["steps"]
-    rows, useful = step_rows(model_spec, config, lengths, steps, warmup - 1)
     layout = layout_of(config, world, device=device.type)
     lora = lora_section(config, model_spec) if config.is_lora else None
     timer = _Steps(warmup, slow_after_s, progress, device)
     torch.manual_seed(0)
     tracker = TensorTracker(capacity) if device.type == "cpu" else None
     with (
-        tempfile.TemporaryDirectory(prefix="autofit-trainer-") as out_dir,
+        tempfile.TemporaryDirectory(prefix=f"autofit-{config.launch}-") as out_dir,
         tracker if tracker is not None else contextlib.nullcontext(),
         as_one_process(),
     ):
-        model = trainer_model(model_spec, config, layout, lora, device)
-        model.train()
-        dataset = TokenRows(rows)
         args = trial_arguments(model_spec, config, world, device, steps, out_dir)
         if lengths:  # the drawn order: the longest micro-batch once the optimizer state exists
             args["train_sampling_strategy"] = "sequential"
-        trainer = make_trainer(model, args, dataset, [timer.callback])
+        setup = Setup(model_spec, config, layout, device, lengths, steps, warmup, lora, args,
+                      [timer.callback])  # fmt: skip
+        trainer, useful_of = make(setup)
         gc.collect()
         if tracker is not None:
             build_peak = tracker.peak
@@ -211,6 +247,7 @@ def run_trainer(
             torch.cuda.reset_peak_memory_stats(device)
         trainer.train()
         history = trainer.state.log_history
+        useful = useful_of()
     if tracker is not None:
         peaks = [tracker.peak, tracker.peak, build_peak]
     else:

@@ -74,6 +74,7 @@ from autofit.estimate.memory.sharded import (
     root_all_gather_buffer_bytes,
     unit_grad_bytes,
 )
+from autofit.estimate.memory.trl import FusedHead, collated_rows, fused_head_bytes
 from autofit.estimate.memory.widths import (
     BF16,
     FP32,
@@ -93,6 +94,9 @@ from autofit.estimate.memory.widths import (
 
 __all__ = [
     "packed_mask_bytes",
+    "FusedHead",
+    "collated_rows",
+    "fused_head_bytes",
     "BF16",
     "BLAS_HANDLES",
     "CUBLASLT_WORKSPACE_BYTES",

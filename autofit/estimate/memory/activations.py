@@ -13,8 +13,9 @@ from autofit.estimate.memory.sharded import gathered_layer_bytes, head_unit_byte
 from autofit.estimate.memory.widths import BF16, FP32, Targets, traced_loss
 from autofit.layout import Sharding, wrap_group_size
 from autofit.models import ModelSpec
+from autofit.settings import HF_LAUNCHES
 from autofit.structure import ActivationKey, LayerActivations, Structure
-from autofit.values import Checkpointing, Launch, Loss, Quant, Wrap
+from autofit.values import Checkpointing, Loss, Quant, Wrap
 
 
 # ----- activations ------------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def _layer_traces(
     under autocast keeps peft's casts of its adapters' inputs (`adapter_casts`)."""
     casts = adapter_casts(launch, lora_rank, autocast)
     key = ActivationKey(
-        seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss), casts
+        seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss, launch), casts
     )
     kept = activations_of(model, key)
     if checkpointing == Checkpointing.NONE:
@@ -231,9 +232,10 @@ def _layer_traces(
 def adapter_casts(launch: str, lora_rank: int, autocast: bool) -> bool:
     """Whether the traced layer keeps peft's cast of each adapter's input to the adapters' dtype
     (`ActivationKey.adapter_casts`): a LoRA model under autocast that autofit's builder did not
-    set up (`launch: trainer`; `autofit.builder.apply.keep_lora_inputs` turns the casts off).
-    Elsewhere the casts are no-ops (the input is already in the adapters' dtype) or absent."""
-    return launch == Launch.TRAINER and lora_rank > 0 and autocast
+    set up (`launch: trainer`, and `trl`, whose SFTTrainer wraps the model with peft itself;
+    `autofit.builder.apply.keep_lora_inputs` turns the casts off). Elsewhere the casts are
+    no-ops (the input is already in the adapters' dtype) or absent."""
+    return launch in HF_LAUNCHES and lora_rank > 0 and autocast
 
 
 def int8_saved_weight_bytes(s: Structure, checkpointing: str) -> float:

@@ -15,8 +15,9 @@ from autofit.estimate.memory.widths import (
     master_bytes,
 )
 from autofit.layout import Sharding, wrap_group_size
+from autofit.settings import HF_LAUNCHES
 from autofit.structure import Structure
-from autofit.values import Launch, Offload, OptimizerImpl, Quant, TrainEmbeddings, Wrap
+from autofit.values import Offload, Quant, TrainEmbeddings, Wrap
 
 
 # ----- all-gather buffers -----------------------------------------------------------------------
@@ -169,18 +170,20 @@ def layer_unit_grad_bytes(s: Structure, lora_rank: int, wrap: str, sharding: Sha
 
 
 def autocast_copy_bytes(s: Structure, lora_rank: int, autocast: bool,
-                        targets: Targets = None) -> float:  # fmt: skip
+                        targets: Targets = None, head: bool = True) -> float:  # fmt: skip
     """bf16 copies autocast makes of fp32 trainable weights for its matmuls, cached for the whole
     autocast region and then kept by autograd for backward (torch.amp autocast weight cache):
     every matrix a token multiplies by in a full fine-tune (projections, router, experts, the LM
     head, tied or not; the embedding lookup is not autocast), or the LoRA adapters. Only the
-    plain module and DDP autocast (`autofit.layout.uses_autocast`)."""
+    plain module and DDP autocast (`autofit.layout.uses_autocast`). `head=False`: the head's
+    matmul is not autocast's (TRL's fused head, `launch: trl`, casts one vocabulary chunk at a
+    time and keeps none: `autofit.estimate.memory.trl`)."""
     if not autocast:
         return 0.0
     if lora_rank:
         return s.lora_params(lora_rank, targets) * BF16
     matrices = s.linear_params + s.layers * (s.layer_router_params + s.layer_expert_params)
-    return (matrices + s.vocab * s.hidden) * BF16
+    return (matrices + (s.vocab * s.hidden if head else 0)) * BF16
 
 
 def optimizer_temp_bytes(
@@ -196,11 +199,9 @@ def optimizer_temp_bytes(
     for torch 2.0's); `for-loop` two the size of the largest trainable tensor's shard (measured:
     2 x the fp32 embedding of llama-mini on the plain module), as torchao's low-bit step on CPU.
     On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one.
-    Under `launch: trainer` a full fine-tune's for-loop steps in Trainer's order
-    (`trainer_for_loop_elements`)."""
-    if impl == OptimizerImpl.FUSED or (
-        device != "cpu" and (impl is None or offload != Offload.NONE)
-    ):
+    Under `launch: trainer` (and `trl`, whose SFTTrainer makes Trainer's optimizer) a full
+    fine-tune's for-loop steps in Trainer's order (`trainer_for_loop_elements`)."""
+    if impl == "fused" or (device != "cpu" and (impl is None or offload != Offload.NONE)):
         return 0.0
     pb = master_bytes(precision, optimizer)
     if impl == "foreach":
@@ -208,7 +209,7 @@ def optimizer_temp_bytes(
             foreach_intermediates = recipe.ADAMW_IMPLS["foreach"].intermediates
         return foreach_intermediates * trainable * pb / shard
     per_param = recipe.ADAMW_IMPLS["for-loop"].intermediates
-    if launch == Launch.TRAINER and not lora_rank:
+    if launch in HF_LAUNCHES and not lora_rank:
         return trainer_for_loop_elements(s) * pb / shard
     largest = s.largest_lora_matrix(targets) * lora_rank if lora_rank else s.largest_param
     trained = trained_largest_tensor(s, embeddings)

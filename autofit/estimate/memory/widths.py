@@ -5,8 +5,8 @@ state) and the parameter groups they apply to.
 from __future__ import annotations
 
 import autofit.recipe as recipe
-from autofit.structure import Structure
-from autofit.values import Loss, Quant
+from autofit.structure import TRL_LOSS, Structure
+from autofit.values import Launch, Loss, Quant
 
 Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
 
@@ -95,10 +95,13 @@ def frozen_other_bytes(s: Structure) -> int:
     return (s.root_params + s.layers * s.layer_frozen_other_params) * BF16
 
 
-def traced_loss(loss: str) -> str:
+def traced_loss(loss: str, launch: str = "autofit") -> str:
     """The loss a trace runs for the `loss` knob: Liger's kernel (`fused`, CUDA only, so never
     traced) is counted as `chunked`, the same computation in pure torch: Liger's chunk rule and
     hidden-state gradient, with its chunk's logits held in bf16 and overwritten by their gradient
     in place where `chunked` has fp32 copies, so the count is an upper bound of a few chunk-sized
-    tensors (Liger `fused_linear_cross_entropy_forward`)."""
+    tensors (Liger `fused_linear_cross_entropy_forward`). Under `launch: trl` the loss is TRL's
+    fused LM head whatever the knob (`TRL_LOSS`; the rules keep the knob at `standard`)."""
+    if launch == Launch.TRL:
+        return TRL_LOSS
     return "chunked" if loss == Loss.FUSED else loss
