@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autofit.config import DECLARED
 from autofit.export.layout import hsdp_env, plan_nodes, plan_sharding
 from autofit.export.schema import check_format, env_text, plan_document, side_path
 from autofit.layout import Sharding
 from autofit.settings import HF_LAUNCHES
+from autofit.values import Launch
 
 # autofit cannot know the user's training script: launch commands name this placeholder, and
 # `launch_note` says what it stands for and runs the plan with an example shipped in the sources.
@@ -29,7 +31,7 @@ the model loaded as its trials loaded it, given peft's `LoraConfig` of the plan'
 
 def plan_launch(doc: dict[str, Any]) -> str:
     """Whose training loop the plan was made for and measured under (its `launch` setting)."""
-    return str((doc.get("config") or {}).get("launch", "autofit"))
+    return str((doc.get("config") or {}).get("launch", DECLARED["launch"].default))
 
 
 def trainer_launch(doc: dict[str, Any]) -> bool:
@@ -74,7 +76,7 @@ def launch_lines(
     if format == "accelerate":
         tail = f"{script} --plan {side_path(p)}"
     elif format == "trainer" and trainer_launch(doc):
-        arguments = "SFTConfig" if plan_launch(doc) == "trl" else "TrainingArguments"
+        arguments = "SFTConfig" if plan_launch(doc) == Launch.TRL else "TrainingArguments"
         tail = (f"{script}  # {arguments}(**json.load(open('{p}'))) on the model loaded "
                 f"as measured: peft LoraConfig of autofit.load_plan('{side_path(p)}')"
                 ".document['lora']")  # fmt: skip
@@ -172,7 +174,7 @@ def launch_note(plan: Any, format: str, path: str | Path) -> str:
 def _trainer_note(doc: dict[str, Any], path: Path) -> str:
     """`launch_note` of a `launch: trainer` (or `trl`) plan's trainer export: the model is loaded
     as its trials loaded it (no `autofit.apply`), and the example that does so."""
-    if plan_launch(doc) == "trl":
+    if plan_launch(doc) == Launch.TRL:
         name = TRL_EXAMPLE
         text = (
             f"{TRAIN_SCRIPT} is your TRL script: SFTTrainer(model, args=SFTConfig(**json), "

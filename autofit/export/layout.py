@@ -6,31 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofit.layout import Layout, Sharding
-from autofit.recipe import bnb_storage
+from autofit.config import Config
+from autofit.layout import Layout, Sharding, layout_of
 
 
 def plan_layout(doc: dict[str, Any]) -> Layout:
-    """The layout the measured run had (`Layout.of` the plan's knobs on its GPUs, nodes and
-    `plan_device`, of its model's decoder layers where the plan names them: `model_spec`)."""
-    cfg = doc["config"]
-    targets = cfg.get("lora_targets")
-    return Layout.of(
-        wrap=cfg["wrap"], shard=cfg.get("shard", "all"), n_gpus=int(doc["hardware"]["n_gpus"]),
-        gpus_per_node=plan_nodes(doc)[1], precision=cfg.get("precision", "bf16-mixed"),
-        optimizer=cfg.get("optimizer", "adamw"), offload=cfg.get("offload", "none"),
-        optimizer_impl=cfg.get("optimizer_impl", "auto"),
-        device=plan_device(doc),
-        n_layers=int((doc.get("model_spec") or {}).get("layers") or 0),
-        checkpointing=cfg.get("checkpointing", "none"), quant=cfg.get("quant", "none"),
-        lora_rank=int(cfg.get("lora_rank", 0)),
-        lora_targets=tuple(targets) if targets is not None else None,
-        bnb=bnb_storage(
-            cfg.get("quant", "none"), cfg.get("quant_backend", "torchao"),
-            bool(cfg.get("bnb_4bit_use_double_quant", False)),
-            cfg.get("bnb_4bit_quant_storage", "uint8"),
-        ),
+    """The layout the measured run had (`layout_of` the plan's config on its GPUs, nodes and
+    `plan_device`, of its model's decoder layers where the plan names them: `model_spec`): the
+    plan's `config` read back as a `Config`, whose declarations give what the plan leaves out."""
+    return layout_of(
+        plan_config(doc), int(doc["hardware"]["n_gpus"]), gpus_per_node=plan_nodes(doc)[1],
+        n_layers=int((doc.get("model_spec") or {}).get("layers") or 0), device=plan_device(doc),
     )  # fmt: skip
+
+
+def plan_config(doc: dict[str, Any]) -> Config:
+    """The plan's measured config (its `config`: every knob, the settings that differ from their
+    defaults), checked as any config is."""
+    return Config.from_dict(dict(doc["config"]), where="the plan's config")
 
 
 def plan_device(doc: dict[str, Any]) -> str:

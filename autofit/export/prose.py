@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from autofit._version import __version__
+from autofit.config import Config
 from autofit.export.layout import (
     accelerate_hsdp,
+    plan_config,
     plan_device,
     plan_layout,
     plan_nodes,
@@ -41,7 +43,7 @@ from autofit.values import (
 def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
     """Comment lines naming the path the trials measured (`layout`: `plan_layout(doc)`), which
     `autofit.apply` builds."""
-    cfg = doc["config"]
+    cfg = plan_config(doc)
     n = int(doc["hardware"]["n_gpus"])
     nodes, per_node = plan_nodes(doc)
     device = plan_device(doc)
@@ -70,15 +72,15 @@ def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
             lines.append("# fp32 trainable params under bf16 autocast.")
     else:
         spec = doc.get("model_spec") or {}
-        k = wrap_group_size(cfg["wrap"], int(spec.get("layers") or 0))
+        k = wrap_group_size(cfg.wrap, int(spec.get("layers") or 0))
         layers = "each decoder layer" if k == 1 else f"each group of {k} decoder layers"
         if spec.get("tied_embeddings"):
             units = (
                 "one root unit holds everything (tied embeddings and LM head included)"
-                if cfg["wrap"] == Wrap.MODEL
+                if cfg.wrap == Wrap.MODEL
                 else f"units of {layers}; the tied embeddings and LM head stay in the root unit"
             )
-        elif cfg["wrap"] == Wrap.MODEL:
+        elif cfg.wrap == Wrap.MODEL:
             units = "units of the token embeddings and [final norm, LM head]; the root unit holds "
             units += "the decoder layers"
         else:
@@ -95,12 +97,12 @@ def measured_path(doc: dict[str, Any], layout: Layout) -> list[str]:
         else:
             lines = [f"# Measured path: FSDP2 on {gpus} laid out as torchtitan: {units}."]
         extra = []
-        if cfg.get("train_embeddings", "none") == TrainEmbeddings.FULL:
+        if cfg.train_embeddings == TrainEmbeddings.FULL:
             extra.append(
                 "The frozen originals beside the trainable embedding and head copies are a unit "
                 "of their own, never gathered"
             )
-        if cfg["offload"] == Offload.PARAMS:
+        if cfg.offload == Offload.PARAMS:
             extra.append("Params offloaded to CPU (CPUOffloadPolicy)")
         if mixed:
             extra.append("fp32 trainable params, gathered in bf16 (MixedPrecisionPolicy)")
@@ -128,7 +130,7 @@ def memory_and_speed(doc: dict[str, Any]) -> list[str]:
 
 
 def header(doc: dict[str, Any], what: str) -> list[str]:
-    cfg, layout = doc["config"], plan_layout(doc)
+    cfg, layout = plan_config(doc), plan_layout(doc)
     lines = [
         f"# {what}, {MARKER} {doc.get('autofit_version', __version__)} for {doc['model']} on "
         f"{doc['hardware']['description']}.",
@@ -150,15 +152,15 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
         lines.append(f"# Base weights quantized to {layout.quant} (torchao), frozen.")
     if not layout.trains_all:
         lora = doc.get("lora") or {}
-        targets = lora.get("target_modules", cfg.get("lora_targets") or ALL_LINEAR)
+        targets = lora.get("target_modules", cfg.lora_targets or ALL_LINEAR)
         where = (
             "every linear projection of the decoder blocks (all-linear)"
             if targets == ALL_LINEAR
             else ", ".join(targets)
         )
-        dropout = lora.get("dropout", cfg.get("lora_dropout", 0.0))
+        dropout = lora.get("dropout", cfg.lora_dropout)
         lines.append(
-            f"# LoRA rank {cfg['lora_rank']}, alpha {lora.get('alpha', 2 * cfg['lora_rank'])}"
+            f"# LoRA rank {cfg.lora_rank}, alpha {lora.get('alpha', 2 * cfg.lora_rank)}"
             + (f", dropout {dropout:g}" if dropout else "")
             + f" on {where}."
         )
@@ -174,7 +176,7 @@ def adamw_notes(doc: dict[str, Any], layout: Layout) -> list[str]:
     (`optimizer_impl` not `auto`): autofit.apply builds it; HF Trainer's `optim` can say fused and
     foreach only. For a low-bit AdamW whose block size HF Trainer cannot build, what its run holds
     instead."""
-    state = LOW_BIT_STATES.get(doc["config"]["optimizer"])
+    state = LOW_BIT_STATES.get(plan_config(doc).optimizer)
     if state is not None and state.block != HF_TRAINER_LOW_BIT_BLOCK:
         return [
             f"# Optimizer state: torchao {state.torchao_class}(block_size={state.block}) as "
@@ -184,10 +186,7 @@ def adamw_notes(doc: dict[str, Any], layout: Layout) -> list[str]:
             "None)) from autofit.apply."
         ]
     impl = layout.adamw
-    if (
-        doc["config"].get("optimizer_impl", OptimizerImpl.AUTO) == OptimizerImpl.AUTO
-        or impl is None
-    ):
+    if plan_config(doc).optimizer_impl == OptimizerImpl.AUTO or impl is None:
         return []
     trainer = ADAMW_IMPLS[impl].hf_optim
     torch_call = ", ".join(f"{k}={v}" for k, v in ADAMW_IMPLS[impl].kwargs.items())
@@ -200,10 +199,10 @@ def adamw_notes(doc: dict[str, Any], layout: Layout) -> list[str]:
     return [f"# AdamW step: {what}; autofit.apply builds it (run.optimizer)."]
 
 
-def batching_notes(cfg: dict[str, Any]) -> list[str]:
+def batching_notes(cfg: Config) -> list[str]:
     """How the measured micro-batches were made, when not padded (`batching`), and who makes
     them in a run of yours."""
-    batching = cfg.get("batching", "padded")
+    batching = cfg.batching
     if batching == Batching.GROUPED:
         return [
             "# Batching: length-grouped micro-batches, each padded to its longest (HF Trainer "
@@ -212,12 +211,12 @@ def batching_notes(cfg: dict[str, Any]) -> list[str]:
         ]
     if batching == Batching.PACKED:
         return [
-            f"# Batching: packed rows of seq_len={cfg['seq_len']} tokens, position ids reset per "
+            f"# Batching: packed rows of seq_len={cfg.seq_len} tokens, position ids reset per "
             "document, no loss across documents: run.collate(examples) from autofit.apply makes "
             "them as measured; with the HF Trainer, transformers.DataCollatorWithFlattening "
             "(the same position-id packing, one row per micro-batch) over examples packed to "
             "seq_len, or TRL SFTConfig(packing=True, packing_strategy='wrapped', "
-            f"max_length={cfg['seq_len']})."
+            f"max_length={cfg.seq_len})."
         ]
     return []
 
@@ -225,7 +224,7 @@ def batching_notes(cfg: dict[str, Any]) -> list[str]:
 def embedding_notes(doc: dict[str, Any]) -> list[str]:
     """What `train_embeddings` trains, in words and in peft's terms (the `lora:` section of the
     autofit plan holds the options themselves)."""
-    value = doc["config"].get("train_embeddings", TrainEmbeddings.NONE)
+    value = plan_config(doc).train_embeddings
     if value == TrainEmbeddings.NONE:
         return []
     spec = doc.get("model_spec") or {}
@@ -249,11 +248,11 @@ def embedding_notes(doc: dict[str, Any]) -> list[str]:
 
 
 def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
-    cfg, layout = doc["config"], plan_layout(doc)
+    cfg, layout = plan_config(doc), plan_layout(doc)
     sharding = layout.sharding
     notes = [
-        f"# Per {device_noun(plan_device(doc))}: micro-batch {cfg['micro_batch']} x "
-        f"{cfg['grad_accum']} accumulation steps, seq_len {cfg['seq_len']} (set these in your "
+        f"# Per {device_noun(plan_device(doc))}: micro-batch {cfg.micro_batch} x "
+        f"{cfg.grad_accum} accumulation steps, seq_len {cfg.seq_len} (set these in your "
         "script/dataloader).",
         f"# In the script `accelerate launch` runs: run = autofit.apply(model, autofit.load_plan("
         f"'{side.name}').best.config, device=accelerator.device), then train run.model with "
@@ -277,7 +276,7 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
             + (
                 ", but prepare() still puts a second activation-checkpoint wrapper on each layer "
                 "(fsdp_activation_checkpointing) over autofit's."
-                if cfg["checkpointing"] != Checkpointing.NONE
+                if cfg.checkpointing != Checkpointing.NONE
                 else " (nothing to gain)."
             )
             + " The Accelerator only launches, sets up the process group autofit.apply uses, "
@@ -293,32 +292,32 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
                 else "; Accelerate has no HSDP with one GPU per node, so no parallelism_config."
             )
         )
-    if cfg["wrap"].startswith("every-"):
+    if cfg.wrap.startswith("every-"):
         notes.append(
-            f"# autofit measured FSDP2 units of {cfg['wrap'][6:]} decoder layers; "
+            f"# autofit measured FSDP2 units of {cfg.wrap[6:]} decoder layers; "
             "Accelerate's own wrapping would wrap each layer (autofit.apply groups them)."
         )
-    if cfg["checkpointing"] != Checkpointing.NONE and (
-        sharding is not Sharding.FSDP2 or cfg["checkpointing"] != Checkpointing.FULL
+    if cfg.checkpointing != Checkpointing.NONE and (
+        sharding is not Sharding.FSDP2 or cfg.checkpointing != Checkpointing.FULL
     ):
         notes.append(
-            f"# Checkpointing measured: {cfg['checkpointing']} (autofit.apply sets it; "
+            f"# Checkpointing measured: {cfg.checkpointing} (autofit.apply sets it; "
             + (
                 "Accelerate's FSDP flag is all-layer)."
                 if sharding is Sharding.FSDP2
                 else "this config has no field for it)."
             )
         )
-    if cfg["offload"] == Offload.OPTIMIZER:
+    if cfg.offload == Offload.OPTIMIZER:
         notes.append(
             "# Optimizer state and step on the CPU (torchao CPUOffloadOptimizer): "
             "Accelerate cannot say this; run.optimizer is that optimizer."
         )
-    if cfg["optimizer"] != Optimizer.ADAMW:
-        notes.append(f"# Optimizer: torchao {cfg['optimizer']} (torchao.optim; run.optimizer).")
+    if cfg.optimizer != Optimizer.ADAMW:
+        notes.append(f"# Optimizer: torchao {cfg.optimizer} (torchao.optim; run.optimizer).")
     if not layout.fp32_trainable:
         notes.append("# Precision bf16: load the model in torch.bfloat16 (no fp32 master copy).")
-    if cfg.get("compile"):
+    if cfg.compile:
         notes.append(
             "# dynamo_config is the same compile for Accelerate's prepare(), which this recipe "
             "does not call on the model: autofit.apply compiles the layers."
@@ -326,10 +325,10 @@ def accelerate_notes(doc: dict[str, Any], side: Path) -> list[str]:
     return notes
 
 
-def loss_and_compile_notes(cfg: dict[str, Any]) -> list[str]:
+def loss_and_compile_notes(cfg: Config) -> list[str]:
     """What the `loss` and `compile` knobs measured, and who sets them up."""
     notes = []
-    loss = cfg.get("loss", "standard")
+    loss = cfg.loss
     if loss == Loss.CHUNKED:
         notes.append(
             "# Loss: LM head + cross-entropy over chunks of tokens (autofit.builder.loss; "
@@ -340,7 +339,7 @@ def loss_and_compile_notes(cfg: dict[str, Any]) -> list[str]:
             "# Loss: Liger's fused linear cross-entropy (pip install 'autofit[liger]'); "
             "autofit.apply sets it on the model."
         )
-    if cfg.get("compile"):
+    if cfg.compile:
         notes.append(
             "# Compile: each decoder layer torch.compile'd after checkpointing, before sharding "
             "(autofit.apply does it as measured; compile time is not in the measured tokens/s)."

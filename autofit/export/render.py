@@ -9,10 +9,12 @@ from typing import Any
 
 import yaml
 
+from autofit.config import Config
 from autofit.export.launch import RDZV_PORT, launch_comments
 from autofit.export.layout import (
     accelerate_hsdp,
     path_title,
+    plan_config,
     plan_layout,
     plan_nodes,
     plan_sharding,
@@ -36,10 +38,10 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     """The Accelerate config of the measured path: `NO` (one GPU, plain module), `MULTI_GPU`
     (DDP) or `FSDP` with `fsdp_version: 2` (FSDP2, also a one-GPU FSDP2 plan with param offload).
     """
-    cfg = doc["config"]
+    cfg = plan_config(doc)
     n = int(doc["hardware"]["n_gpus"])
     nodes, _ = plan_nodes(doc)
-    wrap = cfg["wrap"]
+    wrap = cfg.wrap
     sharding = plan_sharding(doc)
     mixed = plan_layout(doc).fp32_trainable
     base: dict[str, Any] = {
@@ -60,7 +62,7 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
         # `--machine_rank` and node 0's `--main_process_ip` (launch_lines), torchrun's static
         # rendezvous (Accelerate 1.15 takes `rdzv_backend` from its command line, not this file)
         base.update(num_machines=nodes, main_process_port=RDZV_PORT)
-    if cfg.get("compile"):
+    if cfg.compile:
         # Accelerate's own compile of repeated blocks (each decoder layer), as autofit measured
         base["dynamo_config"] = {
             "dynamo_backend": "INDUCTOR",
@@ -78,9 +80,9 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
         "fsdp_version": 2,
         "fsdp_auto_wrap_policy": "NO_WRAP" if wrap == Wrap.MODEL else "TRANSFORMER_BASED_WRAP",
         "fsdp_transformer_layer_cls_to_wrap": doc.get("decoder_layer", "LlamaDecoderLayer"),
-        "fsdp_reshard_after_forward": bool(cfg["reshard"]),
-        "fsdp_offload_params": cfg["offload"] == Offload.PARAMS,
-        "fsdp_activation_checkpointing": cfg["checkpointing"] != Checkpointing.NONE,
+        "fsdp_reshard_after_forward": bool(cfg.reshard),
+        "fsdp_offload_params": cfg.offload == Offload.PARAMS,
+        "fsdp_activation_checkpointing": cfg.checkpointing != Checkpointing.NONE,
         # Off: with it on, transformers' `from_pretrained` under `accelerate launch` loads real
         # weights on rank 0 only (meta elsewhere) for `accelerator.prepare` to broadcast, and
         # `autofit.apply` (which shards the model itself) would train the other ranks' weights
@@ -114,21 +116,21 @@ TORCH_DTYPE_NAMES = {BF16: "bfloat16", FP32: "float32"}
 def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     """The trainer export: `transformers.TrainingArguments` of the plan (as keyword arguments),
     or for a `launch: trl` plan TRL's `SFTConfig` (`sft_arguments`)."""
-    cfg = doc["config"]
+    cfg = plan_config(doc)
     layout = plan_layout(doc)
-    optim = hf_optim(cfg["optimizer"], layout.adamw, cfg["offload"])
+    optim = hf_optim(cfg.optimizer, layout.adamw, cfg.offload)
     args: dict[str, Any] = {
         "output_dir": "autofit-output",
-        "per_device_train_batch_size": int(cfg["micro_batch"]),
-        "gradient_accumulation_steps": int(cfg["grad_accum"]),
+        "per_device_train_batch_size": int(cfg.micro_batch),
+        "gradient_accumulation_steps": int(cfg.grad_accum),
         "bf16": True,
         "optim": optim,
     }
-    if cfg.get("compile"):
+    if cfg.compile:
         args["torch_compile"] = True
-    if cfg.get("batching") == Batching.GROUPED:  # transformers 5's name of `group_by_length`
+    if cfg.batching == Batching.GROUPED:  # transformers 5's name of `group_by_length`
         args["train_sampling_strategy"] = "group_by_length"
-    if cfg.get("loss") == Loss.FUSED:
+    if cfg.loss == Loss.FUSED:
         # Liger's fused linear cross-entropy alone, as measured (not its other kernels)
         args["use_liger_kernel"] = True
         args["liger_kernel_config"] = {
@@ -138,8 +140,8 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
             "rms_norm": False,
             "swiglu": False,
         }
-    ckpt = cfg["checkpointing"] != Checkpointing.NONE
-    if cfg.get("launch") == Launch.TRL:
+    ckpt = cfg.checkpointing != Checkpointing.NONE
+    if cfg.launch == Launch.TRL:
         args.update(sft_arguments(cfg, layout.base_dtype))
     sharding = plan_sharding(doc)
     if sharding is not Sharding.FSDP2:  # the plain module, or DDP replicas on several GPUs
@@ -150,11 +152,11 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
         return args
     fsdp_config: dict[str, Any] = {
         "version": 2,
-        "reshard_after_forward": bool(cfg["reshard"]),
-        "cpu_offload": cfg["offload"] == Offload.PARAMS,
+        "reshard_after_forward": bool(cfg.reshard),
+        "cpu_offload": cfg.offload == Offload.PARAMS,
         "activation_checkpointing": ckpt,
     }
-    if cfg["wrap"] == Wrap.MODEL:
+    if cfg.wrap == Wrap.MODEL:
         fsdp_config["auto_wrap_policy"] = "NO_WRAP"
     else:
         fsdp_config["transformer_layer_cls_to_wrap"] = [
@@ -165,7 +167,7 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def sft_arguments(cfg: dict[str, Any], base_dtype: str) -> dict[str, Any]:
+def sft_arguments(cfg: Config, base_dtype: str) -> dict[str, Any]:
     """What TRL 1.16's `SFTConfig` adds to a `launch: trl` plan's `TrainingArguments`, written out
     where its defaults differ from what was measured: `activation_checkpointing` either way (its
     `gradient_checkpointing` defaults to true), `max_length` the plan's `seq_len` (default 1024),
@@ -174,9 +176,9 @@ def sft_arguments(cfg: dict[str, Any], base_dtype: str) -> dict[str, Any]:
     `model_init_kwargs`' `dtype`, the dtype the trials loaded the model in (a model SFTTrainer
     loads from a path is float32 unless told)."""
     args: dict[str, Any] = {
-        "activation_checkpointing": cfg["checkpointing"] != Checkpointing.NONE,
-        "max_length": int(cfg["seq_len"]),
-        "packing": cfg.get("batching") == Batching.PACKED,
+        "activation_checkpointing": cfg.checkpointing != Checkpointing.NONE,
+        "max_length": int(cfg.seq_len),
+        "packing": cfg.batching == Batching.PACKED,
     }
     if args["packing"]:
         args["packing_strategy"] = "bfd"
