@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -23,6 +24,9 @@ from tests.test_report_text import rendered
 
 runner = CliRunner()
 README_JOB = ["plan", "--model", "llama-7b", "--gpus", "2xrtx3090", "--no-trials"]
+
+
+TINY_SPACE = Path(__file__).parent / "search" / "tiny_space.yaml"
 
 
 def cli(*args: str, columns: int = 80):  # type: ignore[no-untyped-def]
@@ -104,8 +108,10 @@ def test_tokens_per_s_says_it_is_every_gpu_together(readme_job):
 def test_a_cpu_plans_notes_name_cpu_processes_not_gpus():
     # what a CPU plan's peaks and tokens/s are per and of: processes over gloo, as its hardware
     # line says ("2 CPU processes (gloo)"), not GPUs
+    # the words do not depend on the space: the tests' tiny one (12 candidates, not 68,160)
     result = cli("plan", "--model", "llama-debug", "--gpus", "2", "--device", "cpu",
-                 "--no-trials", "--seq-len", "64", "--gpu-memory", "1GiB")  # fmt: skip
+                 "--no-trials", "--seq-len", "64", "--gpu-memory", "1GiB",
+                 "--space", str(TINY_SPACE))  # fmt: skip
     assert result.exit_code == 0, result.output
     flat = " ".join(result.stdout.split())
     assert "on 2 CPU processes (gloo)" in flat
