@@ -4,6 +4,7 @@ with its plain-data form for the study and the stored file; `NAPKIN`, the uncali
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -283,10 +284,19 @@ class Calibration:
         return np.sqrt(var_mem), np.sqrt(var_spd)
 
     def _memory_vector(self) -> np.ndarray:
-        return np.array([self.memory.get(k, NAPKIN_MEMORY[k]) for k in PEAK_TERMS])
+        return self._vectors[0]
 
     def _speed_vector(self) -> np.ndarray:
-        return np.array([self.speed.get(k, NAPKIN_SPEED[k]) for k in SPEED_TERMS])
+        return self._vectors[1]
+
+    @functools.cached_property
+    def _vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """The memory and speed factors in `PEAK_TERMS`' and `SPEED_TERMS`' order: made once
+        per calibration (its fields do not change), read for every candidate it applies to."""
+        return (
+            np.array([self.memory.get(k, NAPKIN_MEMORY[k]) for k in PEAK_TERMS]),
+            np.array([self.speed.get(k, NAPKIN_SPEED[k]) for k in SPEED_TERMS]),
+        )
 
 
 def _mode_capped_variance(g: np.ndarray, cov: np.ndarray, modes: slice) -> np.ndarray:

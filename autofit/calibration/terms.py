@@ -3,6 +3,8 @@ napkin) or an added share (0.0), and their values for one estimate."""
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
 from typing import Any
 
 from autofit.estimate import BREAKDOWN_KEYS, TIME_KEYS, Estimate
@@ -43,6 +45,23 @@ def mode_on(cfg: Any, mode: str) -> bool:
     return str(getattr(cfg, knob)) == value
 
 
+_MODE_KNOBS = ("quant", "checkpointing", "offload", "wrap")
+"""The knobs a `MODES` entry of the form `knob=value` reads (beside LoRA and compile)."""
+
+
+def modes_on(cfg: Any) -> tuple[bool, ...]:
+    """`mode_on(cfg, m)` for every mode of `MODES`, in order: read once per combination of the
+    knobs they depend on (a space scores a few hundred thousand configs of a few dozen)."""
+    return _modes_on(cfg.lora_rank > 0, bool(cfg.compile), *(getattr(cfg, k) for k in _MODE_KNOBS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _modes_on(lora: bool, compiled: bool, *values: str) -> tuple[bool, ...]:
+    knobs = dict(zip(_MODE_KNOBS, values, strict=True))
+    cfg = SimpleNamespace(lora_rank=int(lora), compile=compiled, **knobs)
+    return tuple(mode_on(cfg, m) for m in MODES)
+
+
 def memory_terms(est: Estimate) -> tuple[float, ...]:
     """The napkin's memory terms of an estimate, in `PEAK_TERMS` order."""
     b = est.breakdown
@@ -54,7 +73,7 @@ def memory_terms(est: Estimate) -> tuple[float, ...]:
         float(est.overhead.get("allocator", 0)),
         host if cfg.offload == Offload.PARAMS else 0.0,
         host if cfg.offload == Offload.OPTIMIZER else 0.0,
-        *(dynamic if mode_on(cfg, m) else 0.0 for m in MODES),
+        *(dynamic if on else 0.0 for on in modes_on(cfg)),
     )
 
 
@@ -64,7 +83,7 @@ def time_terms(est: Estimate) -> tuple[float, ...]:
     step = float(est.step_time_s)
     return (
         *(float(t.get(k, 0.0)) for k in TIME_FACTOR_TERMS),
-        *(step if mode_on(est.config, m) else 0.0 for m in MODES),
+        *(step if on else 0.0 for on in modes_on(est.config)),
     )
 
 
