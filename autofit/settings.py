@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -125,32 +127,34 @@ def _number(value: Any) -> float | None:
 
 def _setting_problem(name: str, value: Any) -> tuple[Any, str | None]:
     """(the setting's normalised value, None), or (None, what is wrong with `value`)."""
-    if name == "lora_targets":
-        return _targets_problem(value)
-    if name == "lora_dropout":
-        number = _number(0.0 if value is None else value)
-        if number is None or not 0 <= number < 1:  # NaN fails the test too
-            return None, "out of range"
-        return number, None
-    if name == "lora_alpha":
-        if value is None:
-            return None, None
-        number = _number(value)
-        if number is None or not math.isfinite(number) or number != int(number) or number < 1:
-            return None, "not a whole number"
-        return int(number), None
-    if name == "train_embeddings":
-        return _train_embeddings_problem(value)
-    if name in WORD_SETTINGS:
-        return _choice(value, values(WORD_SETTINGS[name]))
-    if name == "bnb_4bit_use_double_quant":
-        if value is None or isinstance(value, bool):
-            return bool(value), None
-        text = value.strip().lower() if isinstance(value, str) else ""
-        if text in _TRUE or text in _FALSE:
-            return text in _TRUE, None
-        return None, "not true or false"
-    raise ValueError(f"{name!r} is not a setting")  # pragma: no cover - a caller's bug
+    if name not in SETTING_CHECKS:  # pragma: no cover - a caller's bug
+        raise ValueError(f"{name!r} is not a setting")
+    return SETTING_CHECKS[name].check(value)
+
+
+def _dropout_problem(value: Any) -> tuple[float | None, str | None]:
+    number = _number(0.0 if value is None else value)
+    if number is None or not 0 <= number < 1:  # NaN fails the test too
+        return None, "out of range"
+    return number, None
+
+
+def _alpha_problem(value: Any) -> tuple[int | None, str | None]:
+    if value is None:
+        return None, None
+    number = _number(value)
+    if number is None or not math.isfinite(number) or number != int(number) or number < 1:
+        return None, "not a whole number"
+    return int(number), None
+
+
+def _flag_problem(value: Any) -> tuple[bool | None, str | None]:
+    if value is None or isinstance(value, bool):
+        return bool(value), None
+    text = value.strip().lower() if isinstance(value, str) else ""
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE, None
+    return None, "not true or false"
 
 
 def _choice(value: Any, allowed: tuple[str, ...]) -> tuple[str | None, str | None]:
@@ -204,58 +208,82 @@ def setting_error(name: str, value: Any, where: str = "") -> str | None:
     if why is None:
         return None
     place = f" in {where}" if where else ""
-    if name == "lora_dropout":
-        return (
-            f"Setting 'lora_dropout'{place} must be a number >= 0 and < 1 (the share of each "
-            f"adapted layer's input that LoRA drops, e.g. 0.05; 0 = no dropout); got {value!r}."
-        )
-    if name == "lora_alpha":
-        return f"Setting 'lora_alpha'{place} must be a whole number >= 1; got {value!r}."
-    if name == "optimizer_impl":
-        return (
-            f"Setting 'optimizer_impl'{place} cannot be {value!r}. Allowed: auto (the default: "
-            "fused where the parameters are on a GPU, torch's own choice elsewhere), fused, "
-            "foreach (torch AdamW's default on CUDA, HF Trainer's adamw_torch) or for-loop "
-            "(torch's single-tensor step)."
-        )
-    if name == "quant_backend":
-        return (
-            f"Setting 'quant_backend'{place} cannot be {value!r}. Allowed: torchao (the default: "
-            "torchao NF4Tensor) or bitsandbytes (bitsandbytes Linear4bit, as HF Trainer loads a "
-            "model with BitsAndBytesConfig); quant=nf4 only."
-        )
-    if name == "bnb_4bit_quant_storage":
-        return (
-            f"Setting 'bnb_4bit_quant_storage'{place} cannot be {value!r}. Allowed: "
-            f"{', '.join(BNB_QUANT_STORAGES)} (the dtype bitsandbytes views its packed 4-bit "
-            "codes as; uint8 is the default, FSDP needs the other parameters' dtype)."
-        )
-    if name == "bnb_4bit_use_double_quant":
-        return (
-            f"Setting 'bnb_4bit_use_double_quant'{place} must be true or false (bitsandbytes "
-            f"also quantizes NF4's absmax scales to 8 bits); got {value!r}."
-        )
-    if name == "launch":
-        return (
-            f"Setting 'launch'{place} cannot be {value!r}. Allowed: autofit (the default: "
-            "autofit's own builder and training loop, autofit.apply), trainer (HF Trainer's "
-            "training loop with the TrainingArguments the trainer export writes) or trl (TRL's "
-            "SFTTrainer with the SFTConfig the trainer export writes)."
-        )
-    if name == "train_embeddings":
-        return (
-            f"Setting 'train_embeddings'{place} cannot be {value!r} ({why}). Allowed: none (the "
-            "default: embeddings and LM head frozen), full (a trainable copy of the input "
-            "embeddings and of the LM head beside the frozen originals, peft modules_to_save), "
-            "or tokens:N with N a whole number >= 1 (only the rows of the last N token ids, "
-            "e.g. tokens:8 for the 8 tokens a chat template added; peft trainable_token_indices)."
-        )
-    return (
-        f"Setting 'lora_targets'{place} cannot be {value!r}: {why}. Allowed: module names of the "
-        "decoder layers, comma-separated or as a list, e.g. q_proj,v_proj (leaf names such as "
-        f"q_proj or gate_up_proj, or paths inside a layer such as self_attn.q_proj); or "
-        f"{ALL_LINEAR} for every linear projection of the decoder blocks (the default)."
-    )
+    return SETTING_CHECKS[name].message.format(place=place, value=value, why=why)
+
+
+@dataclass(frozen=True)
+class SettingCheck:
+    """How one setting's value is read (`check`: the normalised value and None, or None and
+    what is wrong) and the sentence for a value it cannot take (`message`, formatted with the
+    `place`, the `value` and `why`)."""
+
+    check: Callable[[Any], tuple[Any, str | None]]
+    message: str
+
+
+def _words(setting: str) -> Callable[[Any], tuple[Any, str | None]]:
+    """The check of a setting that takes one of its `WORD_SETTINGS` enum's words."""
+    return lambda value: _choice(value, values(WORD_SETTINGS[setting]))
+
+
+SETTING_CHECKS: dict[str, SettingCheck] = {
+    "lora_targets": SettingCheck(
+        _targets_problem,
+        "Setting 'lora_targets'{place} cannot be {value!r}: {why}. Allowed: module names of "
+        "the decoder layers, comma-separated or as a list, e.g. q_proj,v_proj (leaf names such "
+        "as q_proj or gate_up_proj, or paths inside a layer such as self_attn.q_proj); or "
+        f"{ALL_LINEAR} for every linear projection of the decoder blocks (the default).",
+    ),
+    "lora_dropout": SettingCheck(
+        _dropout_problem,
+        "Setting 'lora_dropout'{place} must be a number >= 0 and < 1 (the share of each "
+        "adapted layer's input that LoRA drops, e.g. 0.05; 0 = no dropout); got {value!r}.",
+    ),
+    "lora_alpha": SettingCheck(
+        _alpha_problem, "Setting 'lora_alpha'{place} must be a whole number >= 1; got {value!r}."
+    ),
+    "train_embeddings": SettingCheck(
+        _train_embeddings_problem,
+        "Setting 'train_embeddings'{place} cannot be {value!r} ({why}). Allowed: none (the "
+        "default: embeddings and LM head frozen), full (a trainable copy of the input "
+        "embeddings and of the LM head beside the frozen originals, peft modules_to_save), "
+        "or tokens:N with N a whole number >= 1 (only the rows of the last N token ids, "
+        "e.g. tokens:8 for the 8 tokens a chat template added; peft trainable_token_indices).",
+    ),
+    "optimizer_impl": SettingCheck(
+        _words("optimizer_impl"),
+        "Setting 'optimizer_impl'{place} cannot be {value!r}. Allowed: auto (the default: "
+        "fused where the parameters are on a GPU, torch's own choice elsewhere), fused, "
+        "foreach (torch AdamW's default on CUDA, HF Trainer's adamw_torch) or for-loop "
+        "(torch's single-tensor step).",
+    ),
+    "quant_backend": SettingCheck(
+        _words("quant_backend"),
+        "Setting 'quant_backend'{place} cannot be {value!r}. Allowed: torchao (the default: "
+        "torchao NF4Tensor) or bitsandbytes (bitsandbytes Linear4bit, as HF Trainer loads a "
+        "model with BitsAndBytesConfig); quant=nf4 only.",
+    ),
+    "bnb_4bit_use_double_quant": SettingCheck(
+        _flag_problem,
+        "Setting 'bnb_4bit_use_double_quant'{place} must be true or false (bitsandbytes "
+        "also quantizes NF4's absmax scales to 8 bits); got {value!r}.",
+    ),
+    "bnb_4bit_quant_storage": SettingCheck(
+        _words("bnb_4bit_quant_storage"),
+        "Setting 'bnb_4bit_quant_storage'{place} cannot be {value!r}. Allowed: "
+        f"{', '.join(BNB_QUANT_STORAGES)} (the dtype bitsandbytes views its packed 4-bit "
+        "codes as; uint8 is the default, FSDP needs the other parameters' dtype).",
+    ),
+    "launch": SettingCheck(
+        _words("launch"),
+        "Setting 'launch'{place} cannot be {value!r}. Allowed: autofit (the default: "
+        "autofit's own builder and training loop, autofit.apply), trainer (HF Trainer's "
+        "training loop with the TrainingArguments the trainer export writes) or trl (TRL's "
+        "SFTTrainer with the SFTConfig the trainer export writes).",
+    ),
+}
+"""Every setting's check and sentence, one record each (`autofit.config` declares the settings;
+a test holds the two to the same names)."""
 
 
 def coerce_setting(name: str, value: Any, where: str = "") -> Any:

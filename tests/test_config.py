@@ -508,3 +508,15 @@ def test_launch_trl_needs_trl_installed_and_one_gpu(monkeypatch):
     assert rules.launch_missing("trainer") is None
     with pytest.raises(ConfigError, match=r"TRL is not installed here: pip install"):
         check_launch_installed("trl")
+
+
+def test_every_setting_has_one_check_and_one_sentence():
+    """Each declared setting is read and refused through one record (`SETTING_CHECKS`), whose
+    sentence names the setting and the value given."""
+    from autofit.settings import SETTING_CHECKS, setting_error
+
+    assert set(SETTING_CHECKS) == set(LORA_SETTINGS)
+    for name in LORA_SETTINGS:
+        bad = 7.5 if name in ("lora_alpha", "bnb_4bit_use_double_quant") else "??"
+        sentence = setting_error(name, bad, where="x.yaml")
+        assert sentence and f"Setting '{name}' in x.yaml" in sentence and repr(bad) in sentence
