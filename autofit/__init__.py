@@ -406,7 +406,14 @@ def apply(model: torch.nn.Module, config: Config | dict[str, Any], **kwargs: Any
     """Set your own model up as trials measured it: LoRA, checkpointing, quantization, then the
     plain module (one GPU), DDP or FSDP2 (inside an initialised process group of several ranks),
     and the optimizer. Returns `Applied`: `.model` to call, `.optimizer`, `.autocast()` and
-    `.gradient_sync(last_micro_step)` for the training loop. Keyword arguments: `lr`, `device`."""
+    `.gradient_sync(last_micro_step)` for the training loop. Keyword arguments: `lr`, `device`.
+
+    It changes `model` in place, as the trials did: peft wraps the adapted projections, the
+    checkpointed and compiled layers are wrapped, quantized projections are replaced, FSDP2's
+    `fully_shard` turns the units into sharded modules; and under `loss: chunked` or `fused`
+    the causal LM's and its LM head's `forward` are replaced on those two objects (instance
+    attributes, not their classes: other models of the same class are untouched), so that the
+    model's forward returns the chunked loss without building the logits."""
     from autofit.builder import apply as _apply
 
     return _apply(model, Config.of(config, "autofit.apply(model, config)"), **kwargs)
