@@ -63,7 +63,7 @@ def as_loaded_in_4bit(model: nn.Module, layout: Layout, device: torch.device) ->
     `get_keys_to_not_convert`: the LM head stays bf16), the embeddings and norms bf16, and
     `is_loaded_in_4bit` set (`_process_model_after_weight_loading`), which
     `prepare_model_for_kbit_training` reads. Built in place, layer by layer, rather than saved
-    and loaded (tests/test_trainer_qlora.py holds it to `from_pretrained`'s parameters)."""
+    and loaded (tests/builder/test_trainer_qlora.py holds it to `from_pretrained`'s parameters)."""
     from autofit.builder.model import decoder_layers, decoder_projections
     from autofit.builder.quantize import quantize_layer
 

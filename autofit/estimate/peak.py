@@ -360,13 +360,14 @@ def _activations(
     (what the model state's precision and sharding decide). Under `launch: trl` the loss is TRL's
     fused LM head (its buffers on `device`'s path: `_trl_head`), and packed rows reach the model
     flattened into one (`mem.collated_rows`)."""
+    kbit = mem.kbit_prepared(k.quant, bnb_of(k), k.launch)
     acts, logits = mem.activation_bytes(
         model, s, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss, k.launch
+        k.lora_dropout, k.loss, k.launch, kbit
     )  # fmt: skip
     backward = mem.layer_backward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.launch
+        k.lora_dropout, k.launch, kbit
     ) + mem.dequant_transient_bytes(s, k.quant, bnb_of(k))  # fmt: skip
     if k.quant == Quant.INT8:
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
@@ -376,7 +377,7 @@ def _activations(
         acts += mem.packed_mask_bytes(model, s, rows, width, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss, k.launch
+        k.lora_dropout, k.loss, k.launch, kbit
     )  # fmt: skip
     head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
         s, k.micro_batch, k.seq_len, k.train_embeddings, k.loss

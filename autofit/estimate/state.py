@@ -67,7 +67,7 @@ def states(
     pb = mem.master_bytes(precision, optimizer)
     if lora:
         projections = mem.base_weight_bytes(s, quant, bnb)
-        other = mem.frozen_other_bytes(s)
+        other = mem.frozen_other_bytes(s, mem.kbit_prepared(quant, bnb, launch))
         # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
         # projections stay whole (the rule the builder's `unshardable_params` reads too).
         whole = base_stays_whole(quant, shard)
