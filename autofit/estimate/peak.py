@@ -250,7 +250,7 @@ def _model_state(
     autocast = st.layout.autocast
     g = gathered_at_moments(
         s, st.sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
-        k.train_embeddings, k.launch
+        k.train_embeddings, k.launch, mem.kbit_prepared(k.quant, bnb_of(k), k.launch)
     )  # fmt: skip
     # a trained head's gradient exists from its backward on, the last layer's included
     head_grad = mem.trained_head_grad_bytes(

@@ -3,8 +3,10 @@ HF `Trainer.train()` on the model a QLoRA script loads (`BitsAndBytesConfig` NF4
 `prepare_model_for_kbit_training`, peft LoRA: `autofit.builder.trainer.trainer_model`), measured
 as autofit's own trials are (the tracked live tensor bytes). The estimate counts what
 `prepare_model_for_kbit_training` changes (the non-NF4 parameters upcast to fp32, the fp32
-residual stream they make: `autofit.estimate.memory.kbit_prepared`) and is held to the napkin's
-stated error (`MEMORY_ERROR`); the trials measured -3.0% and +6.0% (docs/estimator.md)."""
+residual stream they make: `autofit.estimate.memory.kbit_prepared`; the frozen fp32 head's bf16
+copy through the loss, `kbit_head_copy_bytes`): within 1% without checkpointing (+0.25%), within
+the napkin's stated error (`MEMORY_ERROR`) with `checkpointing: full` (+6.0%, of which +3.4% is
+autofit's own launch of bitsandbytes NF4 with full checkpointing too: docs/estimator.md)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ TRIALS = {
     "qlora-double-quant-ckpt": {"bnb_4bit_use_double_quant": True, "checkpointing": "full"},
 }
 STEPS, WARMUP = 2, 1
+ERROR = {"qlora": 0.01, "qlora-double-quant-ckpt": MEMORY_ERROR}
+"""The bound each trial is held to (docs/estimator.md: what the checkpointed one over-counts)."""
 
 
 @pytest.fixture(scope="module")
@@ -47,4 +51,4 @@ def test_trainer_qlora_trial_is_within_the_estimates_error(trials, name) -> None
     est = estimate(spec, cpu_hardware(1), Config(**BASE, **TRIALS[name]), device="cpu")
     measured = trials[name].peak_bytes
     error = est.peak_bytes / measured - 1
-    assert abs(error) < MEMORY_ERROR, (name, est.peak_bytes, measured, dict(est.breakdown))
+    assert abs(error) < ERROR[name], (name, est.peak_bytes, measured, dict(est.breakdown))
