@@ -508,10 +508,11 @@ def as_kbit_prepared(model: nn.Module) -> None:
     every parameter but the projections' base weights and the adapters upcast to fp32 (peft casts
     each fp16/bf16 parameter that is not a `Params4bit`: the embeddings, the norms, the LM head),
     and each base projection as `Linear4bit.forward` computes: its input cast to bf16 (the
-    `compute_dtype`), the matmul in bf16 (what `MatMul4Bit` saves is that bf16 input: the NF4
-    weight is dequantized again in backward), the output cast back to the input's dtype. With an
-    fp32 embedding output and fp32 norms the residual stream runs in fp32. The dequantized
-    weight's transient is the estimate's `dequant_transient_bytes`, not the trace's."""
+    `compute_dtype`), the matmul in bf16 (`MatMul4Bit` saves none of its input and dequantizes
+    the NF4 weight again in backward), the output cast back to the input's dtype. With an
+    fp32 embedding output and fp32 norms the residual stream runs in fp32. The weight
+    `MatMul4Bit`'s backward dequantizes is made there (`_Dequantizing`), so the estimate adds no
+    `dequant_transient_bytes` to such a layer's backward (`autofit.estimate.peak`)."""
     compute = TORCH_DTYPES[COMPUTE_DTYPE]
     bases = {id(mod) for layer in decoder_layers(model) for _, mod in decoder_projections(layer)}
     for mod in model.modules():
@@ -526,7 +527,27 @@ def as_kbit_prepared(model: nn.Module) -> None:
 
 def _bnb_forward(linear: nn.Linear, compute: torch.dtype, x: torch.Tensor) -> torch.Tensor:
     """bitsandbytes `Linear4bit.forward` of a plain `linear` (its NF4 weight dequantized to the
-    weight's bf16): in `compute`, returned in the input's dtype. Like `MatMul4Bit`, which saves
-    none of its input (the weight gets no gradient), the linear of a frozen weight saves none."""
-    bias = None if linear.bias is None else linear.bias.to(compute)
-    return nn.functional.linear(x.to(compute), linear.weight, bias).to(x.dtype)
+    weight's bf16): in `compute` (`_Dequantizing`, as `MatMul4Bit`), returned in the input's
+    dtype."""
+    out = _Dequantizing.apply(x.to(compute), linear.weight)
+    if linear.bias is not None:
+        out = out + linear.bias.to(compute)
+    return out.to(x.dtype)
+
+
+class _Dequantizing(torch.autograd.Function):
+    """`x @ weight.T` of a frozen NF4 weight as bitsandbytes 0.50's `MatMul4Bit` runs it: it saves
+    none of the input, and its backward dequantizes the weight (a bf16 copy, alive through the
+    input gradient's matmul) before `grad @ weight`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.weight = weight  # a parameter: alive anyway
+        return nn.functional.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        dequantized = torch.empty_like(ctx.weight, dtype=grad.dtype)
+        out = grad @ ctx.weight.to(grad.dtype)
+        del dequantized
+        return out, None

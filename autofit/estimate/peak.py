@@ -368,7 +368,8 @@ def _activations(
     backward = mem.layer_backward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
         k.lora_dropout, k.launch, kbit
-    ) + mem.dequant_transient_bytes(s, k.quant, bnb_of(k))  # fmt: skip
+    ) + (0.0 if kbit else mem.dequant_transient_bytes(s, k.quant, bnb_of(k)))  # fmt: skip
+    # (the `kbit` trace makes bitsandbytes' dequantized weight where its backward does)
     if k.quant == Quant.INT8:
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
     # on the data's lengths (`autofit.estimate.data`); under TRL always

@@ -5,8 +5,8 @@ as autofit's own trials are (the tracked live tensor bytes). The estimate counts
 `prepare_model_for_kbit_training` changes (the non-NF4 parameters upcast to fp32, the fp32
 residual stream they make: `autofit.estimate.memory.kbit_prepared`; the frozen fp32 head's bf16
 copy through the loss, `kbit_head_copy_bytes`): within 1% without checkpointing (+0.25%), within
-the napkin's stated error (`MEMORY_ERROR`) with `checkpointing: full` (+6.0%, of which +3.4% is
-autofit's own launch of bitsandbytes NF4 with full checkpointing too: docs/estimator.md)."""
+the napkin's stated error (`MEMORY_ERROR`) with `checkpointing: full` (+4.7%; autofit's own
+launch of bitsandbytes NF4 with full checkpointing is over by +3.4% too: docs/estimator.md)."""
 
 from __future__ import annotations
 
