@@ -271,9 +271,11 @@ class Config:
         "whose training loop runs the config: autofit (default) = autofit's builder "
         "and loop (autofit.apply); trainer = HF Trainer.train() with the TrainingArguments the "
         "trainer export writes, the model loaded as a Trainer script loads it (one GPU, plain "
-        "module; no quant, chunked/fused loss, every-2/selective checkpointing, offload or "
-        "compile); trl = TRL's SFTTrainer.train() with the SFTConfig the trainer export writes "
-        "(as trainer, and its packing for batching=packed; pip install 'autofit[trl]')",
+        "module; no torchao quant, chunked/fused loss, every-2/selective checkpointing, offload "
+        "or compile; QLoRA is quant=nf4 with quant_backend=bitsandbytes, loaded with "
+        "BitsAndBytesConfig and prepare_model_for_kbit_training); trl = TRL's "
+        "SFTTrainer.train() with the SFTConfig the trainer export writes (as trainer, and its "
+        "packing for batching=packed; pip install 'autofit[trl]')",
         metavar="|".join(LAUNCHES),
         label=lambda c: f"launch={c.launch}" if c.launch != Launch.AUTOFIT else None,
     )  # fmt: skip

@@ -131,9 +131,10 @@ def launch_unavailable(launch: str, n_gpus: int) -> str | None:
 def _trainer_unsupported(cfg: Config) -> str | None:
     """The first knob of `cfg` that `launch: trainer` (or `trl`, whose `SFTTrainer` is a
     `Trainer`) cannot run as autofit counts it, or None: HF Trainer (transformers 5.24) on a model
-    loaded by `from_config` and wrapped by peft has no torchao quantization of autofit's kind, no
-    chunked loss (its loss is the model's own; Liger's fused one, `use_liger_kernel`, is not
-    measured under Trainer yet), checkpoints every decoder layer or none
+    loaded by `from_config` and wrapped by peft has no torchao quantization of autofit's kind (its
+    QLoRA is bitsandbytes': `quant: nf4` with `quant_backend: bitsandbytes`, `launch: trainer`
+    only), no chunked loss (its loss is the model's own; Liger's fused one, `use_liger_kernel`,
+    is not measured under Trainer yet), checkpoints every decoder layer or none
     (`activation_checkpointing`; no op-level policy), has no CPU offload of the optimizer,
     compiles the whole model rather than each layer (`torch_compile`), and its `optim` names no
     for-loop or foreach AdamW on a GPU. Low-bit AdamW and trained embeddings are not measured
@@ -142,8 +143,14 @@ def _trainer_unsupported(cfg: Config) -> str | None:
         own = _trl_unsupported(cfg)
         if own:
             return own
-    if cfg.quant != Quant.NONE:
-        return f"quant={cfg.quant} (torchao storage that autofit's builder applies)"
+    bnb = cfg.quant_backend == QuantBackend.BITSANDBYTES
+    if cfg.quant != Quant.NONE and (cfg.launch == Launch.TRL or not bnb):
+        return (
+            f"quant={cfg.quant} with quant_backend={cfg.quant_backend} (torchao storage that "
+            "autofit's builder applies)"
+            if not bnb
+            else f"quant={cfg.quant} (bitsandbytes QLoRA under SFTTrainer: not measured yet)"
+        )
     if cfg.loss != Loss.STANDARD:
         return f"loss={cfg.loss} (Trainer computes the model's own cross-entropy)"
     if cfg.checkpointing not in (Checkpointing.NONE, Checkpointing.FULL):
@@ -278,7 +285,8 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             return (
                 f"launch={cfg.launch} with {knob}",
                 f"launch={cfg.launch} cannot run {unsupported}. Under {loop} autofit measures "
-                "LoRA or a full fine-tune of the plain module on one GPU, with quant=none, "
+                "LoRA or a full fine-tune of the plain module on one GPU, with quant=none "
+                "(launch=trainer: or QLoRA, quant=nf4 with quant_backend=bitsandbytes), "
                 "loss=standard, checkpointing none or full, offload=none, compile=false and "
                 f"torch AdamW{lora}; use launch=autofit for the rest.",
             )

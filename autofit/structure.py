@@ -215,7 +215,9 @@ class ActivationKey:
     loss (`standard` or `chunked`; `fused` is traced as `chunked`, `trace_loss`; `trl`: TRL's
     fused LM head under `launch: trl`, `TRL_LOSS`), and whether
     peft casts each adapter's input to the adapters' fp32 under autocast (`adapter_casts`: the
-    model of `launch: trainer`, which autofit's builder does not set up, `keep_lora_inputs`)."""
+    model of `launch: trainer`, which autofit's builder does not set up, `keep_lora_inputs`), and
+    whether the model is bitsandbytes QLoRA as peft's `prepare_model_for_kbit_training` leaves
+    it (`kbit`: `launch: trainer` with `quant_backend: bitsandbytes`)."""
 
     seq_len: int
     lora_rank: int = 0
@@ -225,15 +227,20 @@ class ActivationKey:
     autocast: bool = False
     loss: str = "standard"  # standard | chunked | trl: how the traced model computes its loss
     adapter_casts: bool = False  # LoRA under autocast with peft's input casts (launch: trainer)
+    # bitsandbytes QLoRA as `prepare_model_for_kbit_training` leaves it (launch: trainer): every
+    # non-projection parameter fp32, each projection computing in bf16 and returning its
+    # input's dtype (`Linear4bit.forward`), so the residual stream runs in fp32
+    kbit: bool = False
 
     def text(self) -> str:
         targets = ",".join(self.lora_targets) if self.lora_targets else "all"
         # the standard loss adds nothing: entries cached before the loss knob stay valid
         loss = "" if self.loss == Loss.STANDARD else f"|{self.loss}"
         casts = "|casts" if self.adapter_casts else ""  # likewise: autofit's model has none
+        kbit = "|kbit" if self.kbit else ""  # likewise
         return (
             f"s{self.seq_len}|r{self.lora_rank}|t{targets}|d{self.lora_dropout}|{self.policy}"
-            f"|{'amp' if self.autocast else 'bf16'}{loss}{casts}"
+            f"|{'amp' if self.autocast else 'bf16'}{loss}{casts}{kbit}"
         )
 
 

@@ -91,9 +91,12 @@ def _fmt(value: Any) -> str:
 
 # ----- replay: the first GPU run's trials, again ------------------------------------------------
 LAUNCH_TWINS = (
-    # HF Trainer's own loop (`launch: trainer`) on the first run's LoRA r64 mb1 row
-    ("llama-7b", {"quant": "none", "lora_rank": 64, "micro_batch": 1, "wrap": "none",
-                  "checkpointing": "full", "seq_len": 2048}, {"launch": "trainer"}),
+    # HF Trainer's own loop (`launch: trainer`) on a QLoRA script's model (BitsAndBytesConfig NF4
+    # with double quantization, prepare_model_for_kbit_training, peft LoRA: issue 36's most
+    # common path) on the first run's NF4 r64 mb1 row; bitsandbytes travels as below
+    ("llama-7b", {"quant": "nf4", "lora_rank": 64, "micro_batch": 1, "wrap": "none",
+                  "checkpointing": "full", "seq_len": 2048},
+     {"launch": "trainer", "quant_backend": "bitsandbytes", "bnb_4bit_use_double_quant": True}),
     # bitsandbytes NF4 with double quantization (BitsAndBytesConfig's QLoRA) on its NF4 r64 mb1
     # row: bitsandbytes travels as a wheel (`EXTRA="bitsandbytes==0.50.2" bash
     # ../shared/gpu/prepare.sh`); without it the row is an error that says so

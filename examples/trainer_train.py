@@ -32,15 +32,20 @@ from autofit.models import resolve_model
 def load_model(plan: object, device: str) -> torch.nn.Module:
     """The model as the trial loaded it: a LoRA base frozen in bf16 (a full fine-tune in its
     train dtype: fp32 masters under bf16-mixed), then peft LoRA of the plan's `lora` section,
-    its adapters in fp32 under bf16-mixed."""
+    its adapters in fp32 under bf16-mixed. A QLoRA plan (`quant_backend: bitsandbytes`): loaded
+    by `from_pretrained` with its `BitsAndBytesConfig`, then `prepare_model_for_kbit_training`
+    (`load_qlora`)."""
     doc = plan.document  # type: ignore[attr-defined]
     cfg = plan.best.config  # type: ignore[attr-defined]
     mixed = cfg.precision == "bf16-mixed"
     dtype = torch.float32 if mixed and not cfg.is_lora else torch.bfloat16
     hf_config = resolve_model(doc["model"]).to_hf_config()
     hf_config.use_cache = False
-    with torch.device(device):  # your script: AutoModelForCausalLM.from_pretrained(path, dtype=)
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    if cfg.quant_backend == "bitsandbytes":
+        model = load_qlora(hf_config, cfg, device)
+    else:
+        with torch.device(device):  # your script: AutoModelForCausalLM.from_pretrained(path,
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)  # dtype=dtype)
     lora = doc.get("lora")
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -51,6 +56,34 @@ def load_model(plan: object, device: str) -> torch.nn.Module:
         )  # fmt: skip
         model = get_peft_model(model, config, autocast_adapter_dtype=mixed)
     return model
+
+
+def load_qlora(hf_config: object, cfg: object, device: str) -> torch.nn.Module:
+    """A QLoRA script's model: `from_pretrained` with the plan's `BitsAndBytesConfig` (NF4, bf16
+    compute; the LM head stays bf16), in bf16, then peft's `prepare_model_for_kbit_training`
+    (every non-NF4 parameter upcast to fp32; activation checkpointing where the plan has it).
+    Random weights here: a random bf16 model saved to a temporary folder stands for your
+    checkpoint's path."""
+    from peft import prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_use_double_quant=cfg.bnb_4bit_use_double_quant,  # type: ignore[attr-defined]
+        bnb_4bit_quant_storage=STORAGE[cfg.bnb_4bit_quant_storage],  # type: ignore[attr-defined]
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as path:  # your script: your checkpoint's path
+        AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).save_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, quantization_config=quantization, dtype=torch.bfloat16, device_map={"": device}
+        )
+    ckpt = cfg.checkpointing == "full"  # type: ignore[attr-defined]
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
+
+
+STORAGE = {"uint8": torch.uint8, "bf16": torch.bfloat16, "fp16": torch.float16,
+           "fp32": torch.float32}  # fmt: skip
+"""`bnb_4bit_quant_storage` words as torch dtypes."""
 
 
 def pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -431,6 +431,17 @@ def test_launch_trainer_refuses_what_trainer_cannot_run(knobs, named) -> None:  
     Config(launch="autofit", **knobs)  # autofit's own launch runs it
 
 
+def test_launch_trainer_runs_bitsandbytes_qlora_and_refuses_torchaos():
+    # a Trainer script's QLoRA: BitsAndBytesConfig NF4, prepare_model_for_kbit_training, peft
+    cfg = Config(launch="trainer", lora_rank=8, quant="nf4", quant_backend="bitsandbytes",
+                 bnb_4bit_use_double_quant=True, checkpointing="full")  # fmt: skip
+    assert cfg.quant == "nf4" and cfg.quant_backend == "bitsandbytes"
+    with pytest.raises(ConfigError, match="quant=nf4 with quant_backend=torchao"):
+        Config(launch="trainer", lora_rank=8, quant="nf4")
+    with pytest.raises(ConfigError, match="launch=trl cannot run quant=nf4 .bitsandbytes"):
+        Config(launch="trl", lora_rank=8, quant="nf4", quant_backend="bitsandbytes")
+
+
 def test_launch_trainer_runs_on_one_gpu_and_a_space_skips_it_elsewhere():
     from autofit.rules import launch_unavailable
     from autofit.space_file import load_space

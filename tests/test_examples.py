@@ -56,7 +56,18 @@ def test_a_malformed_plan_is_one_paragraph_and_exit_2_from_the_example(tmp_path)
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
 
 
-def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path):
+TRAINER_SPACES = {
+    "lora": "knobs:\n  quant: [none]\n  lora_rank: [8]\n  micro_batch: [2, 4]\n"
+    "  wrap: [none]\n  checkpointing: [none, full]\n",
+    # a QLoRA script: from_pretrained with BitsAndBytesConfig, prepare_model_for_kbit_training
+    "qlora": "quant_backend: bitsandbytes\nbnb_4bit_use_double_quant: true\nknobs:\n"
+    "  quant: [nf4]\n  lora_rank: [8]\n  micro_batch: [2]\n  wrap: [none]\n"
+    "  checkpointing: [none]\n",
+}
+
+
+@pytest.mark.parametrize("kind", list(TRAINER_SPACES))
+def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path, kind):
     # A plan for an HF Trainer script (launch: trainer), exported as TrainingArguments JSON and
     # launched as its printed note says (examples/trainer_train.py: the model loaded as the
     # trial loaded it, Trainer with the exported arguments), peaks where the trial of its
@@ -66,10 +77,7 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path):
 
     spec = resolve_model("llama-debug")
     space = tmp_path / "lora_space.yaml"  # not in examples/: its traces are not shipped
-    space.write_text(
-        "seq_len: 64\nlaunch: trainer\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
-        "  micro_batch: [2, 4]\n  wrap: [none]\n  checkpointing: [none, full]\n"
-    )
+    space.write_text("seq_len: 64\nlaunch: trainer\n" + TRAINER_SPACES[kind])
     plan = plan_estimates(PlanRequest.of(
         spec, resolve_hardware("1", device="cpu"), load_space(space), seq_len=64, device="cpu",
     ))  # fmt: skip
@@ -81,6 +89,11 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path):
     assert [p.name for p in paths] == ["args.json", "args.autofit.yaml"]
     note = launch_note(plan, "trainer", tmp_path / "args.json")
     assert "trainer_train.py --arguments" in note and "no autofit.apply" in note
+    if kind == "qlora":  # the plan file names how the trials loaded the model
+        header = paths[1].read_text()
+        assert "bnb_4bit_use_double_quant=True" in header
+        assert "prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)" in header
+        assert "BitsAndBytesConfig" in note and "prepare_model_for_kbit_training" in note
     _peaks_as_its_trial(ROOT / "examples" / "trainer_train.py", paths, trial, tmp_path)
 
 

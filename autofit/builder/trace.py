@@ -39,7 +39,13 @@ from torch.utils.hooks import RemovableHandle
 
 from autofit.builder.dtypes import TORCH_DTYPES
 from autofit.builder.loss import per_step_loss_tensors
-from autofit.builder.model import build_layers_model, decoder_layers, layer_types, materialize
+from autofit.builder.model import (
+    build_layers_model,
+    decoder_layers,
+    decoder_projections,
+    layer_types,
+    materialize,
+)
 from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
@@ -490,5 +496,58 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
         from autofit.builder.trl import add_fused_head
 
         add_fused_head(model)
+    if key.kbit:
+        as_kbit_prepared(model)
     model.train()
     return model
+
+
+def as_kbit_prepared(model: nn.Module) -> None:
+    """The traced model (bf16 projections on meta) computing as bitsandbytes QLoRA does once
+    peft's `prepare_model_for_kbit_training` has run (`autofit.builder.trainer.trainer_model`):
+    every parameter but the projections' base weights and the adapters upcast to fp32 (peft casts
+    each fp16/bf16 parameter that is not a `Params4bit`: the embeddings, the norms, the LM head),
+    and each base projection as `Linear4bit.forward` computes: its input cast to bf16 (the
+    `compute_dtype`), the matmul in bf16 (`MatMul4Bit` saves none of its input and dequantizes
+    the NF4 weight again in backward), the output cast back to the input's dtype. With an
+    fp32 embedding output and fp32 norms the residual stream runs in fp32. The weight
+    `MatMul4Bit`'s backward dequantizes is made there (`_Dequantizing`), so the estimate adds no
+    `dequant_transient_bytes` to such a layer's backward (`autofit.estimate.peak`)."""
+    compute = TORCH_DTYPES[COMPUTE_DTYPE]
+    bases = {id(mod) for layer in decoder_layers(model) for _, mod in decoder_projections(layer)}
+    for mod in model.modules():
+        if id(mod) in bases:
+            mod.forward = functools.partial(_bnb_forward, mod, compute)
+    for name, param in model.named_parameters():
+        owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        if id(owner) in bases or "lora_" in name or param.dtype == torch.float32:
+            continue
+        param.data = param.data.to(torch.float32)
+
+
+def _bnb_forward(linear: nn.Linear, compute: torch.dtype, x: torch.Tensor) -> torch.Tensor:
+    """bitsandbytes `Linear4bit.forward` of a plain `linear` (its NF4 weight dequantized to the
+    weight's bf16): in `compute` (`_Dequantizing`, as `MatMul4Bit`), returned in the input's
+    dtype."""
+    out = _Dequantizing.apply(x.to(compute), linear.weight)
+    if linear.bias is not None:
+        out = out + linear.bias.to(compute)
+    return out.to(x.dtype)
+
+
+class _Dequantizing(torch.autograd.Function):
+    """`x @ weight.T` of a frozen NF4 weight as bitsandbytes 0.50's `MatMul4Bit` runs it: it saves
+    none of the input, and its backward dequantizes the weight (a bf16 copy, alive through the
+    input gradient's matmul) before `grad @ weight`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.weight = weight  # a parameter: alive anyway
+        return nn.functional.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        dequantized = torch.empty_like(ctx.weight, dtype=grad.dtype)
+        out = grad @ ctx.weight.to(grad.dtype)
+        del dequantized
+        return out, None

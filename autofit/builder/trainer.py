@@ -23,6 +23,7 @@ from autofit.builder.dtypes import TORCH_DTYPES
 from autofit.config import Config
 from autofit.layout import Layout
 from autofit.models import ModelSpec
+from autofit.values import Checkpointing
 
 
 def trainer_model(
@@ -42,8 +43,35 @@ def trainer_model(
         return model
     from peft import get_peft_model
 
+    if layout.bnb is not None:
+        model = as_loaded_in_4bit(model, layout, device)
+        from peft import prepare_model_for_kbit_training
+
+        ckpt = config.checkpointing == Checkpointing.FULL
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
+
     fp32_adapters = TORCH_DTYPES[layout.param_dtype] == torch.float32
     return get_peft_model(model, lora_config(lora), autocast_adapter_dtype=fp32_adapters)
+
+
+def as_loaded_in_4bit(model: nn.Module, layout: Layout, device: torch.device) -> nn.Module:
+    """`model` (bf16, from `from_config`) as `from_pretrained(..., quantization_config=
+    BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=
+    torch.bfloat16, ...), dtype=torch.bfloat16)` loads it (transformers 5.24's
+    `Bnb4BitHfQuantizer`): every decoder projection a bitsandbytes `Linear4bit` of `layout.bnb`
+    (`replace_with_bnb_linear` converts every `nn.Linear` but the output embeddings,
+    `get_keys_to_not_convert`: the LM head stays bf16), the embeddings and norms bf16, and
+    `is_loaded_in_4bit` set (`_process_model_after_weight_loading`), which
+    `prepare_model_for_kbit_training` reads. Built in place, layer by layer, rather than saved
+    and loaded (tests/builder/test_trainer_qlora.py holds it to `from_pretrained`'s parameters)."""
+    from autofit.builder.model import decoder_layers, decoder_projections
+    from autofit.builder.quantize import quantize_layer
+
+    for layer in decoder_layers(model):
+        every = [name for name, _ in decoder_projections(layer)]
+        quantize_layer(layer, layout.quant, every, device, bnb=layout.bnb)
+    model.is_loaded_in_4bit = True
+    return model
 
 
 def lora_config(lora: dict[str, Any]) -> Any:

@@ -250,7 +250,7 @@ def _model_state(
     autocast = st.layout.autocast
     g = gathered_at_moments(
         s, st.sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
-        k.train_embeddings, k.launch
+        k.train_embeddings, k.launch, mem.kbit_prepared(k.quant, bnb_of(k), k.launch)
     )  # fmt: skip
     # a trained head's gradient exists from its backward on, the last layer's included
     head_grad = mem.trained_head_grad_bytes(
@@ -360,14 +360,16 @@ def _activations(
     (what the model state's precision and sharding decide). Under `launch: trl` the loss is TRL's
     fused LM head (its buffers on `device`'s path: `_trl_head`), and packed rows reach the model
     flattened into one (`mem.collated_rows`)."""
+    kbit = mem.kbit_prepared(k.quant, bnb_of(k), k.launch)
     acts, logits = mem.activation_bytes(
         model, s, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss, k.launch
+        k.lora_dropout, k.loss, k.launch, kbit
     )  # fmt: skip
     backward = mem.layer_backward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.launch
-    ) + mem.dequant_transient_bytes(s, k.quant, bnb_of(k))  # fmt: skip
+        k.lora_dropout, k.launch, kbit
+    ) + (0.0 if kbit else mem.dequant_transient_bytes(s, k.quant, bnb_of(k)))  # fmt: skip
+    # (the `kbit` trace makes bitsandbytes' dequantized weight where its backward does)
     if k.quant == Quant.INT8:
         acts += mem.int8_saved_weight_bytes(s, k.checkpointing)
     # on the data's lengths (`autofit.estimate.data`); under TRL always
@@ -376,7 +378,7 @@ def _activations(
         acts += mem.packed_mask_bytes(model, s, rows, width, k.checkpointing)
     loss_forward = mem.loss_forward_bytes(
         model, k.micro_batch, k.seq_len, k.lora_rank, k.checkpointing, autocast, k.lora_targets,
-        k.lora_dropout, k.loss, k.launch
+        k.lora_dropout, k.loss, k.launch, kbit
     )  # fmt: skip
     head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
         s, k.micro_batch, k.seq_len, k.train_embeddings, k.loss

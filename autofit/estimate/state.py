@@ -67,7 +67,7 @@ def states(
     pb = mem.master_bytes(precision, optimizer)
     if lora:
         projections = mem.base_weight_bytes(s, quant, bnb)
-        other = mem.frozen_other_bytes(s)
+        other = mem.frozen_other_bytes(s, mem.kbit_prepared(quant, bnb, launch))
         # torchao Int8Tensor cannot be FSDP2-sharded, nor NF4 on a one-rank mesh: those
         # projections stay whole (the rule the builder's `unshardable_params` reads too).
         whole = base_stays_whole(quant, shard)
@@ -138,16 +138,19 @@ class Gathered(NamedTuple):
 def gathered_at_moments(
     s: Structure, sharding: Sharding, device: str, wrap: str, reshard: bool, quant: str,
     lora: int, targets: mem.Targets, autocast: bool, embeddings: str = "none",
-    launch: str = "autofit",
+    launch: str = "autofit", kbit: bool = False,
 ) -> Gathered:  # fmt: skip
     """Unsharded parameters (and their gradients) at each moment, as the run's `sharding` holds
     them (`Layout.sharding`): FSDP2's all-gathers, or the bf16 copies autocast makes (none of
-    the LM head under `launch: trl`, whose fused head casts it chunk by chunk)."""
+    the LM head under `launch: trl`, whose fused head casts it chunk by chunk; under `kbit` the
+    frozen fp32 head's, through the loss: `kbit_head_copy_bytes`)."""
     gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
     copies = mem.autocast_copy_bytes(s, lora, autocast, targets, head=launch != Launch.TRL)
     copies += mem.trained_head_autocast_bytes(s, embeddings, autocast)
-    at_loss = copies + mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)
-    gathered += copies
+    head_copy = mem.kbit_head_copy_bytes(s, kbit, autocast)
+    at_loss = copies + head_copy
+    at_loss += mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)
+    gathered += copies + head_copy
     return Gathered(
         end_of_forward=gathered,
         at_loss=at_loss,

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import DECLARED
-from autofit.export.layout import hsdp_env, plan_nodes, plan_sharding
+from autofit.export.layout import hsdp_env, plan_config, plan_nodes, plan_sharding
 from autofit.export.schema import check_format, env_text, plan_document, side_path
 from autofit.layout import Sharding
 from autofit.settings import HF_LAUNCHES
-from autofit.values import Launch
+from autofit.values import Launch, QuantBackend
 
 # autofit cannot know the user's training script: launch commands name this placeholder, and
 # `launch_note` says what it stands for and runs the plan with an example shipped in the sources.
@@ -181,6 +181,15 @@ def _trainer_note(doc: dict[str, Any], path: Path) -> str:
             "peft_config=LoraConfig of the plan's lora section), the model loaded in the dtype "
             "the plan trains (the JSON's model_init_kwargs, bf16 for a LoRA base), as the trials "
             "did; no autofit.apply."
+        )
+    elif plan_config(doc).quant_backend == QuantBackend.BITSANDBYTES:
+        name = TRAINER_EXAMPLE
+        text = (
+            f"{TRAIN_SCRIPT} is your HF Trainer QLoRA script: load the model with from_pretrained"
+            "(..., quantization_config=BitsAndBytesConfig(...), dtype=torch.bfloat16) as the "
+            "plan file's header says, run peft's prepare_model_for_kbit_training on it and wrap "
+            "it with peft's LoraConfig of the plan's lora section, as the trials did; no "
+            "autofit.apply."
         )
     else:
         name = TRAINER_EXAMPLE

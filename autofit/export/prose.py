@@ -31,6 +31,7 @@ from autofit.units import all_together, device_noun, fmt_size
 from autofit.values import (
     Batching,
     Checkpointing,
+    Launch,
     Loss,
     Offload,
     Optimizer,
@@ -148,6 +149,7 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
             f"bnb_4bit_use_double_quant={layout.bnb.double_quant}, "
             f"bnb_4bit_quant_storage=torch.{storage[layout.bnb.quant_storage]})."
         )
+        lines += kbit_notes(cfg)
     elif layout.quant is not None:
         lines.append(f"# Base weights quantized to {layout.quant} (torchao), frozen.")
     if not layout.trains_all:
@@ -169,6 +171,22 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
     lines += adamw_notes(doc, layout)
     lines += batching_notes(cfg)
     return lines
+
+
+def kbit_notes(cfg: Config) -> list[str]:
+    """How a `launch: trainer` plan's bitsandbytes QLoRA was loaded and measured: a QLoRA
+    script's `from_pretrained` with that `BitsAndBytesConfig` (the LM head left in bf16), then
+    peft's `prepare_model_for_kbit_training` (`autofit.builder.trainer.trainer_model`)."""
+    if cfg.launch != Launch.TRAINER:
+        return []
+    ckpt = cfg.checkpointing == Checkpointing.FULL
+    return [
+        "# Loaded as a QLoRA script loads it: AutoModelForCausalLM.from_pretrained(path, "
+        "quantization_config=that BitsAndBytesConfig, dtype=torch.bfloat16) (the LM head stays "
+        "bf16), then peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing="
+        f"{ckpt}) (every non-NF4 parameter upcast to fp32: embeddings, norms, LM head), then "
+        "get_peft_model with the lora section's LoraConfig."
+    ]
 
 
 def adamw_notes(doc: dict[str, Any], layout: Layout) -> list[str]:

@@ -15,6 +15,7 @@ from autofit.estimate import estimate
 from autofit.hardware import cpu_hardware
 from autofit.models import resolve_model
 from autofit.trials import TrialResult, run_trials
+from tests.trials.grouped import grouped_trials
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -34,14 +35,7 @@ ERROR = 0.01
 
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
-    spec = resolve_model("llama-debug")
-    configs = [Config(**BASE, **knobs) for knobs in TRIALS.values()]
-    results = run_trials(spec, configs, nprocs=1, device="cpu", steps=STEPS, warmup=WARMUP,
-                         timeout_s=240)  # fmt: skip
-    out = dict(zip(TRIALS, results, strict=True))
-    for name, result in out.items():
-        assert result.status == "ok", f"{name}: {result.message[-800:]}"
-    return out
+    return grouped_trials(BASE, TRIALS, STEPS, WARMUP)
 
 
 def test_trl_trials_run_sfttrainers_loop_for_every_step(trials) -> None:  # type: ignore[no-untyped-def]

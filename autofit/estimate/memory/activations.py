@@ -22,7 +22,7 @@ from autofit.values import Checkpointing, Loss, Quant, Wrap
 def activation_bytes(
     model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora_rank: int,
     checkpointing: str, autocast: bool, targets: Targets = None, dropout: float = 0.0,
-    loss: str = "standard", launch: str = "autofit",
+    loss: str = "standard", launch: str = "autofit", kbit: bool = False,
 ) -> tuple[float, float]:  # fmt: skip
     """(decoder layers, outside the layers) activation bytes of one micro-batch at the peak of
     forward, from one layer of the real architecture traced at real width
@@ -39,12 +39,14 @@ def activation_bytes(
     the `loss` knob computes them (`traced_loss`: the whole batch's logits, or one chunk's beside
     the hidden states' gradient).
     Under `launch: trainer` a LoRA layer under autocast is traced with peft's casts of each
-    adapter's input (`adapter_casts`): the bf16 copy autocast makes of each fp32 cast is saved.
+    adapter's input (`adapter_casts`): the bf16 copy autocast makes of each fp32 cast is saved;
+    `kbit`: the model is bitsandbytes QLoRA after `prepare_model_for_kbit_training`
+    (`kbit_prepared`), traced so (`ActivationKey.kbit`: an fp32 residual stream).
     The last layer's backward is `layer_backward_bytes`: it is never alive together with
     the loss's tensors (CPU trials of every family: counting both over-estimated checkpointed
     runs by 10-44%, bench/accuracy.py --families)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout, loss, launch)  # fmt: skip
+                               dropout, loss, launch, kbit)  # fmt: skip
     n = s.layers
     fixed = head_grad_sum_bytes(model, lora_rank, loss)
     if ckpt is None:
@@ -73,7 +75,7 @@ def _outside(root: float, micro_batch: int, fixed: float) -> float:
 def loss_forward_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
     autocast: bool, targets: Targets = None, dropout: float = 0.0, loss: str = "standard",
-    launch: str = "autofit",
+    launch: str = "autofit", kbit: bool = False,
 ) -> float:  # fmt: skip
     """What lives outside the layers at the peak of forward alone, the loss computed but its
     backward not begun (`LayerActivations.root_forward`): for `standard` the bf16 logits, their
@@ -81,7 +83,7 @@ def loss_forward_bytes(
     and `fused` the whole loss, whose gradients are computed in forward. FSDP2 still holds its
     last all-gather output then (`forward_gather_buffer_bytes`)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout, loss, launch)  # fmt: skip
+                               dropout, loss, launch, kbit)  # fmt: skip
     fixed = head_grad_sum_bytes(model, lora_rank, loss)
     return _outside((ckpt or kept).root_forward, micro_batch, fixed)
 
@@ -110,6 +112,7 @@ def forward_gather_buffer_bytes(
 def layer_backward_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
     autocast: bool, targets: Targets = None, dropout: float = 0.0, launch: str = "autofit",
+    kbit: bool = False,
 ) -> float:  # fmt: skip
     """What the last decoder layer's backward holds at its peak besides the activations the
     layers kept (`LayerActivations.backward`, traced as its own moment: the one-layer model's
@@ -120,7 +123,7 @@ def layer_backward_bytes(
     moment). With `every-2` the larger of a checkpointed and a kept layer's (the peak is at
     whichever backward holds more)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout, "standard", launch)  # fmt: skip
+                               dropout, "standard", launch, kbit)  # fmt: skip
     if ckpt is None:
         return micro_batch * kept.backward
     if checkpointing == Checkpointing.EVERY_2:
@@ -212,16 +215,19 @@ def dequant_transient_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None
 def _layer_traces(
     model: ModelSpec, seq_len: int, lora_rank: int, checkpointing: str, autocast: bool,
     targets: Targets, dropout: float, loss: str = "standard", launch: str = "autofit",
+    kbit: bool = False,
 ) -> tuple[LayerActivations, LayerActivations | None]:  # fmt: skip
     """The traced layer without checkpointing, and checkpointed as `checkpointing` does it
     (op-level for `selective`, the whole layer otherwise; None without checkpointing): the two
     traces `activation_bytes`, `loss_forward_bytes` and `layer_backward_bytes` read (memoised:
     a space asks for the same few thousands of times). `launch`: under `trainer` a LoRA layer
-    under autocast keeps peft's casts of its adapters' inputs (`adapter_casts`)."""
+    under autocast keeps peft's casts of its adapters' inputs (`adapter_casts`); `kbit`: traced
+    as bitsandbytes QLoRA after `prepare_model_for_kbit_training` (`ActivationKey.kbit`)."""
     casts = adapter_casts(launch, lora_rank, autocast)
     key = ActivationKey(
-        seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss, launch), casts
-    )
+        seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss, launch), casts,
+        kbit,
+    )  # fmt: skip
     kept = activations_of(model, key)
     if checkpointing == Checkpointing.NONE:
         return kept, None

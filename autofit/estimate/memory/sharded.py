@@ -186,6 +186,15 @@ def autocast_copy_bytes(s: Structure, lora_rank: int, autocast: bool,
     return (matrices + (s.vocab * s.hidden if head else 0)) * BF16
 
 
+def kbit_head_copy_bytes(s: Structure, kbit: bool, autocast: bool) -> float:
+    """The bf16 copy autocast makes of the LM head's weight once `prepare_model_for_kbit_training`
+    has upcast it to fp32 (`kbit_prepared`): the head is frozen, so autocast does not cache the
+    copy, but its matmul saves it for the input's gradient, from the head's forward to its
+    backward (gone by a decoder layer's backward). llama-debug: 0.5 MB that the real QLoRA
+    model held at the loss's backward (tests/trials/test_trainer_qlora.py)."""
+    return s.vocab * s.hidden * BF16 if kbit and autocast else 0.0
+
+
 def optimizer_temp_bytes(
     s: Structure, lora_rank: int, precision: str, optimizer: str, device: str, shard: int,
     targets: Targets = None, *, impl: str | None = None, offload: str = "none",

@@ -89,10 +89,20 @@ def base_weight_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None = Non
     return total
 
 
-def frozen_other_bytes(s: Structure) -> int:
+def frozen_other_bytes(s: Structure, kbit: bool = False) -> int:
     """Everything but the projections in a LoRA run (embedding, head, norms, biases, MoE router
-    and experts): frozen, bf16, never quantized."""
-    return (s.root_params + s.layers * s.layer_frozen_other_params) * BF16
+    and experts): frozen, bf16, never quantized; fp32 under `kbit` (`kbit_prepared`: peft's
+    `prepare_model_for_kbit_training` upcasts every fp16/bf16 parameter but the NF4 ones)."""
+    return (s.root_params + s.layers * s.layer_frozen_other_params) * (FP32 if kbit else BF16)
+
+
+def kbit_prepared(quant: str, bnb: recipe.Bnb4bit | None, launch: str) -> bool:
+    """Whether the model is bitsandbytes QLoRA as a Trainer script prepares it: `launch: trainer`
+    with NF4 by bitsandbytes (`autofit.builder.trainer.trainer_model`), after peft 0.21's
+    `prepare_model_for_kbit_training`, which upcasts every non-NF4 parameter to fp32 (so the
+    embedding output, the norms and the residual stream are fp32; `ActivationKey.kbit`).
+    autofit's own launch runs bitsandbytes NF4 without it."""
+    return launch == Launch.TRAINER and quant == Quant.NF4 and bnb is not None
 
 
 def traced_loss(loss: str, launch: str = "autofit") -> str:
