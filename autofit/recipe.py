@@ -341,11 +341,12 @@ BNB_QUANT_STORAGE: dict[str, int] = dict(zip(BNB_QUANT_STORAGES, (1, 2, 2, 4), s
 the dtype the packed codes are viewed as (uint8 by default; FSDP needs it equal to the other
 parameters' dtype, e.g. bf16)."""
 
-BNB_STORAGE_TORCH_NAMES: dict[str, str] = dict(
+TORCH_NAMES: dict[str, str] = dict(
     zip(BNB_QUANT_STORAGES, ("uint8", "bfloat16", "float16", "float32"), strict=True)
 )
-"""The same names as torch's dtypes (`torch.<name>`): what the builder passes to bitsandbytes
-and the export writes into `BitsAndBytesConfig`."""
+"""autofit's dtype names (`BF16`, `FP32` and the other `bnb_4bit_quant_storage` names) as torch's
+dtypes (`torch.<name>`): what the builder passes to bitsandbytes, and the export writes into
+`BitsAndBytesConfig` and TRL's `model_init_kwargs`."""
 
 
 def bnb_nf4_bytes(numel: int, double_quant: bool, quant_storage: str = "uint8") -> int:

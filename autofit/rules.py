@@ -82,8 +82,9 @@ def loss_unavailable(loss: str, device: str) -> str | None:
     return None
 
 
-TRAINER_FSDP = (Wrap.LAYER, Wrap.EVERY_2, Wrap.EVERY_4, Wrap.MODEL)
-"""The wraps that shard with FSDP2, which `launch: trainer` and `trl` do not run yet."""
+FSDP2_WRAPS = tuple(w.value for w in Wrap if w not in (Wrap.AUTO, Wrap.NONE))
+"""The wraps that shard with FSDP2 (`auto` is one of them or `none`, `autofit.layout.resolve_wrap`),
+which `launch: trainer` and `trl`, and bitsandbytes' weights, do not run yet."""
 
 TRL_MODULE = "trl"
 """The import name of TRL (`pip install 'autofit[trl]'`), whose `SFTTrainer` `launch: trl` runs."""
@@ -173,7 +174,7 @@ def _trainer_unsupported(cfg: Config) -> str | None:
         return f"train_embeddings={cfg.train_embeddings} (not measured under Trainer yet)"
     if cfg.batching == Batching.PACKED and cfg.launch == Launch.TRAINER:
         return "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer: launch=trl)"
-    if cfg.wrap in TRAINER_FSDP:
+    if cfg.wrap in FSDP2_WRAPS:
         return f"wrap={cfg.wrap} (FSDP2 through Accelerate: not measured under Trainer yet)"
     return None
 
@@ -269,13 +270,6 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             f"optimizer={cfg.optimizer} is torchao's low-bit AdamW, which has one step of its "
             "own (compiled, one parameter at a time). Use optimizer=adamw, or optimizer_impl=auto.",
         )
-    if cfg.offload == Offload.PARAMS and cfg.wrap == Wrap.NONE:
-        return (
-            "offload=params without sharding",
-            "offload=params needs FSDP2 (wrap=layer, every-2, every-4 or model; on one GPU a "
-            "one-rank FSDP2 mesh, as answer.ai offloads): wrap=none runs the plain module or DDP "
-            "replicas, which keep the weights on the GPU.",
-        )
     if cfg.launch in HF_LAUNCHES:
         unsupported = _trainer_unsupported(cfg)
         if unsupported:
@@ -313,7 +307,7 @@ def _bnb_rule(cfg: Config) -> tuple[str, str] | None:
             f"quant_backend=bitsandbytes stores NF4 weights, but quant={cfg.quant}. Use "
             "quant=nf4 with it (and lora_rank > 0), or quant_backend=torchao (the default).",
         )
-    if cfg.wrap not in (Wrap.AUTO, Wrap.NONE) or cfg.offload == Offload.PARAMS:
+    if cfg.wrap in FSDP2_WRAPS or cfg.offload == Offload.PARAMS:
         return (
             "bitsandbytes with FSDP2",
             f"quant_backend=bitsandbytes needs wrap=none (the plain module on one GPU, as HF "

@@ -75,9 +75,9 @@ def _to_nf4(linear: nn.Linear, shards: int) -> None:
 
 
 BNB_STORAGE_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, torch_name) for name, torch_name in recipe.BNB_STORAGE_TORCH_NAMES.items()
+    name: getattr(torch, torch_name) for name, torch_name in recipe.TORCH_NAMES.items()
 }
-"""`recipe.BNB_QUANT_STORAGE`'s names as torch dtypes (`recipe.BNB_STORAGE_TORCH_NAMES`)."""
+"""`recipe.BNB_QUANT_STORAGE`'s names as torch dtypes (`recipe.TORCH_NAMES`)."""
 
 
 def _to_bnb_nf4(linear: nn.Linear, bnb: recipe.Bnb4bit) -> nn.Module:

@@ -45,8 +45,8 @@ def mode_on(cfg: Any, mode: str) -> bool:
     return str(getattr(cfg, knob)) == value
 
 
-_MODE_KNOBS = ("quant", "checkpointing", "offload", "wrap")
-"""The knobs a `MODES` entry of the form `knob=value` reads (beside LoRA and compile)."""
+_MODE_KNOBS = tuple(dict.fromkeys(m.split("=")[0] for m in MODES if "=" in m))
+"""The knobs the `MODES` entries of the form `knob=value` read (beside LoRA and compile)."""
 
 
 def modes_on(cfg: Any) -> tuple[bool, ...]:

@@ -19,10 +19,10 @@ from autofit.export.schema import MARKER, env_text
 from autofit.layout import Layout, Sharding, wrap_group_size
 from autofit.recipe import (
     ADAMW_IMPLS,
-    BNB_STORAGE_TORCH_NAMES,
     HF_ADAMW_DEFAULT,
     HF_TRAINER_LOW_BIT_BLOCK,
     LOW_BIT_STATES,
+    TORCH_NAMES,
     trained_embedding_modules,
     trained_token_ids,
 )
@@ -142,7 +142,7 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
     if env_text(doc):  # CUDA allocator settings; none for a CPU plan
         lines.append(f"# Trials ran with {env_text(doc)}: set it for your run too.")
     if layout.bnb is not None:
-        storage = BNB_STORAGE_TORCH_NAMES
+        storage = TORCH_NAMES
         lines.append(
             "# Base weights quantized to nf4 by bitsandbytes, frozen: BitsAndBytesConfig("
             "load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16, "

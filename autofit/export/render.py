@@ -17,11 +17,10 @@ from autofit.export.layout import (
     plan_config,
     plan_layout,
     plan_nodes,
-    plan_sharding,
 )
 from autofit.export.prose import accelerate_notes, header
 from autofit.layout import Sharding
-from autofit.recipe import BF16, FP32, hf_optim
+from autofit.recipe import TORCH_NAMES, hf_optim
 from autofit.values import Batching, Checkpointing, Launch, Loss, Offload, Wrap
 
 
@@ -42,8 +41,8 @@ def accelerate_config(doc: dict[str, Any]) -> dict[str, Any]:
     n = int(doc["hardware"]["n_gpus"])
     nodes, _ = plan_nodes(doc)
     wrap = cfg.wrap
-    sharding = plan_sharding(doc)
-    mixed = plan_layout(doc).fp32_trainable
+    layout = plan_layout(doc)
+    sharding, mixed = layout.sharding, layout.fp32_trainable
     base: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -108,11 +107,6 @@ def render_accelerate(doc: dict[str, Any], side: Path, target: Path | None = Non
     return "\n".join(head) + "\n" + yaml.safe_dump(accelerate_config(doc), sort_keys=False)
 
 
-TORCH_DTYPE_NAMES = {BF16: "bfloat16", FP32: "float32"}
-"""autofit's dtype names as torch's (what `from_pretrained(dtype=...)` and TRL's
-`model_init_kwargs` take)."""
-
-
 def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     """The trainer export: `transformers.TrainingArguments` of the plan (as keyword arguments),
     or for a `launch: trl` plan TRL's `SFTConfig` (`sft_arguments`)."""
@@ -143,7 +137,7 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     ckpt = cfg.checkpointing != Checkpointing.NONE
     if cfg.launch == Launch.TRL:
         args.update(sft_arguments(cfg, layout.base_dtype))
-    sharding = plan_sharding(doc)
+    sharding = layout.sharding
     if sharding is not Sharding.FSDP2:  # the plain module, or DDP replicas on several GPUs
         if ckpt:
             args["activation_checkpointing"] = True
@@ -182,5 +176,5 @@ def sft_arguments(cfg: Config, base_dtype: str) -> dict[str, Any]:
     }
     if args["packing"]:
         args["packing_strategy"] = "bfd"
-    args["model_init_kwargs"] = {"dtype": TORCH_DTYPE_NAMES[base_dtype]}
+    args["model_init_kwargs"] = {"dtype": TORCH_NAMES[base_dtype]}
     return args
