@@ -122,9 +122,13 @@ def step_rows(
         if len(kept) != config.micro_batch:  # pragma: no cover - padded layouts are full
             raise ValueError("a drawn micro-batch has fewer rows than micro_batch")
         rows += [ids[k] for ids, k in zip(inputs["input_ids"], kept, strict=True)]
-    per_step = [n for _, n in drawn]
-    ga = config.grad_accum
-    return rows, [sum(per_step[i : i + ga]) for i in range(0, len(per_step), ga)]
+    return rows, step_sums([n for _, n in drawn], config.grad_accum)
+
+
+def step_sums(per_micro_step: list[int], grad_accum: int) -> list[int]:
+    """Each optimizer step's sum of `per_micro_step` (its `grad_accum` micro-steps in order)."""
+    ga = grad_accum
+    return [sum(per_micro_step[i : i + ga]) for i in range(0, len(per_micro_step), ga)]
 
 
 class _Steps:

@@ -32,7 +32,7 @@ import torch
 from autofit.builder.trainer import trainer_model
 from autofit.builder.trl import make_sft_trainer, token_dataset
 from autofit.data import LengthHistogram
-from autofit.trials.trainer import Made, Setup, step_rows
+from autofit.trials.trainer import Made, Setup, step_rows, step_sums
 from autofit.values import Batching
 
 
@@ -57,7 +57,8 @@ def fullest_first(dataset: Any, micro_batch: int, at: int) -> Any:
     (each row's tokens: `seq_lengths` summed), the other rows in TRL's order."""
     tokens = [sum(row) for row in dataset["seq_lengths"]]
     fullest = sorted(range(len(tokens)), key=lambda i: -tokens[i])[:micro_batch]
-    rest = [i for i in range(len(tokens)) if i not in set(fullest)]
+    chosen = set(fullest)
+    rest = [i for i in range(len(tokens)) if i not in chosen]
     start = min(at * micro_batch, len(rest))
     return dataset.select(rest[:start] + fullest + rest[start:])
 
@@ -89,11 +90,10 @@ def sft_setup(setup: Setup) -> Made:
         trainer.train_dataset = fullest_first(trainer.train_dataset, config.micro_batch, at)
     counted = _Counted(trainer.data_collator)
     trainer.data_collator = counted
-    ga = config.grad_accum
 
     def useful() -> list[int] | None:
         if not setup.lengths:
             return None
-        return [sum(counted.tokens[i : i + ga]) for i in range(0, len(counted.tokens), ga)]
+        return step_sums(counted.tokens, config.grad_accum)
 
     return trainer, useful
