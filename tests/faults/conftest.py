@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autofit.files import atomic_write
 from autofit.trials.guard import PLANNER_ENV
 
 AUTOFIT = [sys.executable, "-m", "autofit.cli"]
@@ -43,7 +44,10 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def plan_cmd(tmp_path: Path, *extra: str, gpus: str = "2", space_text: str = SPACE) -> list[str]:
     space = tmp_path / "S.yaml"
-    space.write_text(space_text)
+    # planners started one after another read this file while the next command is made: it is
+    # written once (a rewrite truncates it first, and a planner reading it then finds it empty)
+    if not space.exists() or space.read_text() != space_text:
+        atomic_write(space, space_text)
     return [
         *AUTOFIT, "plan", "--model", "llama-debug", "--gpus", gpus, "--device", "cpu",
         "--seq-len", "32", "--space", str(space), *extra,

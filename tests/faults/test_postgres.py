@@ -49,7 +49,7 @@ def test_three_planners_share_a_postgres_study_and_survive_a_killed_one(
     outputs = []
     for p in survivors:
         stdout, stderr = p.communicate(timeout=600)
-        assert p.returncode == 0, stderr
+        assert p.returncode == 0, (stdout, stderr)
         outputs.append(json.loads(stdout))
 
     study = optuna.load_study(study_name="pg", storage=st.open_storage(postgres))
