@@ -71,25 +71,64 @@ def not_a_study_database(url: str) -> AutofitError:
     )
 
 
+# SQLite's primary result codes (sqlite.org/rescode.html; `sqlite3.SQLITE_*` from Python 3.11):
+# an error's `sqlite_errorcode` is one of them, or an extended code whose low byte is
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY = 5, 6, 8
+SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_NOTADB = 11, 13, 14, 26
+# PostgreSQL's SQLSTATEs (postgresql.org/docs/current/errcodes-appendix.html) of one schema or
+# its first rows made by two processes at once: unique_violation (both insert Optuna's
+# version row, or the same type name), duplicate_table, duplicate_object, deadlock_detected
+SCHEMA_RACE_SQLSTATES = frozenset({"23505", "42P07", "42710", "40P01"})
+
+
+def sqlite_code(error: BaseException) -> int | None:
+    """The primary SQLite result code of a storage error (SQLAlchemy's, or the driver's own),
+    None where SQLite did not raise it."""
+    cause = getattr(error, "orig", None) or error
+    code = getattr(cause, "sqlite_errorcode", None)  # Python 3.11+
+    if code is None and isinstance(cause, sqlite3.Error):  # Python 3.10: its words alone
+        said = str(cause).lower()
+        words = {"locked": SQLITE_BUSY, "readonly": SQLITE_READONLY, "malformed": SQLITE_CORRUPT,
+                 "disk is full": SQLITE_FULL, "unable to open": SQLITE_CANTOPEN,
+                 "not a database": SQLITE_NOTADB}  # fmt: skip
+        code = next((c for w, c in words.items() if w in said), None)
+    return None if code is None else code & 0xFF
+
+
+def lost_schema_race(error: BaseException) -> bool:
+    """Another process made the storage's tables or their first rows at the same moment: the
+    database refused a duplicate (SQLAlchemy's typed `IntegrityError`, a PostgreSQL SQLSTATE of
+    `SCHEMA_RACE_SQLSTATES`) or was busy past its timeout. Opening it again finds them made."""
+    from sqlalchemy.exc import IntegrityError
+
+    if isinstance(error, IntegrityError):
+        return True
+    cause = getattr(error, "orig", None)
+    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, 2
+    if state is not None:
+        return state in SCHEMA_RACE_SQLSTATES
+    return sqlite_code(error) in (SQLITE_BUSY, SQLITE_LOCKED)
+
+
 def storage_error(url: str, error: BaseException) -> AutofitError:
     """One paragraph for a storage that could not be opened: what the database said (not the
     SQL), the file, and what to do."""
     cause = getattr(error, "orig", None) or error  # the driver's own error, without SQL text
     said = " ".join(str(cause).split()) or type(cause).__name__
-    lowered = said.lower()
     path = sqlite_path(url)
-    if path is not None and ("disk is full" in lowered or "no space" in lowered):
+    code = sqlite_code(error)
+    if path is not None and code == SQLITE_FULL:
         return AutofitError(
             f"The study database {path} cannot be written: the disk it is on is full (SQLite: "
             f"{said}). Nothing was run. Free some space, or pass --run-dir (or --storage "
             "sqlite:///PATH) a folder on another disk."
         )
-    if path is not None and ("not a database" in lowered or "malformed" in lowered):
+    if path is not None and code in (SQLITE_NOTADB, SQLITE_CORRUPT):
         return AutofitError(
             f"The study database {path} is corrupt (SQLite: {said}); autofit leaves it as it is. "
             f"{_FRESH}; `sqlite3 {path} .recover` may save its trials."
         )
-    if path is not None and ("unable to open" in lowered or "readonly" in lowered):
+    if path is not None and code in (SQLITE_CANTOPEN, SQLITE_READONLY):
         return AutofitError(
             f"Cannot open the study database {path} (SQLite: {said}): its folder must exist "
             "and be writable. Pass --run-dir a folder you can write in, or --storage another path."

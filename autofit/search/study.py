@@ -22,6 +22,7 @@ from typing import Any
 
 import optuna
 
+from autofit.checks import sqlite_path
 from autofit.config import Config
 from autofit.data import LengthHistogram
 from autofit.errors import AutofitError
@@ -29,14 +30,18 @@ from autofit.hardware import Hardware
 from autofit.models import ModelSpec
 from autofit.request import PlanRequest
 from autofit.search.storage_file import (
+    SQLITE_READONLY,
     check_sqlite_file,
     check_sqlite_study,
+    lost_schema_race,
     not_a_study_database,
     read_only_sqlite,
+    sqlite_code,
     storage_error,
 )
 from autofit.space import Space
 from autofit.trials.channel import STORAGE_ERRORS
+from autofit.trials.devlock import lock_dir
 from autofit.trials.guard import alive, hostname, identity
 
 SCHEMA = 2  # 2: the metadata is `PlanRequest.to_dict()`; 1 had a subset of its keys
@@ -165,6 +170,24 @@ def storage_url(url: str) -> str:
     return "postgresql+psycopg://" + url[len(scheme) :]
 
 
+@contextlib.contextmanager
+def _making_tables(url: str, read_only: bool) -> Iterator[None]:
+    """Held while Optuna makes (or finds) its tables in an SQLite file: one process of the host
+    at a time. SQLAlchemy looks for each table, then creates it; two planners starting on one new
+    file both look, and the second's `CREATE TABLE` fails with SQLite's generic SQLITE_ERROR
+    ("table studies already exists"), which no code tells from a real error. A server database
+    reports such races by SQLSTATE instead (`lost_schema_race`)."""
+    path = sqlite_path(url)
+    if path is None or read_only:
+        yield
+        return
+    from filelock import FileLock
+
+    key = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    with FileLock(lock_dir() / f"sqlite-{key}.lock", mode=0o666):
+        yield
+
+
 def open_storage(url: str, read_only: bool = False) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage with heartbeats (so a killed worker's trial is failed, not stuck).
     `read_only`: a study only read (`autofit export`): an SQLite file is opened read-only, so
@@ -179,7 +202,7 @@ def open_storage(url: str, read_only: bool = False) -> optuna.storages.RDBStorag
             kwargs = {"creator": read_only_sqlite(url)}
     for attempt in range(3):
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _making_tables(url, read_only):
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 storage = optuna.storages.RDBStorage(
                     url,
@@ -191,11 +214,9 @@ def open_storage(url: str, read_only: bool = False) -> optuna.storages.RDBStorag
                     _serialize_sqlite(storage.engine)
                 return storage
         except Exception as exc:  # sqlalchemy raises many types for a bad URL or an unreachable DB
-            if read_only and "readonly" in str(exc).lower():  # it lacks Optuna's tables
+            if read_only and sqlite_code(exc) == SQLITE_READONLY:  # it lacks Optuna's tables
                 raise not_a_study_database(url) from None
-            # two workers creating the schema of a new database at once: one loses, retries
-            racing = ("already exists", "unique constraint", "database is locked", "duplicate key")
-            if attempt < 2 and any(r in str(exc).lower() for r in racing):
+            if attempt < 2 and lost_schema_race(exc):  # two planners made a new database at once
                 time.sleep(0.5 * (attempt + 1))
                 continue
             error = exc
