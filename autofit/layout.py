@@ -31,7 +31,16 @@ from autofit.recipe import (
 )
 from autofit.rules import fsdp2_only_knob
 from autofit.settings import targeted
-from autofit.values import Checkpointing, Quant, Shard, Wrap
+from autofit.values import (
+    Checkpointing,
+    Offload,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    Shard,
+    Wrap,
+)
 
 if TYPE_CHECKING:
     from autofit.config import Config
@@ -91,7 +100,9 @@ AUTO_WRAP = Wrap.AUTO.value
 """`wrap`'s default: how the best recipes hold the model on the GPUs at hand (`resolve_wrap`)."""
 
 
-def resolve_wrap(wrap: str, n_gpus: int, offload: str = "none", shard: str = "all") -> str:
+def resolve_wrap(
+    wrap: str, n_gpus: int, offload: str = Offload.NONE, shard: str = Shard.ALL
+) -> str:
     """The wrap `wrap: auto` stands for on `n_gpus` GPUs: the plain module (`none`) on one GPU,
     as torchtune's single-device recipes and HF Trainer run it, and FSDP2 per decoder layer
     (`layer`, torchtitan's layout) on several; also `layer` where a knob needs FSDP2 (`offload:
@@ -194,9 +205,10 @@ class Layout:
     @classmethod
     def of(
         cls, *, wrap: str, shard: str, n_gpus: int, gpus_per_node: int | None = None,
-        n_layers: int = 0, precision: str = "bf16-mixed", optimizer: str = "adamw",
-        offload: str = "none", optimizer_impl: str = "auto", device: str = "cuda",
-        checkpointing: str = "none", quant: str = "none", lora_rank: int = 0,
+        n_layers: int = 0, precision: str = Precision.BF16_MIXED,
+        optimizer: str = Optimizer.ADAMW, offload: str = Offload.NONE,
+        optimizer_impl: str = OptimizerImpl.AUTO, device: str = "cuda",
+        checkpointing: str = Checkpointing.NONE, quant: str = Quant.NONE, lora_rank: int = 0,
         lora_targets: tuple[str, ...] | None = None, projections: tuple[str, ...] = (),
         bnb: Bnb4bit | None = None,
     ) -> Layout:  # fmt: skip

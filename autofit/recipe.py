@@ -81,8 +81,12 @@ class LowBitState:
 
 
 LOW_BIT_STATES: dict[str, LowBitState] = {
-    "adamw8bit": LowBitState("AdamW8bit", value_bytes=1, block=256, hf_optim="adamw_torch_8bit"),
-    "adamw4bit": LowBitState("AdamW4bit", value_bytes=0.5, block=128, hf_optim="adamw_torch_4bit"),
+    Optimizer.ADAMW8BIT: LowBitState(
+        "AdamW8bit", value_bytes=1, block=256, hf_optim="adamw_torch_8bit"
+    ),
+    Optimizer.ADAMW4BIT: LowBitState(
+        "AdamW4bit", value_bytes=0.5, block=128, hf_optim="adamw_torch_4bit"
+    ),
 }
 """Optimizer knob value -> its quantized state. The block sizes are torchao's defaults, and the
 builder passes them to torchao explicitly (`block_size`), so a torchao default change cannot make
@@ -148,9 +152,9 @@ class AdamWImpl:
 
 
 ADAMW_IMPLS: dict[str, AdamWImpl] = {
-    "fused": AdamWImpl(0, {"fused": True}, "adamw_torch_fused"),
-    "foreach": AdamWImpl(1, {"foreach": True}, "adamw_torch"),
-    "for-loop": AdamWImpl(2, {"foreach": False}, None),
+    OptimizerImpl.FUSED: AdamWImpl(0, {"fused": True}, "adamw_torch_fused"),
+    OptimizerImpl.FOREACH: AdamWImpl(1, {"foreach": True}, "adamw_torch"),
+    OptimizerImpl.FOR_LOOP: AdamWImpl(2, {"foreach": False}, None),
 }
 """Each implementation `adamw_impl` resolves (the `optimizer_impl` values but `auto`)."""
 
@@ -288,7 +292,7 @@ def is_low_rank_expansion(inner: int, out_features: int) -> bool:
 
 
 # ----- quantized base weights under FSDP2 ---------------------------------------------------------
-QUANT_TENSOR_CLASS: dict[str, str] = {"int8": "Int8Tensor", "nf4": "NF4Tensor"}
+QUANT_TENSOR_CLASS: dict[str, str] = {Quant.INT8: "Int8Tensor", Quant.NF4: "NF4Tensor"}
 """The torchao tensor subclass each `quant` stores a base weight as."""
 
 

@@ -225,7 +225,7 @@ class _Walk:
         # One GPU trains the plain module (`wrap: none`, what `auto` stands for there); where the
         # space offers it, a one-rank FSDP2 mesh (which only adds gathered copies and DTensor
         # overhead) is kept for param offload alone.
-        plain_only = n_gpus == 1 and ("none" in knobs["wrap"] or auto)
+        plain_only = n_gpus == 1 and (Wrap.NONE in knobs["wrap"] or auto)
         accums_of = {
             m: () if (ga := derive_grad_accum(global_batch, m, n_gpus)) is None else (ga,)
             for m in knobs["micro_batch"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from autofit.errors import ConfigError
 from autofit.settings import targeted
-from autofit.values import Loss
+from autofit.values import Checkpointing, Loss, Quant
 
 __all__ = ["ActivationKey", "LayerActivations", "Projection", "StepEvents", "Structure"]
 
@@ -223,9 +223,10 @@ class ActivationKey:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] | None = None
     lora_dropout: float = 0.0
-    policy: str = "none"  # none | full | selective: the checkpointing of every traced layer
+    # none | full | selective: the checkpointing of every traced layer
+    policy: str = Checkpointing.NONE
     autocast: bool = False
-    loss: str = "standard"  # standard | chunked | trl: how the traced model computes its loss
+    loss: str = Loss.STANDARD  # standard | chunked | trl: how the traced model computes its loss
     adapter_casts: bool = False  # LoRA under autocast with peft's input casts (launch: trainer)
     # bitsandbytes QLoRA as `prepare_model_for_kbit_training` leaves it (launch: trainer): every
     # non-projection parameter fp32, each projection computing in bf16 and returning its
@@ -296,13 +297,13 @@ class OpsKey:
     loss runs its ops once per chunk). Not the width, the sequence length nor the micro-batch: an
     op of a dense layer is one op whatever its shapes (`autofit.builder.ops`)."""
 
-    quant: str = "none"  # none | nf4 | int8
+    quant: str = Quant.NONE  # none | nf4 | int8
     lora: bool = False
     lora_targets: tuple[str, ...] | None = None
     dropout: bool = False
-    policy: str = "none"
+    policy: str = Checkpointing.NONE
     autocast: bool = False
-    loss: str = "standard"
+    loss: str = Loss.STANDARD
 
     def text(self) -> str:
         targets = ",".join(self.lora_targets) if self.lora_targets else "all"

@@ -314,3 +314,47 @@ def test_no_module_compares_a_knob_with_its_word():
                 if m.group("w") in words[knob]:
                     found.append(f"{path.relative_to(ROOT.parent)}:{n}: {line.strip()}")
     assert not found, "compare with autofit.values members:\n" + "\n".join(found)
+
+
+def test_no_module_writes_a_knob_word_as_a_value():
+    """Nor is a knob's word written as a value it is given: a keyword (`cfg.replace(loss=
+    "standard")`), a parameter's default (`offload: str = "none"`) or a mapping's entry
+    (`{"wrap": "layer"}`) names an `autofit.values` member. Read from the code's syntax tree."""
+    import ast
+
+    from autofit.config import DECLARED
+    from autofit.settings import WORD_SETTINGS
+
+    words = {
+        n: d.choices for n, d in DECLARED.items() if d.choices and isinstance(d.choices[0], str)
+    }
+    words.update({n: tuple(m.value for m in e) for n, e in WORD_SETTINGS.items()})
+    words["train_embeddings"] = ("none", "full")
+
+    def word_of(name: object, value: ast.AST | None) -> bool:
+        return (
+            isinstance(value, ast.Constant)
+            and isinstance(name, str)
+            and value.value in words.get(name, ())
+        )
+
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name in ("values.py", "config.py") and path.parent == ROOT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            pairs: list[tuple[object, ast.AST | None]] = []
+            if isinstance(node, ast.keyword):
+                pairs = [(node.arg, node.value)]
+            elif isinstance(node, ast.Dict):
+                pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True)
+                         if isinstance(k, ast.Constant)]  # fmt: skip
+            elif isinstance(node, ast.arguments):
+                named = [*node.posonlyargs, *node.args][::-1]  # the last ones have defaults
+                pairs = [(a.arg, d) for a, d in zip(named, node.defaults[::-1], strict=False)]
+                kw = zip(node.kwonlyargs, node.kw_defaults, strict=True)
+                pairs += [(a.arg, d) for a, d in kw]
+            for name, value in pairs:
+                if word_of(name, value):
+                    found.append(f"{path.relative_to(ROOT.parent)}:{value.lineno}: {name}=...")
+    assert not found, "write autofit.values members:\n" + "\n".join(found)

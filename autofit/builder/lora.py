@@ -72,7 +72,7 @@ def apply_lora(
     alpha: int,
     adapted: Collection[str],
     dropout: float = 0.0,
-    train_embeddings: str = "none",
+    train_embeddings: str = TrainEmbeddings.NONE,
 ) -> nn.Module:
     """Wrap `model` with peft LoRA of `rank` and `alpha` on the projections `adapted` (paths
     inside each decoder layer: `Layout.adapted`, of `lora_targets`), with `dropout` on each

@@ -172,7 +172,7 @@ def linear_cross_entropy(
     weight: torch.Tensor,
     labels: torch.Tensor,
     *,
-    kind: str = "chunked",
+    kind: str = Loss.CHUNKED,
     divisor: torch.Tensor | None = None,
     scale: float = 1.0,
     softcap: float | None = None,

@@ -33,6 +33,7 @@ from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
 from autofit.structure import OpsKey, StepOps
+from autofit.values import Wrap
 
 __all__ = ["OpCounter", "count_step_ops", "reduced"]
 
@@ -94,7 +95,7 @@ def step_config(key: OpsKey) -> Config:
         precision="bf16-mixed" if key.autocast else "bf16",
         checkpointing=key.policy,
         loss=key.loss,
-        wrap="none",
+        wrap=Wrap.NONE,
     )
 
 

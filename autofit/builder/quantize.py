@@ -45,7 +45,7 @@ def quantize_layer(
     sized for (`autofit.builder.nf4.nf4_block_sizes`). `bnb` (`Layout.bnb`): NF4 by
     bitsandbytes, each projection replaced by a `Linear4bit` (peft's `base_layer` where LoRA
     wraps it)."""
-    if quant not in (None, "nf4", "int8"):
+    if quant not in (None, Quant.NF4, Quant.INT8):
         raise ValueError(f"unknown quant {quant!r}")
     if quant is None:
         return layer

@@ -50,6 +50,7 @@ from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
 from autofit.structure import TRL_LOSS, ActivationKey, LayerActivations, StepEvents
+from autofit.values import Loss
 
 _CASTS = {torch.ops.aten._to_copy.default}
 
@@ -151,7 +152,7 @@ def _trace_or_bf16(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
 def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
     types = layer_types(spec)
     kinds = list(dict.fromkeys(types)) if types else [None]
-    per_kind = _per_layer_kind(spec, dataclasses.replace(key, loss="standard"), tuple(kinds))
+    per_kind = _per_layer_kind(spec, dataclasses.replace(key, loss=Loss.STANDARD), tuple(kinds))
     _, forward_peak, peak = _live_bytes(spec, key, tuple(kinds))
     # outside the layers: the peak over the loss (standard, forward: bf16 logits, their fp32 copy
     # and log-softmax's output; the start of backward: log-softmax's output and two fp32
@@ -165,7 +166,7 @@ def _trace(spec: ModelSpec, key: ActivationKey) -> LayerActivations:
     else:
         layer = per_kind[None]
     # the layer whose backward holds the most, of each type the model has (the peak is there)
-    standard = dataclasses.replace(key, loss="standard")
+    standard = dataclasses.replace(key, loss=Loss.STANDARD)
     backward = max(traced_step(spec, standard, (kind,))[0] - per_kind[kind] for kind in kinds)
     return LayerActivations(
         layer=float(layer),
@@ -486,7 +487,7 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
         checkpointing=key.policy,
         lora_targets=key.lora_targets,
         lora_dropout=key.lora_dropout,
-        loss="standard" if fused else key.loss,
+        loss=Loss.STANDARD if fused else key.loss,
         launch="trainer" if key.adapter_casts else "autofit",
     )
     layout = model_layout(model, config)  # one GPU, the plain module: autocast under bf16-mixed

@@ -28,7 +28,7 @@ from autofit.models import ModelSpec, resolve_model
 from autofit.rules import fsdp2_only_knob
 from autofit.space_file import parse_space
 from autofit.trials.result import TrialResult
-from autofit.values import Wrap
+from autofit.values import Checkpointing, Offload, Precision, Quant, Wrap
 
 # (model, seq_len) per device: the sweep's models, small enough for a few minutes of trials.
 MODELS = {
@@ -40,21 +40,21 @@ MODELS = {
 VARIANTS: tuple[dict[str, Any], ...] = (
     {},
     {"micro_batch": 8},
-    {"micro_batch": 8, "checkpointing": "full"},
+    {"micro_batch": 8, "checkpointing": Checkpointing.FULL},
     {"lora_rank": 8},
-    {"lora_rank": 8, "quant": "nf4"},
-    {"wrap": "none"},
-    {"offload": "optimizer"},
-    {"offload": "params", "wrap": "layer"},
+    {"lora_rank": 8, "quant": Quant.NF4},
+    {"wrap": Wrap.NONE},
+    {"offload": Offload.OPTIMIZER},
+    {"offload": Offload.PARAMS, "wrap": Wrap.LAYER},
     {"grad_accum": 2},
-    {"precision": "bf16"},
+    {"precision": Precision.BF16},
 )
 SECOND_MODEL_VARIANTS = 3
 # `quick`: the first model's variants that move the largest terms (activations and compute,
 # recomputation, LoRA, the CPU optimizer, the per-micro-step constant): a rougher calibration in
 # about a third of the time.
 QUICK_VARIANTS = (0, 1, 2, 3, 6, 8)
-BASE: dict[str, Any] = {"micro_batch": 2, "wrap": "layer"}
+BASE: dict[str, Any] = {"micro_batch": 2, "wrap": Wrap.LAYER}
 
 
 @dataclass

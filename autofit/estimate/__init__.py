@@ -302,7 +302,7 @@ def _unbatched(config: Config) -> Config:
         and config.micro_batch > 1
     ):
         return config
-    return with_checked(config, "batching", "padded")
+    return with_checked(config, "batching", Batching.PADDED)
 
 
 REPLAY_BUDGET_EVENTS = 17_000

@@ -19,7 +19,7 @@ from autofit.estimate.speed import HOST_OP_S, MEM_BW_EFFICIENCY
 from autofit.layout import wrap_unit_count
 from autofit.recipe import DTYPE_BYTES, reduce_dtype, state_value_bytes, trainable_dtype
 from autofit.structure import Structure
-from autofit.values import Wrap
+from autofit.values import OptimizerImpl, Wrap
 
 # ----- communication and offload ------------------------------------------------------------------
 # Achievable fraction of link bandwidth for NCCL ring collectives (nccl-tests busbw on NVLink and
@@ -55,7 +55,11 @@ CPU_ADAM_PARAMS_PER_S = 0.4e9
 # (`_fused_adamw_`, one op for every tensor; torchao's `CPUOffloadOptimizer` on CUDA) reads the
 # parameter, gradient and both moments and writes three: 28 B. `tests/estimate/test_speed_model.py`
 # counts the ops with a dispatch mode.
-CPU_ADAMW_COST = {"for-loop": (9, 72), "foreach": (2, 72), "fused": (0, 28)}
+CPU_ADAMW_COST = {
+    OptimizerImpl.FOR_LOOP: (9, 72),
+    OptimizerImpl.FOREACH: (2, 72),
+    OptimizerImpl.FUSED: (0, 28),
+}
 # The host memory bandwidth those passes run at (all cores of a GPU server's host): autofit's own
 # H200 machine (16 cores) stepped tinyllama-1.1b's full fine-tune under `offload: params` (1.10 G
 # fp32 parameters, 201 tensors) in 1.6-1.9 s beyond the rest of its step (rows b7 and e8 of

@@ -30,7 +30,7 @@ from autofit.models import ModelSpec
 from autofit.recipe import DTYPE_BYTES, bnb_of, checkpointed_layers, reduce_dtype
 from autofit.settings import BNB_SETTINGS, HF_LAUNCHES
 from autofit.structure import ActivationKey, Structure
-from autofit.values import Batching, Checkpointing, Launch, Quant
+from autofit.values import Batching, Checkpointing, Launch, Loss, Quant
 
 BREAKDOWN_KEYS = (
     "base_weights",
@@ -149,7 +149,11 @@ class Peaks:
         layers = min(s.layers, REPLAY_LAYERS)
         checkpointed = set(checkpointed_layers(c.checkpointing, layers))
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
-        policy = "selective" if c.checkpointing == Checkpointing.SELECTIVE else "full"
+        policy = (
+            Checkpointing.SELECTIVE
+            if c.checkpointing == Checkpointing.SELECTIVE
+            else Checkpointing.FULL
+        )
         # the head's and the loss's allocations differ by loss
         loss = mem.traced_loss(c.loss, c.launch)
         casts = mem.adapter_casts(c.launch, c.lora_rank, m.autocast)
@@ -387,7 +391,7 @@ def _activations(
     # the vocabulary are freed (the chunked loss computes the head's gradient itself)
     head_out_grad = (
         k.micro_batch * k.seq_len * s.vocab * mem.BF16
-        if mem.traced_loss(k.loss, k.launch) == "standard"
+        if mem.traced_loss(k.loss, k.launch) == Loss.STANDARD
         else 0.0
     )
     freed = 0.0

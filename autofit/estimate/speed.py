@@ -306,7 +306,8 @@ def layer_param_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None
 @lru_cache(maxsize=4096)
 def micro_step_times(
     s: Structure, tokens: int, seq_len: int, rank: int, targets: tuple[str, ...] | None,
-    checkpointing: str, flops_per_s: float, bytes_per_s: float, train_embeddings: str = "none",
+    checkpointing: str, flops_per_s: float, bytes_per_s: float,
+    train_embeddings: str = TrainEmbeddings.NONE,
     head_recompute: bool = False,
 ) -> dict[str, float]:  # fmt: skip
     """Seconds of one eager micro-step on one GPU, memoised by value (an equal structure is the
@@ -426,8 +427,8 @@ def dequant_time(s: Structure, quant: str, checkpointing: str, mem_bw_gbs: float
     if quant == Quant.NONE:
         return 0.0
     nbytes, kernels = {
-        "nf4": (NF4_DEQUANT_BYTES, NF4_DEQUANT_KERNELS),
-        "int8": (INT8_DEQUANT_BYTES, INT8_DEQUANT_KERNELS),
+        Quant.NF4: (NF4_DEQUANT_BYTES, NF4_DEQUANT_KERNELS),
+        Quant.INT8: (INT8_DEQUANT_BYTES, INT8_DEQUANT_KERNELS),
     }[quant]
     per_pass = 0.0
     for p in s.projections:

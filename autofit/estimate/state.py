@@ -12,7 +12,7 @@ from autofit.estimate import memory as mem
 from autofit.layout import Layout, Sharding
 from autofit.recipe import Bnb4bit, base_stays_whole
 from autofit.structure import Structure
-from autofit.values import Launch, Offload
+from autofit.values import Launch, Offload, OptimizerImpl, TrainEmbeddings
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
 
@@ -49,9 +49,10 @@ class States(NamedTuple):
 def states(
     s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
     lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool, embeddings: str = "none", optimizer_impl: str = "auto",
+    accumulates: bool, embeddings: str = TrainEmbeddings.NONE,
+    optimizer_impl: str = OptimizerImpl.AUTO,
     foreach_intermediates: int | None = None, bnb: Bnb4bit | None = None,
-    launch: str = "autofit",
+    launch: str = Launch.AUTOFIT,
 ) -> States:  # fmt: skip
     """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
     dimension (`Layout.shard`), what offload moves to a node's host (its `per_node` ranks'
@@ -137,8 +138,9 @@ class Gathered(NamedTuple):
 
 def gathered_at_moments(
     s: Structure, sharding: Sharding, device: str, wrap: str, reshard: bool, quant: str,
-    lora: int, targets: mem.Targets, autocast: bool, embeddings: str = "none",
-    launch: str = "autofit", kbit: bool = False,
+    lora: int, targets: mem.Targets, autocast: bool,
+    embeddings: str = TrainEmbeddings.NONE,
+    launch: str = Launch.AUTOFIT, kbit: bool = False,
 ) -> Gathered:  # fmt: skip
     """Unsharded parameters (and their gradients) at each moment, as the run's `sharding` holds
     them (`Layout.sharding`): FSDP2's all-gathers, or the bf16 copies autocast makes (none of

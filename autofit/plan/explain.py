@@ -178,7 +178,7 @@ def loss_note(best: Candidate, request: PlanRequest) -> str:
     cfg, r = best.config, request
     if cfg.loss == Loss.STANDARD:
         return ""
-    own = estimate(r.model, r.hardware, cfg.replace(loss="standard"), device=r.device,
+    own = estimate(r.model, r.hardware, cfg.replace(loss=Loss.STANDARD), device=r.device,
                    lengths=r.lengths)  # fmt: skip
     if prune_reason(own, r.margin, r.hardware) is None:
         return ""
@@ -192,7 +192,7 @@ def loss_note(best: Candidate, request: PlanRequest) -> str:
     for mb in sorted(r.space.knobs["micro_batch"]):
         if mb >= cfg.micro_batch:
             break
-        smaller = cfg.replace(loss="standard", micro_batch=mb)
+        smaller = cfg.replace(loss=Loss.STANDARD, micro_batch=mb)
         if r.global_batch:
             ga = derive_grad_accum(r.global_batch, mb, r.hardware.n_gpus)
             if ga is None:

@@ -43,23 +43,23 @@ def changes_for(cfg: Config) -> list[Change]:
     NF4 with LoRA, optimizer offload, param offload (FSDP2)."""
     out = []
     if cfg.loss == Loss.STANDARD:
-        out.append(Change({"loss": "chunked"}, "loss chunked"))
+        out.append(Change({"loss": Loss.CHUNKED}, "loss chunked"))
     if cfg.checkpointing != Checkpointing.FULL:
-        out.append(Change({"checkpointing": "full"}, "checkpointing full"))
+        out.append(Change({"checkpointing": Checkpointing.FULL}, "checkpointing full"))
     mb = cfg.micro_batch // 2
     while mb >= 1:
         ga = cfg.grad_accum * cfg.micro_batch // mb
         out.append(Change({"micro_batch": mb, "grad_accum": ga}, f"micro_batch {mb}"))
         mb //= 2
     if cfg.quant != Quant.NF4:
-        out.append(Change({"quant": "nf4", "lora_rank": cfg.lora_rank or 16},
+        out.append(Change({"quant": Quant.NF4, "lora_rank": cfg.lora_rank or 16},
                           "quant nf4 (--space qlora)"))  # fmt: skip
     if cfg.offload == Offload.NONE:
-        out.append(Change({"offload": "optimizer"}, "offload optimizer"))
+        out.append(Change({"offload": Offload.OPTIMIZER}, "offload optimizer"))
     if cfg.offload != Offload.PARAMS and cfg.quant != Quant.INT8:
-        wrap = {"wrap": "layer"} if cfg.wrap == Wrap.NONE else {}  # param offload needs FSDP2
+        wrap = {"wrap": Wrap.LAYER} if cfg.wrap == Wrap.NONE else {}  # param offload needs FSDP2
         space = "offload params (--space full or default)"
-        out.append(Change({"offload": "params", **wrap}, space))
+        out.append(Change({"offload": Offload.PARAMS, **wrap}, space))
     return out
 
 

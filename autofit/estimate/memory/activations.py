@@ -15,14 +15,14 @@ from autofit.layout import Sharding, wrap_group_size
 from autofit.models import ModelSpec
 from autofit.settings import HF_LAUNCHES
 from autofit.structure import ActivationKey, LayerActivations, Structure
-from autofit.values import Checkpointing, Loss, Quant, Wrap
+from autofit.values import Checkpointing, Launch, Loss, Quant, Wrap
 
 
 # ----- activations ------------------------------------------------------------------------------
 def activation_bytes(
     model: ModelSpec, s: Structure, micro_batch: int, seq_len: int, lora_rank: int,
     checkpointing: str, autocast: bool, targets: Targets = None, dropout: float = 0.0,
-    loss: str = "standard", launch: str = "autofit", kbit: bool = False,
+    loss: str = Loss.STANDARD, launch: str = Launch.AUTOFIT, kbit: bool = False,
 ) -> tuple[float, float]:  # fmt: skip
     """(decoder layers, outside the layers) activation bytes of one micro-batch at the peak of
     forward, from one layer of the real architecture traced at real width
@@ -74,8 +74,8 @@ def _outside(root: float, micro_batch: int, fixed: float) -> float:
 
 def loss_forward_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
-    autocast: bool, targets: Targets = None, dropout: float = 0.0, loss: str = "standard",
-    launch: str = "autofit", kbit: bool = False,
+    autocast: bool, targets: Targets = None, dropout: float = 0.0, loss: str = Loss.STANDARD,
+    launch: str = Launch.AUTOFIT, kbit: bool = False,
 ) -> float:  # fmt: skip
     """What lives outside the layers at the peak of forward alone, the loss computed but its
     backward not begun (`LayerActivations.root_forward`): for `standard` the bf16 logits, their
@@ -111,7 +111,7 @@ def forward_gather_buffer_bytes(
 
 def layer_backward_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, lora_rank: int, checkpointing: str,
-    autocast: bool, targets: Targets = None, dropout: float = 0.0, launch: str = "autofit",
+    autocast: bool, targets: Targets = None, dropout: float = 0.0, launch: str = Launch.AUTOFIT,
     kbit: bool = False,
 ) -> float:  # fmt: skip
     """What the last decoder layer's backward holds at its peak besides the activations the
@@ -123,7 +123,7 @@ def layer_backward_bytes(
     moment). With `every-2` the larger of a checkpointed and a kept layer's (the peak is at
     whichever backward holds more)."""
     kept, ckpt = _layer_traces(model, seq_len, lora_rank, checkpointing, autocast, targets,
-                               dropout, "standard", launch, kbit)  # fmt: skip
+                               dropout, Loss.STANDARD, launch, kbit)  # fmt: skip
     if ckpt is None:
         return micro_batch * kept.backward
     if checkpointing == Checkpointing.EVERY_2:
@@ -214,7 +214,7 @@ def dequant_transient_bytes(s: Structure, quant: str, bnb: recipe.Bnb4bit | None
 @lru_cache(maxsize=4096)
 def _layer_traces(
     model: ModelSpec, seq_len: int, lora_rank: int, checkpointing: str, autocast: bool,
-    targets: Targets, dropout: float, loss: str = "standard", launch: str = "autofit",
+    targets: Targets, dropout: float, loss: str = Loss.STANDARD, launch: str = Launch.AUTOFIT,
     kbit: bool = False,
 ) -> tuple[LayerActivations, LayerActivations | None]:  # fmt: skip
     """The traced layer without checkpointing, and checkpointed as `checkpointing` does it
@@ -225,13 +225,15 @@ def _layer_traces(
     as bitsandbytes QLoRA after `prepare_model_for_kbit_training` (`ActivationKey.kbit`)."""
     casts = adapter_casts(launch, lora_rank, autocast)
     key = ActivationKey(
-        seq_len, lora_rank, targets, dropout, "none", autocast, traced_loss(loss, launch), casts,
-        kbit,
+        seq_len, lora_rank, targets, dropout, Checkpointing.NONE, autocast,
+        traced_loss(loss, launch), casts, kbit,
     )  # fmt: skip
     kept = activations_of(model, key)
     if checkpointing == Checkpointing.NONE:
         return kept, None
-    policy = "selective" if checkpointing == Checkpointing.SELECTIVE else "full"
+    policy = (
+        Checkpointing.SELECTIVE if checkpointing == Checkpointing.SELECTIVE else Checkpointing.FULL
+    )
     return kept, activations_of(model, replace(key, policy=policy))
 
 

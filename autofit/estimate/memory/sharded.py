@@ -17,7 +17,7 @@ from autofit.estimate.memory.widths import (
 from autofit.layout import Sharding, wrap_group_size
 from autofit.settings import HF_LAUNCHES
 from autofit.structure import Structure
-from autofit.values import Offload, Quant, TrainEmbeddings, Wrap
+from autofit.values import Launch, Offload, OptimizerImpl, Quant, TrainEmbeddings, Wrap
 
 
 # ----- all-gather buffers -----------------------------------------------------------------------
@@ -197,9 +197,9 @@ def kbit_head_copy_bytes(s: Structure, kbit: bool, autocast: bool) -> float:
 
 def optimizer_temp_bytes(
     s: Structure, lora_rank: int, precision: str, optimizer: str, device: str, shard: int,
-    targets: Targets = None, *, impl: str | None = None, offload: str = "none",
-    trainable: float = 0.0, embeddings: str = "none", foreach_intermediates: int | None = None,
-    launch: str = "autofit",
+    targets: Targets = None, *, impl: str | None = None, offload: str = Offload.NONE,
+    trainable: float = 0.0, embeddings: str = TrainEmbeddings.NONE,
+    foreach_intermediates: int | None = None, launch: str = Launch.AUTOFIT,
 ) -> float:  # fmt: skip
     """Intermediates of the optimizer step on the device, by the implementation of torch's AdamW
     the run uses (`impl`, `autofit.recipe.adamw_impl`; None: torchao's low-bit AdamW), each in
@@ -210,12 +210,14 @@ def optimizer_temp_bytes(
     On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one.
     Under `launch: trainer` (and `trl`, whose SFTTrainer makes Trainer's optimizer) a full
     fine-tune's for-loop steps in Trainer's order (`trainer_for_loop_elements`)."""
-    if impl == "fused" or (device != "cpu" and (impl is None or offload != Offload.NONE)):
+    if impl == OptimizerImpl.FUSED or (
+        device != "cpu" and (impl is None or offload != Offload.NONE)
+    ):
         return 0.0
     pb = master_bytes(precision, optimizer)
-    if impl == "foreach":
+    if impl == OptimizerImpl.FOREACH:
         if foreach_intermediates is None:
-            foreach_intermediates = recipe.ADAMW_IMPLS["foreach"].intermediates
+            foreach_intermediates = recipe.ADAMW_IMPLS[OptimizerImpl.FOREACH].intermediates
         return foreach_intermediates * trainable * pb / shard
     per_param = recipe.ADAMW_IMPLS["for-loop"].intermediates
     if launch in HF_LAUNCHES and not lora_rank:
@@ -243,7 +245,7 @@ def trainer_for_loop_elements(s: Structure) -> int:
 
 def head_grad_bytes(
     s: Structure, lora_rank: int, train_embeddings: str, precision: str, optimizer: str,
-    sharding: Sharding, offload: str = "none",
+    sharding: Sharding, offload: str = Offload.NONE,
 ) -> float:  # fmt: skip
     """A trained LM head's weight gradient, born in the head's backward beside its output's
     bf16 gradient (the loss's fp32 tensors over the vocabulary freed by then): the plain

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import autofit.recipe as recipe
 from autofit.structure import TRL_LOSS, Structure
-from autofit.values import Launch, Loss, Quant
+from autofit.values import Launch, Loss, Optimizer, Quant
 
 Targets = tuple[str, ...] | None  # `lora_targets`: None adapts every projection
 
@@ -42,7 +42,7 @@ def bnb_nf4_weight_bytes(
     return recipe.bnb_nf4_bytes(out_features * in_features, double_quant, quant_storage)
 
 
-def master_bytes(precision: str, optimizer: str = "adamw") -> int:
+def master_bytes(precision: str, optimizer: str = Optimizer.ADAMW) -> int:
     """Bytes per trainable parameter: fp32 master weights under bf16-mixed (FSDP2
     `MixedPrecisionPolicy(param_dtype=bf16)` keeps the sharded originals in fp32; the plain module
     and DDP keep fp32 params under bf16 autocast), else bf16; the rule is
@@ -50,7 +50,7 @@ def master_bytes(precision: str, optimizer: str = "adamw") -> int:
     return recipe.DTYPE_BYTES[recipe.trainable_dtype(precision, optimizer)]
 
 
-def grad_bytes(precision: str, optimizer: str = "adamw") -> int:
+def grad_bytes(precision: str, optimizer: str = Optimizer.ADAMW) -> int:
     """Sharded gradients live in the parameter's dtype (FSDP2 reduce-scatters in fp32 with
     `reduce_dtype=fp32` and casts to the sharded param's dtype)."""
     return master_bytes(precision, optimizer)
@@ -105,7 +105,7 @@ def kbit_prepared(quant: str, bnb: recipe.Bnb4bit | None, launch: str) -> bool:
     return launch == Launch.TRAINER and quant == Quant.NF4 and bnb is not None
 
 
-def traced_loss(loss: str, launch: str = "autofit") -> str:
+def traced_loss(loss: str, launch: str = Launch.AUTOFIT) -> str:
     """The loss a trace runs for the `loss` knob: Liger's kernel (`fused`, CUDA only, so never
     traced) is counted as `chunked`, the same computation in pure torch: Liger's chunk rule and
     hidden-state gradient, with its chunk's logits held in bf16 and overwritten by their gradient
@@ -114,4 +114,4 @@ def traced_loss(loss: str, launch: str = "autofit") -> str:
     fused LM head whatever the knob (`TRL_LOSS`; the rules keep the knob at `standard`)."""
     if launch == Launch.TRL:
         return TRL_LOSS
-    return "chunked" if loss == Loss.FUSED else loss
+    return Loss.CHUNKED if loss == Loss.FUSED else loss
