@@ -25,7 +25,10 @@ from autofit.checks import MAX_SEQ_LEN
 from autofit.errors import ConfigError
 from autofit.layout import resolve_wrap
 from autofit.rules import rule_violation
-from autofit.settings import LAUNCHES, OPTIMIZER_IMPLS, QUANT_BACKENDS, coerce_setting
+from autofit.settings import (
+    WORD_SETTINGS,
+    coerce_setting,
+)
 from autofit.values import (
     Batching,
     BnbQuantStorage,
@@ -92,6 +95,13 @@ def setting(
     """A setting's field of `Config`: checked by `autofit.settings.coerce_setting`."""
     declared = Knob("", default, help, None, None, False, metavar, "", label)
     return field(default=default, metadata={_DECLARATION: declared})
+
+
+def word_setting(name: str, label: Callable[[Any], str | None]) -> Any:
+    """A setting that takes one of a few words (`autofit.settings.WORD_SETTINGS[name]`): its
+    first word the default, its help made of the words' meanings."""
+    words = WORD_SETTINGS[name]
+    return setting(words.default, words.help(), metavar=words.metavar, label=label)
 
 
 MAX_COUNT = 65_536
@@ -229,24 +239,14 @@ class Config:
             f"emb={c.train_embeddings}" if c.train_embeddings != TrainEmbeddings.NONE else None
         ),
     )  # fmt: skip
-    optimizer_impl: str = setting(
-        OptimizerImpl.AUTO.value,
-        "how torch AdamW runs its step: auto (default) = fused where the parameters are "
-        "on a GPU (fastest, no intermediate), torch's own choice elsewhere (its for-loop on "
-        "CPU); fused; foreach (torch's default on CUDA, HF Trainer's adamw_torch: one "
-        "intermediate the size of every trainable parameter); for-loop (torch's single-tensor "
-        "step: two the size of the largest); optimizer=adamw only",
-        metavar="|".join(OPTIMIZER_IMPLS),
+    optimizer_impl: str = word_setting(
+        "optimizer_impl",
         label=lambda c: (
             f"adamw={c.optimizer_impl}" if c.optimizer_impl != OptimizerImpl.AUTO else None
         ),
     )  # fmt: skip
-    quant_backend: str = setting(
-        QuantBackend.TORCHAO.value,
-        "the library that stores quant=nf4 weights: torchao (default; NF4Tensor) or "
-        "bitsandbytes (Linear4bit, as HF Trainer's BitsAndBytesConfig loads them: the plain "
-        "module on one GPU, pip install 'autofit[bnb]'); quant=nf4 only",
-        metavar="|".join(QUANT_BACKENDS),
+    quant_backend: str = word_setting(
+        "quant_backend",
         label=lambda c: "bnb" if c.quant_backend == QuantBackend.BITSANDBYTES else None,
     )  # fmt: skip
     bnb_4bit_use_double_quant: bool = setting(
@@ -255,28 +255,16 @@ class Config:
         "quant_backend=bitsandbytes only",
         metavar="true|false", label=lambda c: "dq" if c.bnb_4bit_use_double_quant else None,
     )  # fmt: skip
-    bnb_4bit_quant_storage: str = setting(
-        BnbQuantStorage.UINT8.value, "the dtype bitsandbytes views its packed 4-bit codes as "
-        "(BitsAndBytesConfig's bnb_4bit_quant_storage): uint8 (default), bf16, fp16 or fp32, "
-        "the same bytes; quant_backend=bitsandbytes only",
-        metavar="uint8|bf16|fp16|fp32",
+    bnb_4bit_quant_storage: str = word_setting(
+        "bnb_4bit_quant_storage",
         label=lambda c: (
             f"storage={c.bnb_4bit_quant_storage}"
             if c.bnb_4bit_quant_storage != BnbQuantStorage.UINT8
             else None
         ),
     )  # fmt: skip
-    launch: str = setting(
-        Launch.AUTOFIT.value,
-        "whose training loop runs the config: autofit (default) = autofit's builder "
-        "and loop (autofit.apply); trainer = HF Trainer.train() with the TrainingArguments the "
-        "trainer export writes, the model loaded as a Trainer script loads it (one GPU, plain "
-        "module; no torchao quant, chunked/fused loss, every-2/selective checkpointing, offload "
-        "or compile; QLoRA is quant=nf4 with quant_backend=bitsandbytes, loaded with "
-        "BitsAndBytesConfig and prepare_model_for_kbit_training); trl = TRL's "
-        "SFTTrainer.train() with the SFTConfig the trainer export writes (as trainer, and its "
-        "packing for batching=packed; pip install 'autofit[trl]')",
-        metavar="|".join(LAUNCHES),
+    launch: str = word_setting(
+        "launch",
         label=lambda c: f"launch={c.launch}" if c.launch != Launch.AUTOFIT else None,
     )  # fmt: skip
 

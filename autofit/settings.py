@@ -32,31 +32,104 @@ ADAPTER_SETTINGS = ("lora_alpha", "lora_targets", "lora_dropout")
 TRAIN_EMBEDDINGS = values(TrainEmbeddings)
 TOKENS_PREFIX = "tokens:"
 
-# `quant_backend` values: the library that stores `quant: nf4` weights (torchao `NF4Tensor`, or
-# bitsandbytes `Linear4bit` as HF Trainer's `BitsAndBytesConfig` loads them)
+# `quant_backend` values (`WORD_SETTINGS`)
 QUANT_BACKENDS = values(QuantBackend)
 BNB_SETTINGS = ("bnb_4bit_use_double_quant", "bnb_4bit_quant_storage")
 """The settings of bitsandbytes' NF4 storage (`quant_backend: bitsandbytes` only)."""
 BNB_QUANT_STORAGES = values(BnbQuantStorage)
 """`bnb_4bit_quant_storage` values (`autofit.recipe.BNB_QUANT_STORAGE` has their widths)."""
-WORD_SETTINGS: dict[str, type[StrEnum]] = {
-    "optimizer_impl": OptimizerImpl,
-    "quant_backend": QuantBackend,
-    "bnb_4bit_quant_storage": BnbQuantStorage,
-    "launch": Launch,
+
+
+@dataclass(frozen=True)
+class Words:
+    """A setting that takes one of a few words: its `autofit.values` enum (the first member its
+    default), what the setting chooses, what each word does ("" where its name says it) and
+    where it applies. Its `--help` (`help`) and its refusal (`allowed`) are made of these."""
+
+    enum: type[StrEnum]
+    what: str
+    meanings: dict[str, str]
+    scope: str = ""
+
+    @property
+    def default(self) -> str:
+        return values(self.enum)[0]
+
+    @property
+    def metavar(self) -> str:
+        return "|".join(values(self.enum))
+
+    def help(self) -> str:
+        """`what: first (default) = does this; second; third = does that; scope`."""
+        return f"{self.what}: {self.allowed()}"
+
+    def allowed(self) -> str:
+        """Each word, and what it does where its name does not say it, the first the default;
+        then where the setting applies."""
+        parts = []
+        for i, word in enumerate(values(self.enum)):
+            named = f"{word} (default)" if i == 0 else word
+            meaning = self.meanings[word]
+            parts.append(f"{named} = {meaning}" if meaning else named)
+        return "; ".join(parts + ([self.scope] if self.scope else []))
+
+
+WORD_SETTINGS: dict[str, Words] = {
+    "optimizer_impl": Words(
+        OptimizerImpl,
+        "how torch AdamW runs its step",
+        {
+            OptimizerImpl.AUTO: "fused where the parameters are on a GPU (fastest, no "
+            "intermediate), torch's own choice elsewhere (its for-loop on CPU)",
+            OptimizerImpl.FUSED: "",
+            OptimizerImpl.FOREACH: "torch's default on CUDA, HF Trainer's adamw_torch: one "
+            "intermediate the size of every trainable parameter",
+            OptimizerImpl.FOR_LOOP: "torch's single-tensor step: two the size of the largest",
+        },
+        "optimizer=adamw only",
+    ),
+    "quant_backend": Words(
+        QuantBackend,
+        "the library that stores quant=nf4 weights",
+        {
+            QuantBackend.TORCHAO: "torchao's NF4Tensor",
+            QuantBackend.BITSANDBYTES: "bitsandbytes' Linear4bit, as HF Trainer's "
+            "BitsAndBytesConfig loads them: the plain module on one GPU, pip install "
+            "'autofit[bnb]'",
+        },
+        "quant=nf4 only",
+    ),
+    "bnb_4bit_quant_storage": Words(
+        BnbQuantStorage,
+        "the dtype bitsandbytes views its packed 4-bit codes as (BitsAndBytesConfig's "
+        "bnb_4bit_quant_storage; the same bytes, FSDP needs the other parameters' dtype)",
+        {word: "" for word in BnbQuantStorage},
+        "quant_backend=bitsandbytes only",
+    ),
+    "launch": Words(
+        Launch,
+        "whose training loop runs the config",
+        {
+            Launch.AUTOFIT: "autofit's builder and loop (autofit.apply)",
+            Launch.TRAINER: "HF Trainer.train() with the TrainingArguments the trainer export "
+            "writes, the model loaded as a Trainer script loads it (one GPU, plain module; no "
+            "torchao quant, chunked/fused loss, every-2/selective checkpointing, offload or "
+            "compile; QLoRA is quant=nf4 with quant_backend=bitsandbytes, loaded with "
+            "BitsAndBytesConfig and prepare_model_for_kbit_training)",
+            Launch.TRL: "TRL's SFTTrainer.train() with the SFTConfig the trainer export writes "
+            "(as trainer, and its packing for batching=packed; pip install 'autofit[trl]')",
+        },
+    ),
 }
-"""The settings that take one of a few words (`autofit.values`), the first their default."""
+"""The settings that take one of a few words, each declared once: its words, their meanings
+and where it applies, from which its help, its check and its refusal follow."""
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
-# `optimizer_impl` values: how torch's AdamW runs its step (`autofit.recipe.adamw_impl` resolves
-# `auto`; `autofit.recipe.ADAMW_IMPLS` counts what each holds)
+# `optimizer_impl` values (`WORD_SETTINGS`; `autofit.recipe.adamw_impl` resolves `auto`,
+# `autofit.recipe.ADAMW_IMPLS` counts what each holds)
 OPTIMIZER_IMPLS = values(OptimizerImpl)
 
-# `launch` values: whose training loop runs the config. `autofit`: autofit's builder and loop
-# (`autofit.apply`); `trainer`: HF `Trainer.train()` with the TrainingArguments the trainer
-# export writes, on the model a Trainer user loads (`autofit.builder.trainer`); `trl`: TRL's
-# `SFTTrainer.train()` with the SFTConfig the trainer export writes of such a plan, its peft
-# wrapping, collator, packing and loss (`autofit.builder.trl`).
+# `launch` values (`WORD_SETTINGS`; `autofit.builder.trainer`, `autofit.builder.trl`)
 LAUNCHES = values(Launch)
 HF_LAUNCHES = (Launch.TRAINER.value, Launch.TRL.value)
 """The launches whose loop is HF Trainer's (TRL's `SFTTrainer` is a `Trainer`): one GPU, the
@@ -221,9 +294,13 @@ class SettingCheck:
     message: str
 
 
-def _words(setting: str) -> Callable[[Any], tuple[Any, str | None]]:
-    """The check of a setting that takes one of its `WORD_SETTINGS` enum's words."""
-    return lambda value: _choice(value, values(WORD_SETTINGS[setting]))
+def _words(setting: str) -> SettingCheck:
+    """The check and the refusal of a setting that takes one of its `WORD_SETTINGS` words."""
+    words = WORD_SETTINGS[setting]
+    return SettingCheck(
+        lambda value: _choice(value, values(words.enum)),
+        f"Setting '{setting}'{{place}} cannot be {{value!r}}. Allowed: {words.allowed()}.",
+    )
 
 
 SETTING_CHECKS: dict[str, SettingCheck] = {
@@ -250,37 +327,15 @@ SETTING_CHECKS: dict[str, SettingCheck] = {
         "or tokens:N with N a whole number >= 1 (only the rows of the last N token ids, "
         "e.g. tokens:8 for the 8 tokens a chat template added; peft trainable_token_indices).",
     ),
-    "optimizer_impl": SettingCheck(
-        _words("optimizer_impl"),
-        "Setting 'optimizer_impl'{place} cannot be {value!r}. Allowed: auto (the default: "
-        "fused where the parameters are on a GPU, torch's own choice elsewhere), fused, "
-        "foreach (torch AdamW's default on CUDA, HF Trainer's adamw_torch) or for-loop "
-        "(torch's single-tensor step).",
-    ),
-    "quant_backend": SettingCheck(
-        _words("quant_backend"),
-        "Setting 'quant_backend'{place} cannot be {value!r}. Allowed: torchao (the default: "
-        "torchao NF4Tensor) or bitsandbytes (bitsandbytes Linear4bit, as HF Trainer loads a "
-        "model with BitsAndBytesConfig); quant=nf4 only.",
-    ),
+    "optimizer_impl": _words("optimizer_impl"),
+    "quant_backend": _words("quant_backend"),
     "bnb_4bit_use_double_quant": SettingCheck(
         _flag_problem,
         "Setting 'bnb_4bit_use_double_quant'{place} must be true or false (bitsandbytes "
         "also quantizes NF4's absmax scales to 8 bits); got {value!r}.",
     ),
-    "bnb_4bit_quant_storage": SettingCheck(
-        _words("bnb_4bit_quant_storage"),
-        "Setting 'bnb_4bit_quant_storage'{place} cannot be {value!r}. Allowed: "
-        f"{', '.join(BNB_QUANT_STORAGES)} (the dtype bitsandbytes views its packed 4-bit "
-        "codes as; uint8 is the default, FSDP needs the other parameters' dtype).",
-    ),
-    "launch": SettingCheck(
-        _words("launch"),
-        "Setting 'launch'{place} cannot be {value!r}. Allowed: autofit (the default: "
-        "autofit's own builder and training loop, autofit.apply), trainer (HF Trainer's "
-        "training loop with the TrainingArguments the trainer export writes) or trl (TRL's "
-        "SFTTrainer with the SFTConfig the trainer export writes).",
-    ),
+    "bnb_4bit_quant_storage": _words("bnb_4bit_quant_storage"),
+    "launch": _words("launch"),
 }
 """Every setting's check and sentence, one record each (`autofit.config` declares the settings;
 a test holds the two to the same names)."""

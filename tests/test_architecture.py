@@ -299,7 +299,7 @@ def test_no_module_compares_a_knob_with_its_word():
     words = {
         n: d.choices for n, d in DECLARED.items() if d.choices and isinstance(d.choices[0], str)
     }
-    words.update({n: tuple(m.value for m in e) for n, e in WORD_SETTINGS.items()})
+    words.update({n: tuple(m.value for m in w.enum) for n, w in WORD_SETTINGS.items()})
     words["train_embeddings"] = ("none", "full")
     names = "|".join(sorted(words, key=len, reverse=True))
     lhs = rf'(?:\b(?P<a>{names})\b|\[\s*"(?P<b>{names})"\s*\]|\.get\(\s*"(?P<c>{names})"[^)]*\))'
@@ -328,7 +328,7 @@ def test_no_module_writes_a_knob_word_as_a_value():
     words = {
         n: d.choices for n, d in DECLARED.items() if d.choices and isinstance(d.choices[0], str)
     }
-    words.update({n: tuple(m.value for m in e) for n, e in WORD_SETTINGS.items()})
+    words.update({n: tuple(m.value for m in w.enum) for n, w in WORD_SETTINGS.items()})
     words["train_embeddings"] = ("none", "full")
 
     def word_of(name: object, value: ast.AST | None) -> bool:
