@@ -387,6 +387,21 @@ class Bnb4bit:
         return bnb_nf4_bytes(numel, self.double_quant, self.quant_storage)
 
 
+def bits_and_bytes_config(bnb: Bnb4bit) -> dict[str, Any]:
+    """`transformers.BitsAndBytesConfig` of a bitsandbytes NF4 run as plain data: its keyword
+    arguments, and with `quant_method` the dict `from_pretrained` (and TRL's `SFTConfig.
+    model_init_kwargs`) takes as `quantization_config` (`AutoQuantizationConfig.from_dict`):
+    4-bit NF4 computing in `COMPUTE_DTYPE`, with the run's double quantization and storage."""
+    return {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_compute_dtype": TORCH_NAMES[COMPUTE_DTYPE],
+        "bnb_4bit_use_double_quant": bnb.double_quant,
+        "bnb_4bit_quant_storage": TORCH_NAMES[bnb.quant_storage],
+    }
+
+
 def bnb_storage(
     quant: str, quant_backend: str, double_quant: bool = False, quant_storage: str = "uint8"
 ) -> Bnb4bit | None:

@@ -144,13 +144,10 @@ def _trainer_unsupported(cfg: Config) -> str | None:
         own = _trl_unsupported(cfg)
         if own:
             return own
-    bnb = cfg.quant_backend == QuantBackend.BITSANDBYTES
-    if cfg.quant != Quant.NONE and (cfg.launch == Launch.TRL or not bnb):
+    if cfg.quant != Quant.NONE and cfg.quant_backend != QuantBackend.BITSANDBYTES:
         return (
             f"quant={cfg.quant} with quant_backend={cfg.quant_backend} (torchao storage that "
             "autofit's builder applies)"
-            if not bnb
-            else f"quant={cfg.quant} (bitsandbytes QLoRA under SFTTrainer: not measured yet)"
         )
     if cfg.loss != Loss.STANDARD:
         return f"loss={cfg.loss} (Trainer computes the model's own cross-entropy)"
@@ -189,10 +186,16 @@ def _trl_unsupported(cfg: Config) -> str | None:
             f"loss={cfg.loss} (SFTTrainer computes its own loss, a fused LM head over tiles of "
             "the vocabulary, which loss=standard stands for under launch=trl)"
         )
-    if cfg.is_lora and cfg.precision == Precision.BF16:
+    quantized = cfg.quant != Quant.NONE and cfg.quant_backend == QuantBackend.BITSANDBYTES
+    if cfg.is_lora and not quantized and cfg.precision == Precision.BF16:
         return (
             "precision=bf16 with LoRA (SFTTrainer wraps the model with peft itself, whose "
             "adapters stay fp32 beside the bf16 base: precision=bf16-mixed)"
+        )
+    if quantized and cfg.precision == Precision.BF16_MIXED:
+        return (
+            "precision=bf16-mixed with QLoRA (SFTTrainer converts the LoRA adapters of a "
+            "quantized model to bf16, as the QLoRA paper trains them: precision=bf16)"
         )
     return None
 
@@ -275,12 +278,12 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
         if unsupported:
             knob = unsupported.split("=", 1)[0]
             loop = "TRL's SFTTrainer" if cfg.launch == Launch.TRL else "HF Trainer"
-            lora = " (bf16-mixed for LoRA)" if cfg.launch == Launch.TRL else ""
+            lora = " (bf16-mixed for LoRA, bf16 for QLoRA)" if cfg.launch == Launch.TRL else ""
             return (
                 f"launch={cfg.launch} with {knob}",
                 f"launch={cfg.launch} cannot run {unsupported}. Under {loop} autofit measures "
                 "LoRA or a full fine-tune of the plain module on one GPU, with quant=none "
-                "(launch=trainer: or QLoRA, quant=nf4 with quant_backend=bitsandbytes), "
+                "(or QLoRA, quant=nf4 with quant_backend=bitsandbytes), "
                 "loss=standard, checkpointing none or full, offload=none, compile=false and "
                 f"torch AdamW{lora}; use launch=autofit for the rest.",
             )

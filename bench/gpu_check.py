@@ -97,6 +97,13 @@ LAUNCH_TWINS = (
     ("llama-7b", {"quant": "nf4", "lora_rank": 64, "micro_batch": 1, "wrap": "none",
                   "checkpointing": "full", "seq_len": 2048},
      {"launch": "trainer", "quant_backend": "bitsandbytes", "bnb_4bit_use_double_quant": True}),
+    # TRL's SFTTrainer (`launch: trl`) on a TRL QLoRA script's model (4 bits, no kbit
+    # preparation, its adapters turned to bf16: precision bf16) of the same row; TRL travels as
+    # a wheel too (`EXTRA="bitsandbytes==0.50.2 trl==1.16.0"`)
+    ("llama-7b", {"quant": "nf4", "lora_rank": 64, "micro_batch": 1, "wrap": "none",
+                  "checkpointing": "full", "seq_len": 2048},
+     {"launch": "trl", "quant_backend": "bitsandbytes", "bnb_4bit_use_double_quant": True,
+      "precision": "bf16"}),
     # bitsandbytes NF4 with double quantization (BitsAndBytesConfig's QLoRA) on its NF4 r64 mb1
     # row: bitsandbytes travels as a wheel (`EXTRA="bitsandbytes==0.50.2" bash
     # ../shared/gpu/prepare.sh`); without it the row is an error that says so

@@ -35,12 +35,19 @@ from trl import SFTConfig, SFTTrainer
 from autofit.models import resolve_model
 
 
-def load_model(plan: object, arguments: dict, device: str) -> torch.nn.Module:
+def load_model(plan: object, arguments: dict, device: str, folder: str) -> torch.nn.Module | str:
     """The model as the trial loaded it: from the plan's model in the dtype of the export's
-    `model_init_kwargs` (bf16 for a LoRA base; a full fine-tune's train dtype)."""
-    dtype = getattr(torch, arguments["model_init_kwargs"]["dtype"])
+    `model_init_kwargs` (bf16 for a LoRA base; a full fine-tune's train dtype). A QLoRA plan's
+    `model_init_kwargs` also hold its `BitsAndBytesConfig` (as a dict): its model is saved to
+    `folder` and its path returned, which SFTTrainer loads in 4 bits itself, as from your
+    checkpoint's path."""
+    kwargs = arguments["model_init_kwargs"]
+    dtype = getattr(torch, kwargs["dtype"])
     hf_config = resolve_model(plan.document["model"]).to_hf_config()  # type: ignore[attr-defined]
     hf_config.use_cache = False
+    if "quantization_config" in kwargs:  # your script: model="path/to/checkpoint"
+        AutoModelForCausalLM.from_config(hf_config, dtype=dtype).save_pretrained(folder)
+        return folder
     with torch.device(device):  # your script: model="path/to/checkpoint" instead
         return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
 
@@ -73,7 +80,7 @@ def main() -> None:
     tracker = peak_tracker(args)
     data = Dataset.from_dict({"input_ids": random_rows(plan).tolist()})
     with tracker, tempfile.TemporaryDirectory() as out:
-        model = load_model(plan, arguments, args.device)
+        model = load_model(plan, arguments, args.device, f"{out}/model")
         config = SFTConfig(
             **{**arguments, "output_dir": out}, max_steps=args.steps, save_strategy="no",
             logging_steps=1, report_to="none", disable_tqdm=True,

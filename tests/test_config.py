@@ -439,8 +439,11 @@ def test_launch_trainer_runs_bitsandbytes_qlora_and_refuses_torchaos():
     assert cfg.quant == "nf4" and cfg.quant_backend == "bitsandbytes"
     with pytest.raises(ConfigError, match="quant=nf4 with quant_backend=torchao"):
         Config(launch="trainer", lora_rank=8, quant="nf4")
-    with pytest.raises(ConfigError, match="launch=trl cannot run quant=nf4 .bitsandbytes"):
-        Config(launch="trl", lora_rank=8, quant="nf4", quant_backend="bitsandbytes")
+    # a TRL QLoRA script: SFTTrainer turns a quantized model's adapters to bf16 (precision=bf16)
+    qlora = {"launch": "trl", "lora_rank": 8, "quant": "nf4", "quant_backend": "bitsandbytes"}
+    assert Config(**qlora, precision="bf16").launch == "trl"
+    with pytest.raises(ConfigError, match="launch=trl cannot run precision=bf16-mixed with QLoRA"):
+        Config(**qlora)
 
 
 def test_launch_trainer_runs_on_one_gpu_and_a_space_skips_it_elsewhere():

@@ -153,3 +153,39 @@ def test_a_trl_launch_export_trains_where_its_trial_peaked(tmp_path):
     trial = run_trial(spec, cfg, nprocs=1, device="cpu", steps=2, warmup=1, timeout_s=240)
     assert trial.status == "ok", trial.message[-800:]
     _peaks_as_its_trial(ROOT / "examples" / "trl_train.py", paths, trial, tmp_path)
+
+
+@pytest.mark.timeout(400)
+def test_a_trl_qlora_export_trains_where_its_trial_peaked(tmp_path):
+    # A plan for a TRL QLoRA script: its SFTConfig's model_init_kwargs hold the BitsAndBytesConfig
+    # (a dict), and examples/trl_train.py hands SFTTrainer a saved model's path, which SFTTrainer
+    # loads in 4 bits itself and wraps with peft (its adapters turned to bf16), as the trial did.
+    pytest.importorskip("trl")
+    pytest.importorskip("bitsandbytes")
+    import json
+
+    from autofit.export.launch import launch_note
+    from autofit.trials import run_trial
+
+    spec = resolve_model("llama-debug")
+    space = tmp_path / "trl_qlora_space.yaml"
+    space.write_text(
+        "seq_len: 64\nlaunch: trl\nquant_backend: bitsandbytes\nknobs:\n  quant: [nf4]\n"
+        "  lora_rank: [8]\n  micro_batch: [2]\n  wrap: [none]\n  checkpointing: [none]\n"
+        "  precision: [bf16-mixed, bf16]\n"
+    )
+    plan = plan_estimates(PlanRequest.of(
+        spec, resolve_hardware("1", device="cpu"), load_space(space), seq_len=64, device="cpu",
+    ))  # fmt: skip
+    assert plan.best is not None
+    cfg = plan.best.config
+    assert (cfg.launch, cfg.quant, cfg.precision) == ("trl", "nf4", "bf16")  # bf16-mixed: refused
+    paths = plan.export("trainer", tmp_path / "args.json")
+    kwargs = json.loads(paths[0].read_text())["model_init_kwargs"]
+    assert kwargs["quantization_config"]["load_in_4bit"] is True
+    assert "no prepare_model_for_kbit_training" in paths[1].read_text()
+    note = launch_note(plan, "trainer", tmp_path / "args.json")
+    assert "trl_train.py --arguments" in note and "BitsAndBytesConfig" in note
+    trial = run_trial(spec, cfg, nprocs=1, device="cpu", steps=2, warmup=1, timeout_s=240)
+    assert trial.status == "ok", trial.message[-800:]
+    _peaks_as_its_trial(ROOT / "examples" / "trl_train.py", paths, trial, tmp_path)

@@ -31,20 +31,23 @@ def trainer_model(
     device: torch.device,
 ) -> nn.Module:  # fmt: skip
     """`spec`'s causal LM as a Trainer script loads it for `config`: `from_config` in the dtype
-    it trains (`Layout.base_dtype`), random weights, on `device`, with peft LoRA of `lora` (the
-    export's `lora` section, `autofit.export.schema.lora_section`) for a LoRA config."""
+    it trains (`Layout.base_dtype`), random weights, on `device`, its projections bitsandbytes
+    NF4 for QLoRA (`as_loaded_in_4bit`), with peft LoRA of `lora` (the export's `lora` section,
+    `autofit.export.schema.lora_section`) after `prepare_model_for_kbit_training` for a LoRA
+    config; `lora` None: the model as an SFT script hands it to `SFTTrainer`, which wraps it."""
     from transformers import AutoModelForCausalLM
 
     hf_config = spec.to_hf_config()
     hf_config.use_cache = False
     with device:
         model = AutoModelForCausalLM.from_config(hf_config, dtype=TORCH_DTYPES[layout.base_dtype])
-    if lora is None:
+    if layout.bnb is not None:
+        model = as_loaded_in_4bit(model, layout, device)
+    if lora is None:  # a full fine-tune, or the base that SFTTrainer wraps with peft itself
         return model
     from peft import get_peft_model
 
     if layout.bnb is not None:
-        model = as_loaded_in_4bit(model, layout, device)
         from peft import prepare_model_for_kbit_training
 
         ckpt = config.checkpointing == Checkpointing.FULL

@@ -179,8 +179,8 @@ def _trainer_note(doc: dict[str, Any], path: Path) -> str:
         text = (
             f"{TRAIN_SCRIPT} is your TRL script: SFTTrainer(model, args=SFTConfig(**json), "
             "peft_config=LoraConfig of the plan's lora section), the model loaded in the dtype "
-            "the plan trains (the JSON's model_init_kwargs, bf16 for a LoRA base), as the trials "
-            "did; no autofit.apply."
+            "the plan trains (the JSON's model_init_kwargs, bf16 for a LoRA base; for QLoRA "
+            "with its BitsAndBytesConfig), as the trials did; no autofit.apply."
         )
     elif plan_config(doc).quant_backend == QuantBackend.BITSANDBYTES:
         name = TRAINER_EXAMPLE

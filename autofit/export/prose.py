@@ -176,7 +176,15 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
 def kbit_notes(cfg: Config) -> list[str]:
     """How a `launch: trainer` plan's bitsandbytes QLoRA was loaded and measured: a QLoRA
     script's `from_pretrained` with that `BitsAndBytesConfig` (the LM head left in bf16), then
-    peft's `prepare_model_for_kbit_training` (`autofit.builder.trainer.trainer_model`)."""
+    peft's `prepare_model_for_kbit_training` (`autofit.builder.trainer.trainer_model`); under
+    `launch: trl` SFTTrainer's own loading (no `prepare_model_for_kbit_training`)."""
+    if cfg.launch == Launch.TRL:
+        return [
+            "# Loaded as a TRL QLoRA script loads it: SFTTrainer(model=path, args=SFTConfig of "
+            "the JSON, whose model_init_kwargs hold that BitsAndBytesConfig as a dict, "
+            "peft_config=the lora section's LoraConfig); no prepare_model_for_kbit_training "
+            "(nothing upcast), and SFTTrainer turns a quantized model's adapters to bf16."
+        ]
     if cfg.launch != Launch.TRAINER:
         return []
     ckpt = cfg.checkpointing == Checkpointing.FULL

@@ -19,8 +19,8 @@ from autofit.export.layout import (
     plan_nodes,
 )
 from autofit.export.prose import accelerate_notes, header
-from autofit.layout import Sharding
-from autofit.recipe import TORCH_NAMES, hf_optim
+from autofit.layout import Layout, Sharding
+from autofit.recipe import TORCH_NAMES, bits_and_bytes_config, hf_optim
 from autofit.values import Batching, Checkpointing, Launch, Loss, Offload, Wrap
 
 
@@ -136,7 +136,7 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
         }
     ckpt = cfg.checkpointing != Checkpointing.NONE
     if cfg.launch == Launch.TRL:
-        args.update(sft_arguments(cfg, layout.base_dtype))
+        args.update(sft_arguments(cfg, layout))
     sharding = layout.sharding
     if sharding is not Sharding.FSDP2:  # the plain module, or DDP replicas on several GPUs
         if ckpt:
@@ -161,14 +161,15 @@ def trainer_arguments(doc: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def sft_arguments(cfg: Config, base_dtype: str) -> dict[str, Any]:
+def sft_arguments(cfg: Config, layout: Layout) -> dict[str, Any]:
     """What TRL 1.16's `SFTConfig` adds to a `launch: trl` plan's `TrainingArguments`, written out
     where its defaults differ from what was measured: `activation_checkpointing` either way (its
     `gradient_checkpointing` defaults to true), `max_length` the plan's `seq_len` (default 1024),
     `packing` for `batching: packed` with TRL's default best-fit-decreasing strategy (which
     SFTTrainer runs padding-free: a micro-batch flattened into one row), and
     `model_init_kwargs`' `dtype`, the dtype the trials loaded the model in (a model SFTTrainer
-    loads from a path is float32 unless told)."""
+    loads from a path is float32 unless told), and for QLoRA its `quantization_config`, the
+    `BitsAndBytesConfig` as a dict (`recipe.bits_and_bytes_config`)."""
     args: dict[str, Any] = {
         "activation_checkpointing": cfg.checkpointing != Checkpointing.NONE,
         "max_length": int(cfg.seq_len),
@@ -176,5 +177,7 @@ def sft_arguments(cfg: Config, base_dtype: str) -> dict[str, Any]:
     }
     if args["packing"]:
         args["packing_strategy"] = "bfd"
-    args["model_init_kwargs"] = {"dtype": TORCH_NAMES[base_dtype]}
+    args["model_init_kwargs"] = {"dtype": TORCH_NAMES[layout.base_dtype]}
+    if layout.bnb is not None:
+        args["model_init_kwargs"]["quantization_config"] = bits_and_bytes_config(layout.bnb)
     return args

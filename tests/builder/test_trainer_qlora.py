@@ -76,3 +76,48 @@ def test_trainer_qlora_model_is_what_from_pretrained_with_bitsandbytes_loads(
     assert all(d[4] == ("lora_" in n) for n, d in ours.items())
     base = built.get_base_model()
     assert base.is_loaded_in_4bit and base.is_gradient_checkpointing == (checkpointing == "full")
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_trl_qlora_model_is_what_sfttrainer_loads_from_the_exports_arguments(
+    tmp_path, double_quant
+) -> None:  # type: ignore[no-untyped-def]
+    # launch: trl with bitsandbytes QLoRA: the model an SFT script hands SFTTrainer (loaded in
+    # 4 bits, no prepare_model_for_kbit_training), wrapped by SFTTrainer's own peft, against
+    # SFTTrainer loading a saved model itself from the trainer export's SFTConfig (its
+    # model_init_kwargs' dtype and quantization_config dict) with the same peft_config
+    pytest.importorskip("trl")
+    from trl import SFTConfig, SFTTrainer
+
+    from autofit.builder.trl import make_sft_trainer, offline_tokenizer, token_dataset
+    from autofit.trials.trainer import trial_arguments
+
+    spec = resolve_model("llama-debug")
+    cfg = Config(lora_rank=8, quant="nf4", quant_backend="bitsandbytes", launch="trl",
+                 precision="bf16", bnb_4bit_use_double_quant=double_quant)  # fmt: skip
+    cpu = torch.device("cpu")
+    lora = lora_section(cfg, spec)
+    args = trial_arguments(spec, cfg, 1, cpu, 1, str(tmp_path / "out"))
+    data = token_dataset([[3, 4, 5, 6]] * 4)
+    base = trainer_model(spec, cfg, layout_of(cfg, 1, device="cpu"), None, cpu)
+    built = make_sft_trainer(base, args, data, lora, []).model
+
+    hf_config = spec.to_hf_config()
+    hf_config.use_cache = False
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / "model"
+    AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).save_pretrained(path)
+    kwargs = args["model_init_kwargs"]
+    assert kwargs["quantization_config"]["bnb_4bit_use_double_quant"] is double_quant
+    loaded = SFTTrainer(
+        model=str(path), args=SFTConfig(**args), train_dataset=data,
+        processing_class=offline_tokenizer(), peft_config=lora_config(lora),
+    ).model  # fmt: skip
+
+    ours, theirs = _described(built), _described(loaded)
+    assert ours == theirs
+    # SFTTrainer did not upcast anything (no prepare_model_for_kbit_training) and turned the
+    # adapters of a quantized model to bf16: precision=bf16
+    assert {d[1] for d in ours.values() if d[0] != "Params4bit"} == {torch.bfloat16}
+    assert all(d[4] == ("lora_" in n) for n, d in ours.items())
