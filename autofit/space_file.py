@@ -223,16 +223,16 @@ class SpaceFile(BaseModel):
     )
     lora_alpha: _setting(  # type: ignore[valid-type]
         "lora_alpha", Annotated[int, Field(ge=1)] | None
-    ) = None
+    ) = _DEFAULTS.lora_alpha
     lora_targets: _setting(  # type: ignore[valid-type]
         "lora_targets", list[str] | str | None
-    ) = None
+    ) = _DEFAULTS.lora_targets
     lora_dropout: _setting(  # type: ignore[valid-type]
         "lora_dropout", Annotated[float, Field(ge=0, lt=1)]
-    ) = 0.0
+    ) = _DEFAULTS.lora_dropout
     train_embeddings: _setting(  # type: ignore[valid-type]
         "train_embeddings", Annotated[str, Field(pattern=r"^(none|full|tokens:[1-9][0-9]*)$")]
-    ) = "none"
+    ) = _DEFAULTS.train_embeddings
     dataset: Annotated[
         SpaceData | None,
         BeforeValidator(as_space_data, json_schema_input_type=SpaceData | str | None),
@@ -243,19 +243,19 @@ class SpaceFile(BaseModel):
     )
     optimizer_impl: _setting(  # type: ignore[valid-type]
         "optimizer_impl", Literal[OPTIMIZER_IMPLS]
-    ) = "auto"
+    ) = _DEFAULTS.optimizer_impl
     quant_backend: _setting(  # type: ignore[valid-type]
         "quant_backend", Literal[QUANT_BACKENDS]
-    ) = "torchao"
+    ) = _DEFAULTS.quant_backend
     bnb_4bit_use_double_quant: _setting(  # type: ignore[valid-type]
         "bnb_4bit_use_double_quant", bool
-    ) = False
+    ) = _DEFAULTS.bnb_4bit_use_double_quant
     bnb_4bit_quant_storage: _setting(  # type: ignore[valid-type]
         "bnb_4bit_quant_storage", Literal[BNB_QUANT_STORAGES]
-    ) = "uint8"
+    ) = _DEFAULTS.bnb_4bit_quant_storage
     launch: _setting(  # type: ignore[valid-type]
         "launch", Literal[LAUNCHES]
-    ) = "autofit"
+    ) = _DEFAULTS.launch
     description: Annotated[str, BeforeValidator(_description)] = Field(
         "", description="One line on what the space is for."
     )

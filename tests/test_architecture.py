@@ -318,8 +318,9 @@ def test_no_module_compares_a_knob_with_its_word():
 
 def test_no_module_writes_a_knob_word_as_a_value():
     """Nor is a knob's word written as a value it is given: a keyword (`cfg.replace(loss=
-    "standard")`), a parameter's default (`offload: str = "none"`) or a mapping's entry
-    (`{"wrap": "layer"}`) names an `autofit.values` member. Read from the code's syntax tree."""
+    "standard")`), a parameter's or a field's default (`offload: str = "none"`) or a mapping's
+    entry (`{"wrap": "layer"}`) names an `autofit.values` member. Read from the code's syntax
+    tree."""
     import ast
 
     from autofit.config import DECLARED
@@ -349,6 +350,8 @@ def test_no_module_writes_a_knob_word_as_a_value():
             elif isinstance(node, ast.Dict):
                 pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True)
                          if isinstance(k, ast.Constant)]  # fmt: skip
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                pairs = [(node.target.id, node.value)]  # a field's default
             elif isinstance(node, ast.arguments):
                 named = [*node.posonlyargs, *node.args][::-1]  # the last ones have defaults
                 pairs = [(a.arg, d) for a, d in zip(named, node.defaults[::-1], strict=False)]
