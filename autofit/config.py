@@ -25,10 +25,7 @@ from autofit.checks import MAX_SEQ_LEN
 from autofit.errors import ConfigError
 from autofit.layout import resolve_wrap
 from autofit.rules import rule_violation
-from autofit.settings import (
-    WORD_SETTINGS,
-    coerce_setting,
-)
+from autofit.settings import WORD_SETTINGS, coerce_setting
 from autofit.values import (
     Batching,
     BnbQuantStorage,

@@ -117,7 +117,9 @@ WORD_SETTINGS: dict[str, Words] = {
             "compile; QLoRA is quant=nf4 with quant_backend=bitsandbytes, loaded with "
             "BitsAndBytesConfig and prepare_model_for_kbit_training)",
             Launch.TRL: "TRL's SFTTrainer.train() with the SFTConfig the trainer export writes "
-            "(as trainer, and its packing for batching=packed; pip install 'autofit[trl]')",
+            "(as trainer, but QLoRA as SFTTrainer loads it: no prepare_model_for_kbit_training, "
+            "its adapters bf16, so precision=bf16; and its packing for batching=packed; pip "
+            "install 'autofit[trl]')",
         },
     ),
 }
