@@ -22,7 +22,8 @@ from autofit.recipe import (
     HF_ADAMW_DEFAULT,
     HF_TRAINER_LOW_BIT_BLOCK,
     LOW_BIT_STATES,
-    TORCH_NAMES,
+    Bnb4bit,
+    bits_and_bytes_config,
     trained_embedding_modules,
     trained_token_ids,
 )
@@ -142,12 +143,9 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
     if env_text(doc):  # CUDA allocator settings; none for a CPU plan
         lines.append(f"# Trials ran with {env_text(doc)}: set it for your run too.")
     if layout.bnb is not None:
-        storage = TORCH_NAMES
         lines.append(
-            "# Base weights quantized to nf4 by bitsandbytes, frozen: BitsAndBytesConfig("
-            "load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16, "
-            f"bnb_4bit_use_double_quant={layout.bnb.double_quant}, "
-            f"bnb_4bit_quant_storage=torch.{storage[layout.bnb.quant_storage]})."
+            "# Base weights quantized to nf4 by bitsandbytes, frozen: "
+            f"{bits_and_bytes_text(layout.bnb)}."
         )
         lines += kbit_notes(cfg)
     elif layout.quant is not None:
@@ -171,6 +169,18 @@ def header(doc: dict[str, Any], what: str) -> list[str]:
     lines += adamw_notes(doc, layout)
     lines += batching_notes(cfg)
     return lines
+
+
+def bits_and_bytes_text(bnb: Bnb4bit) -> str:
+    """The run's `BitsAndBytesConfig(...)` as Python (`recipe.bits_and_bytes_config`, the dtypes
+    as `torch.<name>`)."""
+    kwargs = bits_and_bytes_config(bnb)
+    del kwargs["quant_method"]  # the class says it
+    shown = [
+        f"{key}=torch.{value}" if key.endswith(("_dtype", "_storage")) else f"{key}={value!r}"
+        for key, value in kwargs.items()
+    ]
+    return f"BitsAndBytesConfig({', '.join(shown)})"
 
 
 def kbit_notes(cfg: Config) -> list[str]:
