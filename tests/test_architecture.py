@@ -333,6 +333,8 @@ def test_no_module_writes_a_knob_word_as_a_value():
     words["train_embeddings"] = ("none", "full")
 
     def word_of(name: object, value: ast.AST | None) -> bool:
+        if isinstance(value, ast.IfExp):  # `"bf16-mixed" if autocast else "bf16"`
+            return word_of(name, value.body) or word_of(name, value.orelse)
         return (
             isinstance(value, ast.Constant)
             and isinstance(name, str)

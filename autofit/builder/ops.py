@@ -33,7 +33,7 @@ from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
 from autofit.structure import OpsKey, StepOps
-from autofit.values import Wrap
+from autofit.values import Precision, Wrap
 
 __all__ = ["OpCounter", "count_step_ops", "reduced"]
 
@@ -92,7 +92,7 @@ def step_config(key: OpsKey) -> Config:
         lora_rank=LORA_RANK if key.lora else 0,
         lora_targets=key.lora_targets,
         lora_dropout=LORA_DROPOUT if key.dropout else 0.0,
-        precision="bf16-mixed" if key.autocast else "bf16",
+        precision=Precision.BF16_MIXED if key.autocast else Precision.BF16,
         checkpointing=key.policy,
         loss=key.loss,
         wrap=Wrap.NONE,

@@ -50,7 +50,7 @@ from autofit.config import Config
 from autofit.models import ModelSpec
 from autofit.recipe import COMPUTE_DTYPE
 from autofit.structure import TRL_LOSS, ActivationKey, LayerActivations, StepEvents
-from autofit.values import Loss
+from autofit.values import Launch, Loss, Precision
 
 _CASTS = {torch.ops.aten._to_copy.default}
 
@@ -483,12 +483,12 @@ def _prepare(model: nn.Module, key: ActivationKey) -> nn.Module:
     fused = key.loss == TRL_LOSS  # TRL's fused head replaces the model's own loss (after peft)
     config = Config(
         lora_rank=key.lora_rank,
-        precision="bf16-mixed" if key.autocast else "bf16",
+        precision=Precision.BF16_MIXED if key.autocast else Precision.BF16,
         checkpointing=key.policy,
         lora_targets=key.lora_targets,
         lora_dropout=key.lora_dropout,
         loss=Loss.STANDARD if fused else key.loss,
-        launch="trainer" if key.adapter_casts else "autofit",
+        launch=Launch.TRAINER if key.adapter_casts else Launch.AUTOFIT,
     )
     layout = model_layout(model, config)  # one GPU, the plain module: autocast under bf16-mixed
     with torch.device("meta"):  # peft makes the adapters on the CPU, then moves them to meta
