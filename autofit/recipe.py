@@ -264,6 +264,13 @@ def checkpointed_layers(checkpointing: str, n_layers: int) -> tuple[int, ...]:
     return tuple(_checkpointed_range(checkpointing, n_layers))
 
 
+def recompute_policy(checkpointing: str) -> str:
+    """How a layer that `checkpointing` wraps recomputes (a layer trace's `policy`): op by op
+    under `selective`, the whole layer under `full` and `every-2` (its wrapped layers)."""
+    selective = checkpointing == Checkpointing.SELECTIVE
+    return (Checkpointing.SELECTIVE if selective else Checkpointing.FULL).value
+
+
 def checkpointed_count(checkpointing: str, n_layers: int) -> int:
     """How many decoder layers `checkpointed_layers` wraps, counted, not listed: what the
     estimator reads, in a time that does not grow with the layers."""

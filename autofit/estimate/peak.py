@@ -27,7 +27,13 @@ from autofit.estimate.state import Gathered, States, gathered_at_moments, states
 from autofit.estimate.terms import reads
 from autofit.layout import Sharding
 from autofit.models import ModelSpec
-from autofit.recipe import DTYPE_BYTES, bnb_of, checkpointed_layers, reduce_dtype
+from autofit.recipe import (
+    DTYPE_BYTES,
+    bnb_of,
+    checkpointed_layers,
+    recompute_policy,
+    reduce_dtype,
+)
 from autofit.settings import BNB_SETTINGS, HF_LAUNCHES
 from autofit.structure import ActivationKey, Structure
 from autofit.values import Batching, Checkpointing, Launch, Loss, Quant
@@ -149,11 +155,7 @@ class Peaks:
         layers = min(s.layers, REPLAY_LAYERS)
         checkpointed = set(checkpointed_layers(c.checkpointing, layers))
         per_layer_state = 1.0 / s.layers  # each composed layer holds one layer's state
-        policy = (
-            Checkpointing.SELECTIVE
-            if c.checkpointing == Checkpointing.SELECTIVE
-            else Checkpointing.FULL
-        )
+        policy = recompute_policy(c.checkpointing)
         # the head's and the loss's allocations differ by loss
         loss = mem.traced_loss(c.loss, c.launch)
         casts = mem.adapter_casts(c.launch, c.lora_rank, m.autocast)
@@ -164,7 +166,9 @@ class Peaks:
             for p in {Checkpointing.NONE.value, policy}
         }
         events = {p: step_events_of(self._model, k) for p, k in keys.items()}
-        per_layer = [events[policy if i in checkpointed else "none"] for i in range(layers)]
+        per_layer = [
+            events[policy if i in checkpointed else Checkpointing.NONE] for i in range(layers)
+        ]
         persistent = st.base + st.weights + st.buckets
         fsdp = st.sharding is Sharding.FSDP2
         unit = mem.gathered_layer_bytes(s, c.quant, c.lora_rank, c.lora_targets) if fsdp else 0.0

@@ -18,7 +18,7 @@ from autofit.estimate.terms import reads
 from autofit.hardware import GPU, Hardware
 from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_unit_count
 from autofit.models import ModelSpec
-from autofit.recipe import checkpointed_count
+from autofit.recipe import checkpointed_count, recompute_policy
 from autofit.structure import OpsKey, Structure
 from autofit.values import Checkpointing, Launch, Offload
 
@@ -178,8 +178,7 @@ def _host_ops(k: Any, s: Structure, model: ModelSpec, n_gpus: int) -> tuple[floa
     if k.checkpointing == Checkpointing.NONE:
         return plain.layer, plain.root
     selective = k.checkpointing == Checkpointing.SELECTIVE
-    policy = (Checkpointing.SELECTIVE if selective else Checkpointing.FULL).value
-    checked = ops_of(model, replace(key, policy=policy))
+    checked = ops_of(model, replace(key, policy=recompute_policy(k.checkpointing)))
     count = s.layers if selective else checkpointed_count(k.checkpointing, s.layers)
     layer = (count * checked.layer + (s.layers - count) * plain.layer) / max(s.layers, 1)
     return layer, checked.root  # the first layer is checkpointed (`recipe.checkpointed_layers`)

@@ -231,10 +231,7 @@ def _layer_traces(
     kept = activations_of(model, key)
     if checkpointing == Checkpointing.NONE:
         return kept, None
-    policy = (
-        Checkpointing.SELECTIVE if checkpointing == Checkpointing.SELECTIVE else Checkpointing.FULL
-    )
-    return kept, activations_of(model, replace(key, policy=policy))
+    return kept, activations_of(model, replace(key, policy=recipe.recompute_policy(checkpointing)))
 
 
 def adapter_casts(launch: str, lora_rank: int, autocast: bool) -> bool:
