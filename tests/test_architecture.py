@@ -286,6 +286,27 @@ def test_no_function_is_longer_than_a_reader_can_hold():
     assert not long, "\n".join(f"{where} {name}: {n} lines" for n, where, name in reversed(long))
 
 
+def _knob_words() -> dict[str, tuple[str, ...]]:
+    """Each knob's and word setting's words (`train_embeddings`' too, whose third form is
+    `tokens:N`)."""
+    from autofit.config import DECLARED
+    from autofit.settings import WORD_SETTINGS
+    from autofit.values import TrainEmbeddings, values
+
+    words = {
+        n: d.choices for n, d in DECLARED.items() if d.choices and isinstance(d.choices[0], str)
+    }
+    words.update({n: values(w.enum) for n, w in WORD_SETTINGS.items()})
+    words["train_embeddings"] = values(TrainEmbeddings)
+    return words
+
+
+def _outside_the_declarations() -> list[Path]:
+    """Every module of `autofit/` but the two that declare the words (`values`, `config`)."""
+    return [p for p in sorted(ROOT.rglob("*.py"))
+            if not (p.parent == ROOT and p.name in ("values.py", "config.py"))]  # fmt: skip
+
+
 def test_no_module_compares_a_knob_with_its_word():
     """A knob's or a word setting's values are compared as `autofit.values` members
     (`cfg.offload == Offload.PARAMS`), never as the words (`== "params"`): the words live in
@@ -293,21 +314,12 @@ def test_no_module_compares_a_knob_with_its_word():
     Read from the code: any `<...>knob ==/!=/in "word"` where the word is one of that knob's."""
     import re
 
-    from autofit.config import DECLARED
-    from autofit.settings import WORD_SETTINGS
-
-    words = {
-        n: d.choices for n, d in DECLARED.items() if d.choices and isinstance(d.choices[0], str)
-    }
-    words.update({n: tuple(m.value for m in w.enum) for n, w in WORD_SETTINGS.items()})
-    words["train_embeddings"] = ("none", "full")
+    words = _knob_words()
     names = "|".join(sorted(words, key=len, reverse=True))
     lhs = rf'(?:\b(?P<a>{names})\b|\[\s*"(?P<b>{names})"\s*\]|\.get\(\s*"(?P<c>{names})"[^)]*\))'
     compare = re.compile(lhs + r'\s*(?:==|!=|(?:not\s+)?in)\s*[(\[{]?\s*"(?P<w>[^"]+)"')
     found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        if path.name in ("values.py", "config.py") and path.parent == ROOT:
-            continue
+    for path in _outside_the_declarations():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             for m in compare.finditer(line):
                 knob = m.group("a") or m.group("b") or m.group("c")
@@ -321,16 +333,7 @@ def test_no_module_writes_a_knob_word_as_a_value():
     "standard")`), a parameter's or a field's default (`offload: str = "none"`) or a mapping's
     entry (`{"wrap": "layer"}`) names an `autofit.values` member. Read from the code's syntax
     tree."""
-    import ast
-
-    from autofit.config import DECLARED
-    from autofit.settings import WORD_SETTINGS
-
-    words = {
-        n: d.choices for n, d in DECLARED.items() if d.choices and isinstance(d.choices[0], str)
-    }
-    words.update({n: tuple(m.value for m in w.enum) for n, w in WORD_SETTINGS.items()})
-    words["train_embeddings"] = ("none", "full")
+    words = _knob_words()
 
     def word_of(name: object, value: ast.AST | None) -> bool:
         if isinstance(value, ast.IfExp):  # `"bf16-mixed" if autocast else "bf16"`
@@ -342,9 +345,7 @@ def test_no_module_writes_a_knob_word_as_a_value():
         )
 
     found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        if path.name in ("values.py", "config.py") and path.parent == ROOT:
-            continue
+    for path in _outside_the_declarations():
         for node in ast.walk(ast.parse(path.read_text())):
             pairs: list[tuple[object, ast.AST | None]] = []
             if isinstance(node, ast.keyword):
