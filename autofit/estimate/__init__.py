@@ -269,23 +269,26 @@ def _unsettled(
 
 def _settle(batch: _Unsettled, peaks: Peaks, hardware: Hardware, device: str) -> None:
     """Set each estimate's allocator slack, peak, overhead, usable bytes and fit, once per peak
-    (configs that differ in `compile` or the step-time knobs share one, and its dicts)."""
+    and slack group (configs that differ in `compile` or the step-time knobs share a peak, and
+    its dicts; twins that differ in `loss` can share one too, but a slack is of its loss's
+    allocations: `_slack_group`)."""
     capacity = hardware.smallest_gpu.memory_bytes
     host_usable = mem.usable_host_bytes(hardware.host_ram_bytes)
     slack_of = _allocator_slacks(peaks, batch.at_peaks, batch.held, capacity, device)
-    # per peak: the slack, the overhead dict (shared, as the rest of a peak is), the usable bytes
-    # and the fit
-    per_peak: dict[int, tuple[int, dict[str, int], int, bool]] = {}
+    # per peak and slack group: the slack, the overhead dict (shared, as the rest of a peak is),
+    # the usable bytes and the fit
+    per_peak: dict[tuple[Any, ...], tuple[int, dict[str, int], int, bool]] = {}
     get_peak = per_peak.get
     for est, peak, at_peak in zip(batch.out, batch.held, batch.at_peaks, strict=True):
-        shared = get_peak(id(peak))
+        key = (id(peak), *_slack_group(at_peak, peak))
+        shared = get_peak(key)
         if shared is None:
             slack = slack_of(at_peak, peak)
             usable = capacity - peak.outside
             host = peak.host
             fits = peak.allocated + slack <= usable and (host <= host_usable if host else True)
             overhead = {**peak.overhead, "allocator": slack}
-            shared = per_peak[id(peak)] = slack, overhead, int(usable), bool(fits)
+            shared = per_peak[key] = slack, overhead, int(usable), bool(fits)
         est.peak_bytes = est.peak_allocated_bytes + shared[0]
         est.overhead, est.usable_bytes, est.within_capacity = shared[1], shared[2], shared[3]
 
@@ -349,7 +352,7 @@ def _allocator_slacks(
                 key=lambda i: abs(share[i] - 0.95))
         )  # fmt: skip
     near.sort(key=lambda i: abs(share[i] - 0.95))
-    replayed: dict[int, int] = {}  # id(peak) -> slack
+    replayed: dict[tuple[Any, ...], int] = {}  # (id(peak), *slack group) -> slack
     ratios: dict[tuple[Any, ...], float] = {}
     overall: dict[str, float] = {}  # per loss as traced: the largest share replayed
     budget = REPLAY_BUDGET_EVENTS
@@ -369,20 +372,20 @@ def _allocator_slacks(
             if loss_of[i] in overall:
                 continue
         replay = peaks.replayed_slack(config)
-        slack = replayed[id(peak)] = replay.slack
+        g = _slack_group(config, peak)
+        slack = replayed[(id(peak), *g)] = replay.slack
         if fresh:
             made.add(key)
             spent, last = spent + replay.events, replay.events
-        g = _slack_group(config, peak)
         ratio = slack / max(peak.allocated, 1)
         ratios[g] = max(ratios.get(g, 0.0), ratio)
         overall[g[0]] = max(overall.get(g[0], 0.0), ratio)
 
     def slack_of(config: Config, peak: Any) -> int:
-        found = replayed.get(id(peak))
+        g = _slack_group(config, peak)
+        found = replayed.get((id(peak), *g))
         if found is not None:
             return found
-        g = _slack_group(config, peak)
         ratio = ratios.get(g, overall.get(g[0]))
         if ratio is None:  # nothing replayed (a budget of 0)
             return int(mem.allocator_overhead(peak.allocated))

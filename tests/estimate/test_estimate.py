@@ -410,6 +410,26 @@ def test_a_batch_replays_the_configs_nearest_the_capacity_line():
         assert 0 < e.allocator_slack_bytes < 0.25 * e.peak_allocated_bytes
 
 
+def test_twins_with_one_peak_keep_their_own_slack_in_a_batch_in_either_order():
+    """A full fine-tune peaks at the optimizer step, where the loss holds nothing: its standard-
+    and chunked-loss twins have the same allocated peak, but the standard loss's tensors left
+    other holes in the allocator (tinyllama-1.1b bf16 `ckpt=full` on a 24 GiB card: two replays,
+    two slacks). A batch of the two, in either order, gives each the slack `estimate` gives it
+    alone, not the slack of whichever twin came first or last."""
+    hw = resolve_gpus("1xrtx4090")
+    spec = PRESETS["tinyllama-1.1b"]
+    twins = [Config(wrap="none", checkpointing="full", precision="bf16", seq_len=2048, loss=loss)
+             for loss in ("standard", "chunked")]  # fmt: skip
+    alone = [estimate(spec, hw, c).allocator_slack_bytes for c in twins]
+    assert alone[0] != alone[1]
+    assert [e.peak_allocated_bytes for e in estimate_many(spec, hw, twins)] == [
+        estimate(spec, hw, c).peak_allocated_bytes for c in twins
+    ]
+    for order in (twins, twins[::-1]):
+        batch = estimate_many(spec, hw, order)
+        assert [e.allocator_slack_bytes for e in batch] == [alone[twins.index(c)] for c in order]
+
+
 def test_a_batch_replays_the_nearest_config_of_each_loss_and_keeps_their_shares_apart():
     """The standard loss's tensors over the whole batch's vocabulary leave holes the chunked
     loss never makes, so a batch replays the config nearest the capacity line of each loss (its
