@@ -303,13 +303,16 @@ class Config:
         wrap = resolve_wrap(self.wrap, n_gpus, self.offload, self.shard)
         return self if wrap == self.wrap else self.replace(wrap=wrap)
 
+    def changed(self, names: tuple[str, ...]) -> list[str]:
+        """Those of the settings `names` whose values differ from their defaults, in order."""
+        return [name for name in names if getattr(self, name) != DECLARED[name].default]
+
     def settings(self) -> dict[str, Any]:
         """The settings that differ from their defaults, JSON-ready (targets as a list)."""
         out: dict[str, Any] = {}
-        for name in LORA_SETTINGS:
+        for name in self.changed(LORA_SETTINGS):
             value = getattr(self, name)
-            if value != DECLARED[name].default:
-                out[name] = list(value) if isinstance(value, tuple) else value
+            out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
     def to_dict(self) -> dict[str, Any]:

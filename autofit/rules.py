@@ -294,8 +294,7 @@ def _bnb_rule(cfg: Config) -> tuple[str, str] | None:
     """The rules of `quant_backend: bitsandbytes` and its settings (short reason, sentence)."""
     bnb = cfg.quant_backend == QuantBackend.BITSANDBYTES
     if not bnb:
-        changed = cfg.settings()  # those that differ from their defaults
-        given = [k for k in BNB_SETTINGS if k in changed]
+        given = cfg.changed(BNB_SETTINGS)
         if given:
             return (
                 "bnb settings without bitsandbytes",
