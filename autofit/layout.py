@@ -30,7 +30,7 @@ from autofit.recipe import (
     trainable_dtype,
 )
 from autofit.rules import fsdp2_only_knob
-from autofit.settings import targeted
+from autofit.settings import BNB_SETTINGS, targeted
 from autofit.values import (
     Checkpointing,
     Offload,
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from autofit.config import Config
 
 __all__ = [
-    "AUTO_WRAP", "Layout", "Sharding", "layout_of", "mesh_shape", "resolve_wrap", "sharding_for",
-    "uses_autocast", "wrap_group_size", "wrap_unit_count", "wrap_units",
+    "AUTO_WRAP", "LAYOUT_KNOBS", "Layout", "Sharding", "layout_of", "mesh_shape", "resolve_wrap",
+    "sharding_for", "uses_autocast", "wrap_group_size", "wrap_unit_count", "wrap_units",
 ]  # fmt: skip
 
 
@@ -257,3 +257,12 @@ def layout_of(
         lora_targets=config.lora_targets, projections=projections,
         bnb=bnb_of(config),
     )  # fmt: skip
+
+
+LAYOUT_KNOBS = (
+    "wrap", "shard", "precision", "optimizer", "offload", "optimizer_impl", "checkpointing",
+    "quant", "lora_rank", "lora_targets", "quant_backend", *BNB_SETTINGS,
+)  # fmt: skip
+"""The knobs and settings `layout_of` reads: with the GPUs, the model's layers and the device, a
+config's layout is a function of these alone (a test varies every other one), so the estimator
+keys the layouts it resolves by them (`autofit.estimate.terms`)."""

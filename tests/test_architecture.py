@@ -286,6 +286,28 @@ def test_no_function_is_longer_than_a_reader_can_hold():
     assert not long, "\n".join(f"{where} {name}: {n} lines" for n, where, name in reversed(long))
 
 
+def test_a_layout_is_resolved_in_one_module():
+    """`autofit.layout` alone makes a `Layout` (`Layout(...)`, `Layout.of(...)`); every other
+    module takes it from `layout_of`, so the builder, the trials, the exports and the estimator
+    read one resolution of a config's layout instead of building their own from some of its
+    knobs. Read from the code's syntax tree."""
+    made = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path == ROOT / "layout.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id == "Layout") or (
+                isinstance(f, ast.Attribute)
+                and isinstance(f.value, ast.Name)
+                and f.value.id == "Layout"
+            ):
+                made.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert not made, "take the layout from layout_of:\n" + "\n".join(made)
+
+
 def _knob_words() -> dict[str, tuple[str, ...]]:
     """Each knob's and word setting's words (`train_embeddings`' too, whose third form is
     `tokens:N`)."""

@@ -4,10 +4,15 @@ it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from autofit.config import Config
-from autofit.layout import Layout, Sharding, layout_of
+from autofit.arch import structure_of
+from autofit.config import DECLARED, Config
+from autofit.errors import ConfigError
+from autofit.layout import LAYOUT_KNOBS, Layout, Sharding, layout_of
+from autofit.models import PRESETS
 
 
 def test_hsdp_over_two_nodes_of_eight_is_torchtitans_two_by_eight_mesh():
@@ -91,3 +96,44 @@ def test_wrap_auto_is_what_it_stands_for_and_never_read_unresolved():
     # shard beside it: it is refused, not guessed
     with pytest.raises(ValueError, match="unresolved"):
         Layout.of(wrap="auto", shard="all", n_gpus=1, offload="params")
+
+
+def _values(name: str) -> tuple[object, ...]:
+    """Values of a knob or setting to try: its choices, or a whole number's ends and a middle."""
+    d = DECLARED[name]
+    if d.choices is not None:
+        return d.choices
+    low = d.minimum if d.minimum is not None else 0
+    return (low, low + 1, 8, d.maximum or 4096)
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        Config(lora_rank=16, quant="nf4", wrap="layer", checkpointing="full"),
+        Config(wrap="none", precision="bf16", optimizer_impl="foreach"),
+        Config(lora_rank=64, quant="nf4", quant_backend="bitsandbytes", wrap="none",
+               launch="trainer", precision="bf16"),
+    ],
+    ids=["nf4-lora-fsdp2", "full-ddp", "bnb-qlora-trainer"],
+)  # fmt: skip
+def test_a_layout_is_a_function_of_its_knobs_alone(base: Config) -> None:
+    """`LAYOUT_KNOBS` is what the estimator keys the layouts it resolves by: every other knob
+    and setting, set to each of its values, leaves `layout_of` of a config as it was (on 2 nodes
+    of 4 GPUs, of llama-debug's layers and projections). A knob `layout_of` came to read without
+    being listed would hand configs another's layout."""
+    s = structure_of(PRESETS["llama-debug"])
+    names = tuple(p.name for p in s.projections)
+    before = layout_of(base, 8, 4, s.layers, projections=names)
+    changed = 0
+    for name in DECLARED:
+        if name in LAYOUT_KNOBS:
+            continue
+        for value in _values(name):
+            try:
+                other = dataclasses.replace(base, **{name: value})
+            except ConfigError:  # a combination the rules refuse has no layout
+                continue
+            assert layout_of(other, 8, 4, s.layers, projections=names) == before, (name, value)
+            changed += other != base
+    assert changed > 10  # the knobs were varied, not refused

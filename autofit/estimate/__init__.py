@@ -253,7 +253,8 @@ def _unsettled(
         if timed is None:
             if len(step_times) >= MEMO_SIZE:
                 step_times.clear()
-            times, links = step_time(s, hardware, at_step, peak.trainable, peak.shard, parts)
+            # the step's micro-batch shape has its peak's layout (`LAYOUT_KNOBS`)
+            times, links = step_time(s, hardware, at_step, peak.trainable, peak.layout, parts)
             timed = step_times[key] = times, sum(times.values()), links
         times, step, links = timed
         # the slack, the fit and the usable bytes are set by `_settle`, once every peak is known
@@ -280,7 +281,7 @@ def _settle(batch: _Unsettled, peaks: Peaks, hardware: Hardware, device: str) ->
     per_peak: dict[tuple[Any, ...], tuple[int, dict[str, int], int, bool]] = {}
     get_peak = per_peak.get
     for est, peak, at_peak in zip(batch.out, batch.held, batch.at_peaks, strict=True):
-        key = (id(peak), *_slack_group(at_peak, peak))
+        key = (id(peak), _SLACK_KNOBS(at_peak))
         shared = get_peak(key)
         if shared is None:
             slack = slack_of(at_peak, peak)
@@ -372,26 +373,31 @@ def _allocator_slacks(
             if loss_of[i] in overall:
                 continue
         replay = peaks.replayed_slack(config)
-        g = _slack_group(config, peak)
-        slack = replayed[(id(peak), *g)] = replay.slack
+        slack = replayed[(id(peak), _SLACK_KNOBS(config))] = replay.slack
         if fresh:
             made.add(key)
             spent, last = spent + replay.events, replay.events
+        g = _slack_group(config, peak)
         ratio = slack / max(peak.allocated, 1)
         ratios[g] = max(ratios.get(g, 0.0), ratio)
         overall[g[0]] = max(overall.get(g[0], 0.0), ratio)
 
     def slack_of(config: Config, peak: Any) -> int:
-        g = _slack_group(config, peak)
-        found = replayed.get((id(peak), *g))
+        found = replayed.get((id(peak), _SLACK_KNOBS(config)))
         if found is not None:
             return found
+        g = _slack_group(config, peak)
         ratio = ratios.get(g, overall.get(g[0]))
         if ratio is None:  # nothing replayed (a budget of 0)
             return int(mem.allocator_overhead(peak.allocated))
         return int(peak.allocated * ratio)
 
     return slack_of
+
+
+_SLACK_KNOBS = attrgetter("loss", "launch", "micro_batch", "checkpointing")
+"""The knobs `_slack_group` reads of a config (its LoRA and sharding are its peak's): a peak's
+slack is one per value of these."""
 
 
 def _slack_group(config: Config, peak: Any) -> tuple[Any, ...]:

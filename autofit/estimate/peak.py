@@ -14,6 +14,7 @@ once (`memory.compiled_mlp_fusion_bytes`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -25,7 +26,7 @@ from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
 from autofit.estimate.state import Gathered, States, gathered_at_moments, states
 from autofit.estimate.terms import reads
-from autofit.layout import Sharding
+from autofit.layout import LAYOUT_KNOBS, Layout, Sharding, layout_of
 from autofit.models import ModelSpec
 from autofit.recipe import (
     DTYPE_BYTES,
@@ -67,6 +68,7 @@ class Peak(NamedTuple):
     shard: int  # the FSDP2 shard degree (1: replicas or the plain module; K under HSDP)
     sharding: str  # `Sharding`'s value
     outside: int = 0  # the overhead's parts outside the allocator, summed
+    layout: Layout | None = None  # how the run holds the model (`layout_of`)
 
 
 REPLAY_LAYERS = 16
@@ -79,6 +81,8 @@ a full fine-tune 2.23 / 2.54 / 2.46 GiB), and 80 take five times as long."""
 # key -> `Slack`, cleared when full.
 _REPLAYS: dict[Any, Slack] = {}
 REPLAY_MEMO_SIZE = 4096
+
+_LAYOUT_KEY = attrgetter(*LAYOUT_KNOBS)
 
 # Every knob and setting but `compile`: what a peak depends on.
 EAGER_KNOBS = attrgetter(*(f.name for f in fields(Config) if f.name != "compile"))
@@ -97,15 +101,15 @@ class Peaks:
         s = structure_of(model)
         self.device = device
         per_node = min(gpus_per_node or n, n)
-        # on one node `shard: node` is the same mesh as `all` (`mesh_shape`): one memo entry
-        self._hsdp = per_node < n
         self._peaks: dict[Any, Peak] = {}
         # outside the allocator, by the communicators of a config's layout (0, 1, 2)
         if outside is None:
             outside = mem.outsides(device, n)
         self._model_state = _model_state.memo(
-            s, n, per_node, device, float(workspace), outside, foreach_intermediates
-        )
+            s, per_node, device, float(workspace), outside, foreach_intermediates,
+            _gathered.memo(s, device),
+        )  # fmt: skip
+        self._layouts: dict[Any, Layout] = {}  # by the layout knobs' values
         self._activations = _activations.memo(model, s, device)
         self._workspace = float(workspace)
         self._outside = outside
@@ -187,8 +191,21 @@ class Peaks:
         )
         return replay_slack(per_layer, shape, expandable_segments=self._expandable)
 
+    def layout(self, c: Config) -> Layout:
+        """The layout of `c` (resolved) on these GPUs and model (`layout_of`), resolved once per
+        value of the knobs it reads (`LAYOUT_KNOBS`)."""
+        key = _LAYOUT_KEY(c)
+        found = self._layouts.get(key)
+        if found is None:
+            s = self._structure
+            found = self._layouts[key] = layout_of(
+                c, self._n, self._per_node, s.layers, self.device,
+                tuple(p.name for p in s.projections),
+            )  # fmt: skip
+        return found
+
     def _state(self, c: Config) -> _ModelState:
-        return self._model_state(c, c.shard if self._hsdp else "all", c.grad_accum > 1)
+        return self._model_state(c, self.layout(c), c.grad_accum > 1)
 
     def _peak(self, c: Config, padding_mask: bool = False) -> Peak:
         m = self._state(c)
@@ -239,27 +256,23 @@ class _ModelState(NamedTuple):
     later_total: float
 
 
-@reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "precision", "optimizer", "offload",
-       "train_embeddings", "optimizer_impl", *BNB_KNOBS, "launch")  # fmt: skip
+@reads("reshard", "train_embeddings", "launch", layout=True)
 def _model_state(
-    k: Any, s: Structure, n: int, per_node: int, device: str, workspace: float,
-    outsides: mem.Outsides, foreach_intermediates: int | None, mesh: str,
+    k: Any, s: Structure, per_node: int, device: str, workspace: float, outsides: mem.Outsides,
+    foreach_intermediates: int | None, gathered: Callable[..., Gathered], layout: Layout,
     accumulates: bool,
 ) -> _ModelState:  # fmt: skip
-    """The model state of a config: its persistent state, its gathered parameters (through
-    autocast's copies, which its precision and sharding decide) and the moments after forward.
-    `mesh` is the `shard` knob (`all` on one node, where `node` is the same mesh); `per_node` the
-    GPUs of a node (`n` on one node); `accumulates` whether `grad_accum` > 1."""
+    """The model state of a config whose layout is `layout`: its persistent state, its gathered
+    parameters (`gathered`: `_gathered`'s memo, through autocast's copies, which its precision
+    and sharding decide) and the moments after forward. `per_node` is the GPUs of a node;
+    `accumulates` whether `grad_accum` > 1."""
     st = states(
-        s, n, per_node, device, k.wrap, mesh, k.quant, k.lora_rank, k.lora_targets, k.precision,
-        k.optimizer, k.offload, accumulates, k.train_embeddings, k.optimizer_impl,
-        foreach_intermediates, bnb_of(k), k.launch,
+        s, layout, per_node, device, k.quant, k.lora_rank, k.lora_targets, k.precision,
+        k.optimizer, k.offload, accumulates, k.train_embeddings, foreach_intermediates, bnb_of(k),
+        k.launch,
     )  # fmt: skip
     autocast = st.layout.autocast
-    g = gathered_at_moments(
-        s, st.sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
-        k.train_embeddings, k.launch, mem.kbit_prepared(k.quant, bnb_of(k), k.launch)
-    )  # fmt: skip
+    g = gathered(k, st.sharding, autocast)
     # a trained head's gradient exists from its backward on, the last layer's included
     head_grad = mem.trained_head_grad_bytes(
         s, k.train_embeddings, st.sharding, st.shard, k.precision, k.optimizer, accumulates
@@ -267,6 +280,18 @@ def _model_state(
     g = g._replace(layer_grads=g.layer_grads + head_grad)
     outside = outsides[st.layout.communicators]
     return _ModelState(st, g, autocast, *_later(st, g, device, workspace, outside))
+
+
+@reads("wrap", "reshard", "quant", "lora_rank", "lora_targets", "train_embeddings", "launch",
+       *BNB_KNOBS)  # fmt: skip
+def _gathered(k: Any, s: Structure, device: str, sharding: Sharding, autocast: bool) -> Gathered:
+    """The unsharded parameters of a config at each moment of a step (`gathered_at_moments`),
+    under its layout's `sharding` and `autocast`: a term of its own, as it reads neither the
+    precision, the optimizer nor the checkpointing the model state is keyed by."""
+    return gathered_at_moments(
+        s, sharding, device, k.wrap, k.reshard, k.quant, k.lora_rank, k.lora_targets, autocast,
+        k.train_embeddings, k.launch, mem.kbit_prepared(k.quant, bnb_of(k), k.launch)
+    )  # fmt: skip
 
 
 def _later(
@@ -344,7 +369,7 @@ def _peak_at(
     }
     return Peak(
         breakdown, phase, allocated, overhead, st.host, st.trainable, st.shard, st.sharding_name,
-        sum(outside.values()),
+        sum(outside.values()), st.layout,
     )  # fmt: skip
 
 

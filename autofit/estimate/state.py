@@ -12,7 +12,7 @@ from autofit.estimate import memory as mem
 from autofit.layout import Layout, Sharding
 from autofit.recipe import Bnb4bit, base_stays_whole
 from autofit.structure import Structure
-from autofit.values import Launch, Offload, OptimizerImpl, TrainEmbeddings
+from autofit.values import Launch, Offload, TrainEmbeddings
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
 
@@ -47,22 +47,17 @@ class States(NamedTuple):
 
 
 def states(
-    s: Structure, n: int, per_node: int, device: str, wrap: str, mesh: str, quant: str,
-    lora: int, targets: mem.Targets, precision: str, optimizer: str, offload: str,
-    accumulates: bool, embeddings: str = TrainEmbeddings.NONE,
-    optimizer_impl: str = OptimizerImpl.AUTO,
-    foreach_intermediates: int | None = None, bnb: Bnb4bit | None = None,
-    launch: str = Launch.AUTOFIT,
+    s: Structure, layout: Layout, per_node: int, device: str, quant: str, lora: int,
+    targets: mem.Targets, precision: str, optimizer: str, offload: str, accumulates: bool,
+    embeddings: str = TrainEmbeddings.NONE, foreach_intermediates: int | None = None,
+    bnb: Bnb4bit | None = None, launch: str = Launch.AUTOFIT,
 ) -> States:  # fmt: skip
-    """Persistent state per GPU (weights, gradients, optimizer), sharded over the mesh's shard
-    dimension (`Layout.shard`), what offload moves to a node's host (its `per_node` ranks'
-    share), the gradients alive during forward and the optimizer step's intermediates (of the
-    AdamW implementation `optimizer_impl` resolves to; `foreach_intermediates`: another torch's
-    count for foreach, `mem.optimizer_temp_bytes`)."""
-    layout = Layout.of(
-        wrap=wrap, shard=mesh, n_gpus=n, gpus_per_node=per_node, precision=precision,
-        optimizer=optimizer, offload=offload, optimizer_impl=optimizer_impl, device=device,
-    )  # fmt: skip
+    """Persistent state per GPU (weights, gradients, optimizer) of a config whose `layout` is
+    (`autofit.layout.layout_of`), sharded over its mesh's shard dimension (`Layout.shard`), what
+    offload moves to a node's host (its `per_node` ranks' share), the gradients alive during
+    forward and the optimizer step's intermediates (of the layout's AdamW implementation,
+    `Layout.adamw`; `foreach_intermediates`: another torch's count for foreach,
+    `mem.optimizer_temp_bytes`)."""
     sharding, shard = layout.sharding, layout.shard
     trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
     pb = mem.master_bytes(precision, optimizer)

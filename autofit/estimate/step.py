@@ -16,7 +16,7 @@ from autofit.estimate import memory as mem
 from autofit.estimate import speed as spd
 from autofit.estimate.terms import reads
 from autofit.hardware import GPU, Hardware
-from autofit.layout import Layout, Sharding, sharding_for, uses_autocast, wrap_unit_count
+from autofit.layout import Layout, Sharding, sharding_for, uses_autocast
 from autofit.models import ModelSpec
 from autofit.recipe import checkpointed_count, recompute_policy
 from autofit.structure import OpsKey, Structure
@@ -34,7 +34,7 @@ def step_time_terms(
 
 
 def step_time(
-    s: Structure, hardware: Hardware, config: Config, trainable: int, shard: int,
+    s: Structure, hardware: Hardware, config: Config, trainable: int, layout: Layout,
     terms: tuple[Callable[..., Any], ...],
 ) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
     """Seconds per optimizer step by part (`speed.TIME_KEYS`), each >= 0, summing to the step;
@@ -57,7 +57,7 @@ def step_time(
     work_of, host_of, transfers_of = terms
     compute, memory_bound, dequant, backward = work_of(config)
     host, gaps = host_of(config, hardware.n_gpus)
-    tr = transfers_of(config, trainable, shard)
+    tr = transfers_of(config, layout, trainable)
     (gather, h2d, units, overhead_micro, overhead_step, reduce, d2h, ddp, fsdp, h2d_step, optim,
      gather_net, reduce_net, reduce_busy_net) = tr  # fmt: skip
     on_cpu = hardware.source == "cpu"
@@ -192,10 +192,9 @@ def trainable_tensors(s: Structure, rank: int, targets: tuple[str, ...] | None) 
     return s.layers * spd.layer_param_tensors(s, 0, None) + 2 + (not s.tied_embeddings)
 
 
-@reads("wrap", "shard", "reshard", "quant", "lora_rank", "lora_targets", "offload", "precision",
-       "optimizer", "optimizer_impl")  # fmt: skip
+@reads("reshard", layout=True)
 def _transfers(
-    k: Any, s: Structure, hardware: Hardware, trainable: int, shard: int
+    k: Any, s: Structure, hardware: Hardware, layout: Layout, trainable: int
 ) -> tuple[Any, ...]:
     """What moves between GPUs and host in one step, in seconds before any overlap: per
     micro-step all-gathers (`gather`, per-call latency included) and param H2D copies (`h2d`),
@@ -206,17 +205,18 @@ def _transfers(
     all-gathers do (1.0) or not (0.0), the share of `reduce` that does, and the reduction's
     seconds on the network before any overlap.
 
-    Each collective runs over its group of the mesh (`Layout.mesh`, whose shard degree
-    `shard` is) at that group's bandwidth (`comm.group_bw`) with a latency per network
-    step (`comm.collective_latency`): the all-gathers and the reduce-scatter over the shard
-    dimension (every GPU under `shard: all`, so across nodes; one node's GPUs under HSDP), and
-    under HSDP the all-reduce of each 1/K gradient shard across the replicas, one GPU per node
-    (torch `_fsdp_collectives.foreach_reduce`: `dist.all_reduce(reduce_output,
+    Each collective runs over its group of the mesh (`Layout.mesh`) at that group's bandwidth
+    (`comm.group_bw`) with a latency per network step (`comm.collective_latency`): the
+    all-gathers and the reduce-scatter over the shard dimension (every GPU under `shard: all`,
+    so across nodes; one node's GPUs under HSDP), and under HSDP the all-reduce of each 1/K
+    gradient shard across the replicas, one GPU per node (torch
+    `_fsdp_collectives.foreach_reduce`: `dist.all_reduce(reduce_output,
     group=all_reduce_group)` on its own stream right after each unit's reduce-scatter, so the
     two pipeline over the units). DDP's all-reduce spans every GPU."""
     gpu = hardware.smallest_gpu
-    m = _mesh(k, hardware, shard)
-    units = wrap_unit_count(k.wrap, s.layers) if m.fsdp else 0  # `len(layout.units)`, counted
+    shard = layout.shard
+    m = _mesh(hardware, layout)
+    units = len(layout.units)
     gathers, reduces = comm.fsdp_collectives(units, s.tied_embeddings, k.reshard)
     prefetch_units = 1 if m.on_cpu or not units else gathers - units * k.reshard
     pb = mem.master_bytes(k.precision, k.optimizer)
@@ -248,18 +248,14 @@ class _Mesh:
     latency: float
 
 
-def _mesh(k: Any, hardware: Hardware, shard: int) -> _Mesh:
-    """The mesh of config `k` on `hardware`, whose shard degree `shard` is."""
+def _mesh(hardware: Hardware, layout: Layout) -> _Mesh:
+    """The mesh of a config whose layout is `layout` on `hardware`."""
     n = max(hardware.n_gpus, 1)
+    shard = layout.shard
     # CPU trials run two processes on two cores: a collective or copy has no idle core to hide
     # behind, so nothing overlaps there.
     on_cpu = hardware.source == "cpu"
     per_node = min(max(hardware.gpus_per_node, 1), n)
-    layout = Layout.of(
-        wrap=k.wrap, shard=k.shard, n_gpus=n, gpus_per_node=per_node, precision=k.precision,
-        optimizer=k.optimizer, offload=k.offload, optimizer_impl=k.optimizer_impl,
-        device="cpu" if on_cpu else "cuda",
-    )  # fmt: skip
     fsdp, replicas = layout.fsdp, layout.mesh[0]
     # the shard (or DDP) group: `group` GPUs, `per_node` of them on each node it spans
     group = shard if fsdp else n
