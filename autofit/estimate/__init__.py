@@ -21,6 +21,7 @@ from autofit.estimate.peak import BREAKDOWN_KEYS, MEMO_SIZE, Peaks, padding_mask
 from autofit.estimate.speed import TIME_KEYS
 from autofit.estimate.step import step_time, step_time_terms
 from autofit.hardware import Hardware
+from autofit.layout import Layout
 from autofit.models import ModelSpec
 from autofit.structure import Structure
 from autofit.values import Batching, Launch
@@ -69,9 +70,9 @@ class Estimate:
     host_capacity_bytes: int
     step_time_s: float
     tokens_per_s: float  # the whole run's: every GPU together (n_gpus x one GPU's tokens)
+    layout: Layout  # how the run holds the model (`autofit.layout.layout_of`)
     time_breakdown: dict[str, float] = field(default_factory=dict)
     n_gpus: int = 1
-    sharding: str = "fsdp2"  # how the run holds the model: none (plain module), ddp, fsdp2
     # the napkin's `communication` by link (`LINK_KEYS`); all `intra` on one node
     communication_by_link: dict[str, float] = field(default_factory=dict)
     host_ranks: int = 1  # the GPUs whose offloaded state `host_bytes` holds: one node's
@@ -85,6 +86,11 @@ class Estimate:
         """The old name of `within_capacity`, kept for callers (and as the JSON key `fits`). It
         is not the planner's test, which also keeps a headroom margin (`autofit.plan`)."""
         return self.within_capacity
+
+    @property
+    def sharding(self) -> str:
+        """How the run holds the model: `none` (the plain module), `ddp` or `fsdp2`."""
+        return str(self.layout.sharding)
 
     @property
     def headroom_bytes(self) -> int:
@@ -261,7 +267,7 @@ def _unsettled(
         append(Estimate(
             config, peak.allocated, peak.allocated, capacity_int, 0, False, peak.breakdown,
             peak.phase, peak.overhead, int(peak.host), int(host_cap), step,
-            tokens / step if step > 0 else 0.0, times, n, peak.sharding, links, per_node,
+            tokens / step if step > 0 else 0.0, peak.layout, times, n, links, per_node,
             tokens, padding,
         ))  # fmt: skip
         hold(peak)
@@ -404,4 +410,4 @@ def _slack_group(config: Config, peak: Any) -> tuple[Any, ...]:
     """The configs whose slack share (slack / allocated) one replay stands for: the same loss
     as traced (first), micro-batch, checkpointing, LoRA or not, and sharding."""
     return (mem.traced_loss(config.loss, config.launch), config.micro_batch, config.checkpointing,
-            config.lora_rank > 0, peak.sharding)  # fmt: skip
+            config.lora_rank > 0, peak.layout.sharding)  # fmt: skip

@@ -65,10 +65,8 @@ class Peak(NamedTuple):
     overhead: dict[str, int]
     host: float  # offloaded to one node's host RAM, all its ranks
     trainable: int  # trainable parameters (all GPUs)
-    shard: int  # the FSDP2 shard degree (1: replicas or the plain module; K under HSDP)
-    sharding: str  # `Sharding`'s value
+    layout: Layout  # how the run holds the model (`layout_of`)
     outside: int = 0  # the overhead's parts outside the allocator, summed
-    layout: Layout | None = None  # how the run holds the model (`layout_of`)
 
 
 REPLAY_LAYERS = 16
@@ -368,8 +366,8 @@ def _peak_at(
         **outside,
     }
     return Peak(
-        breakdown, phase, allocated, overhead, st.host, st.trainable, st.shard, st.sharding_name,
-        sum(outside.values()), st.layout,
+        breakdown, phase, allocated, overhead, st.host, st.trainable, st.layout,
+        sum(outside.values()),
     )  # fmt: skip
 
 

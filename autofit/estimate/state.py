@@ -37,10 +37,6 @@ class States(NamedTuple):
         return self.layout.sharding
 
     @property
-    def sharding_name(self) -> str:
-        return str(self.layout.sharding)
-
-    @property
     def shard(self) -> int:
         """The ranks each sharded parameter is split over (`Layout.shard`)."""
         return self.layout.shard
