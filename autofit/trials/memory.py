@@ -53,6 +53,8 @@ class TensorTracker(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         self._live: dict[int, list[Any]] = {}  # id(storage) -> [weakref, nbytes]
+        # id(storage) -> weakref: storages on the host, not counted even when an op views them
+        self._host: dict[int, Any] = {}
         self._orig_resize = torch.UntypedStorage.resize_
 
     # ----- bookkeeping ----------------------------------------------------------------------
@@ -75,6 +77,8 @@ class TensorTracker(TorchDispatchMode):
         if st.device.type == "meta":
             return
         key = id(st)
+        if key in self._host:
+            return
         entry = self._live.get(key)
         nbytes = st.nbytes()
         if entry is None:
@@ -92,10 +96,17 @@ class TensorTracker(TorchDispatchMode):
                 self.track_storage(plain.untyped_storage())
 
     def untrack(self, tensors: Any) -> None:
-        """Stop counting the storages of `tensors` (host-resident ones, e.g. offloaded params)."""
+        """Stop counting the storages of `tensors`, now and when a later op returns a view of
+        them (host-resident ones, e.g. offloaded params, which an all-gather reads through
+        views), until they are freed."""
+        host = self._host
         for t in tree_leaves(tensors):
             for plain in _plain_tensors(t):
-                self._forget(id(plain.untyped_storage()))
+                st = plain.untyped_storage()
+                key = id(st)
+                self._forget(key)
+                if key not in host:
+                    host[key] = weakref.ref(st, lambda _ref, key=key: host.pop(key, None))
 
     def reset_peak(self) -> None:
         self.peak = self.current

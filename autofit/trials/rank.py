@@ -160,6 +160,25 @@ def train_step(
     return loss, compiled
 
 
+def _keep_on_the_host(tracker: TensorTracker, model: torch.nn.Module) -> None:
+    """Under `offload: params` FSDP2 keeps its sharded parameters, and the sharded gradients it
+    makes in backward, on the host. A CPU trial's "device" is the host, so `tracker` stops
+    counting both: the parameters now, each gradient when FSDP2 hands it over. FSDP2's
+    `foreach_reduce` copies a gradient to the host (on CPU the copy is the reduce-scatter's own
+    output, which a GPU frees once copied), then runs the parameter's post-accumulate-grad hooks
+    (`Tensor.register_post_accumulate_grad_hook`, torch's public hook), as it does after adding
+    a later micro-step's gradient to it."""
+    sharded = [p for p in model.parameters() if isinstance(p, DTensor)]
+    tracker.untrack(sharded)
+
+    def on_the_host(param: torch.Tensor) -> None:
+        tracker.untrack(param.grad)
+
+    for p in sharded:
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(on_the_host)
+
+
 def join_group(
     device_type: str,
     local_rank: int,
@@ -309,7 +328,7 @@ def _build(
     if tracker is not None:
         build_peak = tracker.peak
         if config.offload == Offload.PARAMS:  # what FSDP2 manages is on the host; not what it left
-            tracker.untrack([p for p in applied.model.parameters() if isinstance(p, DTensor)])
+            _keep_on_the_host(tracker, applied.model)
         tracker.reset_peak()
     else:
         build_peak = torch.cuda.max_memory_reserved(device)

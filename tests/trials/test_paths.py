@@ -36,6 +36,12 @@ TRIALS = {
     "mini-ddp": ("llama-mini", 2, {**MINI, "wrap": "none"}),
     "mini-fsdp": ("llama-mini", 2, {**MINI, "wrap": "layer"}),
 }
+# beside the paths (not an estimate's case: on CPU FSDP2's host-to-device copies of the offloaded
+# shards are the shards themselves, so the trial holds less than a GPU's run does)
+OFFLOADED = {
+    "debug-offload": ("llama-debug", 1, {"seq_len": 64, "micro_batch": 2, "wrap": "layer",
+                                         "offload": "params", "checkpointing": "full"}),
+}  # fmt: skip
 
 
 # the processes each launch ran, seen from its progress reports: (the rank processes'
@@ -61,7 +67,8 @@ def _look_at_the_tree(_event: object) -> None:
 
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
-    named = {name: (model, ranks, Config(**kn)) for name, (model, ranks, kn) in TRIALS.items()}
+    everything = {**TRIALS, **OFFLOADED}
+    named = {name: (model, ranks, Config(**kn)) for name, (model, ranks, kn) in everything.items()}
     out = run_grouped(named, device="cpu", steps=2, timeout_s=300, on_progress=_look_at_the_tree)
     for name, result in out.items():
         assert result.status == "ok", f"{name}: {result.message}"
@@ -107,6 +114,28 @@ def test_qlora_builds_shard_by_shard(trials) -> None:  # type: ignore[no-untyped
     # each rank holds its half of the NF4 base and of the bf16 embedding/head, plus the one
     # projection being quantized: well under the whole model that 1 rank holds
     assert two <= 0.6 * one
+
+
+# llama-debug's parameters, by hand: per decoder layer q and o 256 x 256, k and v 256 x 128 (2 KV
+# heads of 64), gate, up and down 256 x 688, two norms of 256: 725,504; four layers, the embedding
+# and the (untied) head 1,024 x 256 each, the final norm 256
+LLAMA_DEBUG_PARAMS = (
+    4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256) + 2 * 1024 * 256 + 256
+)
+
+
+def test_what_fsdp2_offloads_is_not_counted_on_a_cpu_trial(trials) -> None:  # type: ignore[no-untyped-def]
+    """Under `offload: params` a full fine-tune's fp32 parameters, their gradients and AdamW's
+    state live on the host, where a GPU's peak does not see them. On a CPU trial the device is the
+    host: the tracker leaves out the sharded parameters even where FSDP2's all-gather reads them
+    through views, and each sharded gradient once FSDP2 hands it over (its post-accumulate-grad
+    hook). The peak is then below the parameters alone (4 B x 3,426,560); the tracker counted
+    29.9 MB of the same run at seq 128 when views and gradients were counted, above the
+    parameters and gradients together."""
+    assert LLAMA_DEBUG_PARAMS == 3_426_560
+    result = trials["debug-offload"]
+    assert result.sharding == "fsdp2"
+    assert 0 < result.peak_bytes < 4 * LLAMA_DEBUG_PARAMS, result.peak_bytes
 
 
 @pytest.mark.parametrize("name", list(TRIALS))

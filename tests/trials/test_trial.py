@@ -194,6 +194,26 @@ def test_tracker_counts_live_storages_and_raises_oom_past_its_cap() -> None:
         torch.zeros(1000)
 
 
+def test_an_untracked_storage_stays_out_when_an_op_views_it() -> None:
+    """What lives on the host (`untrack`) is not counted again when an op returns a view of it
+    or writes it in place (FSDP2's all-gather reads offloaded shards through views; gradient
+    accumulation adds into the host gradient); what an op makes from it is counted."""
+    with TensorTracker() as tracker:
+        host = torch.empty(1024, dtype=torch.float32)  # 4,096 B
+        tracker.untrack(host)
+        assert tracker.current == 0
+        view = host.view(32, 32)
+        host.add_(1.0)
+        made = host[:10] * 2  # 40 B of its own
+        assert tracker.current == 40
+        del view, made
+        assert tracker.current == 0
+        del host  # freed: its storage's id may name a device tensor next, which is counted
+        again = torch.empty(1024, dtype=torch.float32)
+        assert tracker.current == 4096
+        del again
+
+
 def test_a_one_rank_trial_joins_a_process_group_only_where_its_job_has_one() -> None:
     """The plain module on one device is what the exported job runs, with no process group (and
     on a GPU no NCCL communicator, whose one-rank buffer is 512 MiB: NVIDIA/nccl#2363); FSDP2 on
