@@ -20,7 +20,7 @@ from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from autofit.config import Config
-from autofit.layout import LAYOUT_KNOBS, Layout
+from autofit.layout import LAYOUT_KNOBS
 
 T = TypeVar("T")
 
@@ -53,23 +53,14 @@ class Term(Generic[T]):
         fn, key_of, view = self.fn, self.key, self.view
         found: dict[Any, T] = {}
         get = found.get
-
-        if self.takes_layout:
-
-            def with_layout(config: Config, layout: Layout, *args: Any) -> T:
-                key = key_of(config)
-                value = get((key, args))
-                if value is None:
-                    value = found[(key, args)] = fn(view(key), *context, layout, *args)
-                return value
-
-            return with_layout
+        keyed = 1 if self.takes_layout else 0  # a layout is a function of the key: not in it
 
         def memoised(config: Config, *args: Any) -> T:
             key = key_of(config)
-            value = get((key, args))
+            memo_key = (key, args[keyed:])
+            value = get(memo_key)
             if value is None:
-                value = found[(key, args)] = fn(view(key), *context, *args)
+                value = found[memo_key] = fn(view(key), *context, *args)
             return value
 
         return memoised
