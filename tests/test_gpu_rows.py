@@ -117,13 +117,29 @@ def test_every_reserved_peak_without_offload_is_estimated_within_3_percent(print
     """The outside truth of the H200: `max_memory_reserved` of every trial that ran without
     offload, the chunked loss's on Llama 3's 128K vocabulary among them (+13.4% while the
     allocator replay ran the standard loss's allocations for it, issue 33), within 3% of this
-    commit's estimate. (`offload: params` is not yet looked into: -4.0% to +23.5%.)"""
+    commit's estimate. (`offload: params` below.)"""
     rows, _ = printed
     held = [r for r in rows if gpu_rows.ran(r) and r.config["offload"] == "none"]
     assert len(held) == 25
     assert any(r.config["loss"] == "chunked" for r in held)
     for r in held:
         assert abs(r.errors["reserved"]) <= 0.03, (r.id, r.label, r.errors["reserved"])
+
+
+def test_every_reserved_peak_under_param_offload_is_estimated_within_4_percent(printed):
+    """`offload: params` on one H200 (FSDP2's `CPUOffloadPolicy` on a one-rank mesh): no
+    all-gather, each parameter copied from the host on the compute stream, and each unit's
+    gradients copied to the host at its reduce. While the allocator replay gathered into a
+    buffer on a stream of its own and kept every sharded gradient on the GPU, the tinyllama-1.1b
+    full fine-tune was estimated +21.5% and +23.5% above its measured reserved peak. The NF4 rows
+    are still 2-4% under (NF4's dequantization transients are not replayed)."""
+    rows, _ = printed
+    held = [r for r in rows if gpu_rows.ran(r) and r.config["offload"] == "params"]
+    assert len(held) == 4
+    for r in held:
+        assert abs(r.errors["reserved"]) <= 0.04, (r.id, r.label, r.errors["reserved"])
+        if r.config["lora_rank"] == 0:
+            assert abs(r.errors["reserved"]) <= 0.025, (r.id, r.label, r.errors["reserved"])
 
 
 def test_no_device_level_is_under_estimated_by_more_than_3_percent(printed):
@@ -137,8 +153,6 @@ def test_no_device_level_is_under_estimated_by_more_than_3_percent(printed):
     assert len(errors) == 29
     assert abs(errors[len(errors) // 2]) <= 0.03
     for r in ran:
-        if r.config["offload"] != "none":  # the allocator replay has no offload model yet
-            continue
         assert r.errors["device"] >= -0.03, (r.id, r.label, r.errors["device"])
 
 

@@ -24,7 +24,7 @@ from autofit.hardware import Hardware
 from autofit.layout import Layout
 from autofit.models import ModelSpec
 from autofit.structure import Structure
-from autofit.values import Batching, Launch
+from autofit.values import Batching, Launch, Offload
 
 __all__ = [
     "BREAKDOWN_KEYS", "LINK_KEYS", "MEMORY_ERROR", "OUTSIDE_KEYS", "TIME_KEYS", "Estimate",
@@ -336,20 +336,22 @@ def _allocator_slacks(
 ) -> Callable[[Config, Any], int]:
     """The caching allocator's slack of a config's peak, as a function of (config, peak): a
     replay of its step through the allocator model (`Peaks.replayed_slack`) for the configs
-    nearest the capacity line within `REPLAY_BUDGET_EVENTS` (the first of each loss as traced
+    nearest the capacity line within `REPLAY_BUDGET_EVENTS` (the first of each `_slack_family`
     always, unless the budget is 0; a config whose replay this batch has already made costs
     nothing), and for the others the largest slack share (slack / allocated) among the replayed
-    configs of the same loss, micro-batch, checkpointing, LoRA and sharding (else of the same
-    loss), or the assumed share where none was replayed. Nothing on CPU, which has no caching
+    configs of the same `_slack_group` (else of the same family), or the assumed share where
+    none was replayed. Nothing on CPU, which has no caching
     allocator. The loss's own allocations set its share apart: the standard loss's tensors over
     the whole batch's vocabulary leave holes the chunked loss never makes (llama-3-8b NF4 LoRA
     r16 micro-batch 2 on an H200: 1.23 GiB of slack replayed with the standard loss's
     allocations, 0.22 with its own, 0.30 measured), so one loss's share never stands for the
-    other's."""
+    other's; nor does a step that offloads its parameters stand for one that keeps them (the
+    llama-3-8b 1xrtx4090 plan's one standard-loss replay was an `offload: params` config's, a
+    slack share of 0.4%, where the H200 rows without offload measure 6-10%)."""
     if device == "cpu" or not held:
         return lambda _config, _peak: 0
     share = [peak.allocated / max(capacity - peak.outside, 1.0) for peak in held]
-    loss_of = [mem.traced_loss(c.loss, c.launch) for c in configs]
+    loss_of = [_slack_family(c) for c in configs]
     losses = set(loss_of)
     near = [i for i, x in enumerate(share) if NEAR_CAPACITY[0] <= x <= NEAR_CAPACITY[1]]
     for loss in sorted(losses - {loss_of[i] for i in near}):
@@ -361,7 +363,7 @@ def _allocator_slacks(
     near.sort(key=lambda i: abs(share[i] - 0.95))
     replayed: dict[tuple[Any, ...], int] = {}  # (id(peak), *slack group) -> slack
     ratios: dict[tuple[Any, ...], float] = {}
-    overall: dict[str, float] = {}  # per loss as traced: the largest share replayed
+    overall: dict[tuple[Any, ...], float] = {}  # per `_slack_family`: the largest share replayed
     budget = REPLAY_BUDGET_EVENTS
     spent = last = 0  # events of this batch's distinct replays, and of the last one
     made: set[Any] = set()  # their keys
@@ -401,13 +403,21 @@ def _allocator_slacks(
     return slack_of
 
 
-_SLACK_KNOBS = attrgetter("loss", "launch", "micro_batch", "checkpointing")
+_SLACK_KNOBS = attrgetter("loss", "launch", "offload", "micro_batch", "checkpointing")
 """The knobs `_slack_group` reads of a config (its LoRA and sharding are its peak's): a peak's
 slack is one per value of these."""
 
 
+def _slack_family(config: Config) -> tuple[Any, ...]:
+    """The configs one replay can stand for at all: the same loss as traced, and whether FSDP2
+    keeps the parameters and gradients on the host (`offload: params`: each unit's gradients
+    leave the GPU at its reduce, no sharded gradient stays, `slack.py`), whose holes are not
+    those of a step that keeps them."""
+    return mem.traced_loss(config.loss, config.launch), config.offload == Offload.PARAMS
+
+
 def _slack_group(config: Config, peak: Any) -> tuple[Any, ...]:
-    """The configs whose slack share (slack / allocated) one replay stands for: the same loss
-    as traced (first), micro-batch, checkpointing, LoRA or not, and sharding."""
-    return (mem.traced_loss(config.loss, config.launch), config.micro_batch, config.checkpointing,
+    """The configs whose slack share (slack / allocated) one replay stands for: the same
+    `_slack_family` (first), micro-batch, checkpointing, LoRA or not, and sharding."""
+    return (_slack_family(config), config.micro_batch, config.checkpointing,
             config.lora_rank > 0, peak.layout.sharding)  # fmt: skip

@@ -37,7 +37,7 @@ from autofit.recipe import (
 )
 from autofit.settings import BNB_SETTINGS, HF_LAUNCHES
 from autofit.structure import ActivationKey, Structure
-from autofit.values import Batching, Checkpointing, Launch, Loss, Quant
+from autofit.values import Batching, Checkpointing, Launch, Loss, Offload, Quant, TrainEmbeddings
 
 BREAKDOWN_KEYS = (
     "base_weights",
@@ -186,6 +186,11 @@ class Peaks:
             # the traced gradients are in the compute dtype (bf16 under FSDP2); FSDP2 reduces
             # in `reduce_dtype`
             reduce_ratio=DTYPE_BYTES[reduce_dtype(c.precision)] / mem.BF16,
+            offload=fsdp and c.offload == Offload.PARAMS,
+            host_params=_host_params(s, c, st.layout)
+            if fsdp and c.offload == Offload.PARAMS and st.shard == 1
+            else (),
+            embedding_trained=c.lora_rank == 0 or c.train_embeddings != TrainEmbeddings.NONE,
         )
         return replay_slack(per_layer, shape, expandable_segments=self._expandable)
 
@@ -225,6 +230,41 @@ class Peaks:
             )
             a = a._replace(backward=a.backward + fused)
         return _forward_or_later(m, a, self.device, self._workspace, outside)
+
+
+def _host_params(
+    s: Structure, c: Config, layout: Layout
+) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """`offload: params` on a one-rank mesh: the parameters FSDP2 copies from the host to gather
+    each unit (`StepShape.host_params`), as (bytes stored, bytes gathered), in module order: the
+    embedding's, one layer unit's (per projection its base weight unless it stays whole on the
+    GPU, then LoRA's A and B; then the norms and the rest), `[norm, head]`'s. Trainable
+    parameters are stored in `layout.param_dtype`, frozen ones in bf16 (fp32 when
+    `kbit_prepared`); all are gathered in `layout.compute_dtype`."""
+    gathered = DTYPE_BYTES[layout.compute_dtype]
+    trained = DTYPE_BYTES[layout.param_dtype]
+    frozen = mem.FP32 if mem.kbit_prepared(c.quant, bnb_of(c), c.launch) else mem.BF16
+    full = c.lora_rank == 0
+    outer = trained if full or c.train_embeddings != TrainEmbeddings.NONE else frozen
+
+    def param(n: int, stored: int) -> tuple[int, int]:
+        return (n * stored, n * gathered)
+
+    layer: list[tuple[int, int]] = []
+    targets = {p.name for p in s.targets(c.lora_targets)} if c.lora_rank else set()
+    whole = recipe.base_stays_whole(c.quant, layout.shard)
+    for p in s.projections:
+        if full:
+            layer.append(param(p.weight_params, trained))
+            continue
+        if not whole:
+            layer.append(param(p.weight_params, frozen))
+        if p.name in targets:
+            layer += [param(c.lora_rank * p.in_features, trained),
+                      param(p.out_features * c.lora_rank, trained)]  # fmt: skip
+    layer.append(param(s.layer_frozen_other_params, trained if full else frozen))
+    head = (param(s.final_norm_params, outer), param(s.head_params, outer))
+    return (param(s.embedding_params, outer),), tuple(layer), tuple(p for p in head if p[0])
 
 
 BNB_KNOBS = ("quant_backend", *BNB_SETTINGS)

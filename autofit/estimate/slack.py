@@ -32,6 +32,13 @@ head) dies in layer i's backward.
 FSDP2's all-gather outputs and reduce-scatter inputs are allocated on streams of their own,
 whose free blocks the compute stream never reuses (`STREAMS`): each stream has its allocator.
 
+Under `offload: params` (FSDP2 `CPUOffloadPolicy`) the gradients go to the host: each unit's
+reduce-scatter input (the compute stream's) lives until the next unit's reduce, its output (the
+reduce-scatter stream's) is copied to the host and dropped, and no sharded gradient stays. On a
+one-rank mesh FSDP2 all-gathers nothing: each parameter is copied from the host, cast, and copied
+into its unsharded tensor on the compute stream, the embedding's and `[norm, head]`'s too
+(`StepShape.host_params`).
+
 What is not modelled: `record_stream`'s delayed reuse, gradient accumulation's second micro-step
 (the accumulated gradients are the first's), the loss's own fragmentation beyond the one-layer
 trace, and NF4's dequantization transients.
@@ -60,6 +67,11 @@ class StepShape:
     grad_shard: float = 1.0  # FSDP2: the sharded share of a unit's gradients that stays
     reshard: bool = True
     reduce_ratio: float = 1.0  # FSDP2: reduce-scatter input bytes per traced gradient byte
+    offload: bool = False  # FSDP2 `offload: params`: each unit's reduced gradients go to the host
+    # `offload: params` on a one-rank mesh: each parameter of the embedding unit, of one layer
+    # unit and of `[norm, head]`, as (bytes copied from the host, bytes gathered), module order
+    host_params: tuple[tuple[tuple[int, int], ...], ...] = ()
+    embedding_trained: bool = False  # the embedding unit is gathered and reduced in backward
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,8 @@ class _Replay:
         self.alive: set[object] = set()
         self.plans: dict[int, _Plan] = {}
         self.gather_buffer: object | None = None
+        self.held: dict[object, list[object]] = {}  # one-rank offload: a unit's unsharded params
+        self.reduce_input: object | None = None  # offload: the last unit's reduce-scatter input
 
     # ----- the log ------------------------------------------------------------------------------
     def plan_of(self, i: int) -> _Plan:
@@ -169,6 +183,9 @@ class _Replay:
 
     # ----- FSDP2's units ------------------------------------------------------------------------
     def gather(self, step: int, where: str, i: int) -> None:
+        if self.shape.host_params:
+            self.copy_in((step, where, i), self.shape.host_params[1])
+            return
         if not self.shape.gathered_per_layer:
             return
         if self.gather_buffer is not None:
@@ -177,7 +194,38 @@ class _Replay:
         self.alloc(self.gather_buffer, self.shape.gathered_per_layer)
         self.alloc(("unsharded", step, where, i), self.shape.gathered_per_layer)
 
+    def copy_in(self, unit: object, params: tuple[tuple[int, int], ...]) -> None:
+        """`offload: params` on a one-rank mesh (torch 2.11-2.13 `FSDPParamGroup.unshard` and
+        `wait_for_unshard` at world_size 1, `FSDPParam.all_gather_inputs`): no all-gather and no
+        buffer; per parameter, on the compute stream, its host copy (`.to(device)`), the cast of
+        that to the compute dtype (a new tensor, the copy dropped), the previous parameter's
+        input dropped, then the unsharded parameter (`all_gather_outputs[0]`) copied into."""
+        held, last = self.held.setdefault(unit, []), None
+        for j, (host, gathered) in enumerate(params):
+            given = ("h2d", unit, j)
+            self.alloc(given, host)
+            if host != gathered:
+                self.alloc(("cast", unit, j), gathered)
+                self.free(given)
+                given = ("cast", unit, j)
+            if last is not None:
+                self.free(last)
+            held.append(("unsharded", unit, j))
+            self.alloc(held[-1], gathered)
+            last = given
+        if last is not None:
+            self.free(last)
+
+    def release(self, unit: object) -> None:
+        for key in self.held.pop(unit, ()):
+            self.free(key)
+
     def reshard(self, step: int, where: str, i: int) -> None:
+        if self.shape.host_params:
+            if self.shape.reshard or where == "b":
+                self.release((step, where, i))
+                self.release((step, "f", i))
+            return
         if self.shape.gathered_per_layer and (self.shape.reshard or where == "b"):
             self.free(("unsharded", step, where, i))
             if where == "b":
@@ -188,6 +236,11 @@ class _Replay:
         dtype, on its own stream) is kept until the next reduce-scatter is waited on; the
         unsharded gradients are freed, a shard of them kept."""
         p = self.plan_of(i)
+        if self.shape.offload:
+            self.reduce_to_host(
+                ("rs", step, i), [((step, i, sid), p.size[sid]) for sid in sorted(p.grads)]
+            )
+            return
         if not (self.shape.gathered_per_layer and p.grads):
             return
         unit = sum(p.size.get(sid, 0) for sid in p.grads)
@@ -198,6 +251,26 @@ class _Replay:
             if key in self.alive:
                 self.free(key)
                 self.alloc(("gshard", step, i, sid), p.size.get(sid, 0) * self.shape.grad_shard)
+
+    def reduce_to_host(self, key: tuple[object, ...], grads: list[tuple[object, int]]) -> None:
+        """`offload: params` (torch `foreach_reduce`, `FSDPParamGroup.post_backward`): the unit's
+        gradients alive here (its own) are copied into the reduce-scatter input, in the reduce
+        dtype, on the compute stream, once the last unit's input is dropped
+        (`reduce_scatter_state = None`), and kept until the next unit's reduce; the output, on
+        the reduce-scatter stream, is copied to the host (`new_sharded_grad.to("cpu")`) and
+        dropped: no gradient stays on the GPU."""
+        live = [(k, size) for k, size in grads if k in self.alive]
+        if not live:
+            return
+        unit = sum(size for _, size in live) * self.shape.reduce_ratio
+        if self.reduce_input is not None:
+            self.free(self.reduce_input)
+        self.reduce_input = ("rs-input", *key[1:])
+        self.alloc(self.reduce_input, unit)
+        for k, _ in live:
+            self.free(k)
+        self.alloc(key, unit * self.shape.grad_shard)
+        self.free(key)
 
     # ----- one step -----------------------------------------------------------------------------
     def persistent(self) -> None:
@@ -218,11 +291,15 @@ class _Replay:
 
     def embedding(self, step: int) -> None:
         first, root = self.plan_of(0), ("root", step)
+        if self.shape.host_params:
+            self.copy_in((step, "embedding", "f"), self.shape.host_params[0])
         for sid, size in first.windows[_PRE]:
             if size:
                 self.alloc((root, sid), self.sized(first, sid, size))
             else:
                 self.free((root, sid))
+        if self.shape.reshard:
+            self.release((step, "embedding", "f"))
 
     def forward(self, step: int, i: int) -> None:
         p = self.plan_of(i)
@@ -241,6 +318,8 @@ class _Replay:
         its backward."""
         n, root = self.shape.layers, ("root", step)
         last = self.plan_of(n - 1)
+        if self.shape.host_params:  # not resharded after forward: gathered until its backward
+            self.copy_in((step, "head"), self.shape.host_params[2])
         for sid, size in last.windows[_MID]:
             if size:
                 self.alloc((root, "mid", sid), self.sized(last, sid, size))
@@ -249,6 +328,10 @@ class _Replay:
             else:
                 self.free((root, "mid", sid))
                 self.free((root, sid))
+        self.release((step, "head"))
+        if self.shape.offload:
+            grads = [((root, "mid", sid), last.size[sid]) for sid in sorted(last.grads)]
+            self.reduce_to_host(("rs", step, "head"), grads)
 
     def backward(self, step: int, i: int) -> None:
         p = self.plan_of(i)
@@ -278,6 +361,8 @@ class _Replay:
 
     def embedding_backward(self, step: int) -> None:
         p0, root = self.plan_of(0), ("root", step)
+        if self.shape.host_params and self.shape.embedding_trained:
+            self.copy_in((step, "embedding", "b"), self.shape.host_params[0])
         for sid, size in p0.windows[_POST]:
             if size:
                 self.alloc((root, "post", sid), self.sized(p0, sid, size))
@@ -286,6 +371,11 @@ class _Replay:
             else:
                 self.free((root, "post", sid))
                 self.free((root, sid))
+        self.release((step, "embedding", "b"))
+        self.release((step, "embedding", "f"))
+        if self.shape.offload:
+            grads = [((root, "post", sid), p0.size[sid]) for sid in sorted(p0.grads)]
+            self.reduce_to_host(("rs", step, "embedding"), grads)
 
     def end(self, step: int) -> None:
         """What the step leaves besides the gradients (the loss, leftovers) goes; after the first
@@ -296,6 +386,9 @@ class _Replay:
             self.free(self.gather_buffer)
             self.gather_buffer = None
         self.free(("rs", step, 0))
+        if self.reduce_input is not None:
+            self.free(self.reduce_input)
+            self.reduce_input = None
         grads = {(step, i, sid) for i in range(n) for sid in self.plan_of(i).grads}
         grads |= {("gshard", step, i, sid) for i in range(n) for sid in self.plan_of(i).grads}
         # (in a fixed order: a set of keys holding text iterates differently in each process)
