@@ -428,6 +428,22 @@ def bnb_of(knobs: Any) -> Bnb4bit | None:
     )  # fmt: skip
 
 
+def optional_libraries(knobs: Any) -> frozenset[str]:
+    """The optional libraries that building and stepping a config import (anything with the
+    knobs `bnb_of` reads, `optimizer` and `offload`): bitsandbytes for its NF4 base (`bnb_of`);
+    torchao for its own NF4 or int8 base (`autofit.builder.nf4`, `quantize`), its low-bit AdamW
+    (`LOW_BIT_STATES`) or its CPU-offloaded optimizer state (`offload: optimizer`:
+    `CPUOffloadOptimizer`). A trial's rank keeps the others out (`autofit.trials.worker`)."""
+    used = set()
+    if bnb_of(knobs) is not None:
+        used.add("bitsandbytes")
+    elif knobs.quant in (Quant.NF4, Quant.INT8):
+        used.add("torchao")
+    if knobs.optimizer in LOW_BIT_STATES or knobs.offload == Offload.OPTIMIZER:
+        used.add("torchao")
+    return frozenset(used)
+
+
 NF4_QUANTIZE_CHUNK = 1024**2
 """torchao quantizes to NF4 in chunks of this many weights (`nf4_tensor.CHUNK_SIZE`); each chunk
 briefly holds its distance to all 16 NF4 levels in the weight's dtype (~32 B per weight)."""
