@@ -334,30 +334,30 @@ fit: replayed first, nearest 0.95 first."""
 def _allocator_slacks(
     peaks: Peaks, configs: list[Config], held: list[Any], capacity: float, device: str
 ) -> Callable[[Config, Any], int]:
-    """The caching allocator's slack of a config's peak, as a function of (config, peak): a
-    replay of its step through the allocator model (`Peaks.replayed_slack`) for the configs
-    nearest the capacity line within `REPLAY_BUDGET_EVENTS` (the first of each `_slack_family`
-    always, unless the budget is 0; a config whose replay this batch has already made costs
-    nothing), and for the others the largest slack share (slack / allocated) among the replayed
-    configs of the same `_slack_group` (else of the same family), or the assumed share where
-    none was replayed. Nothing on CPU, which has no caching
-    allocator. The loss's own allocations set its share apart: the standard loss's tensors over
-    the whole batch's vocabulary leave holes the chunked loss never makes (llama-3-8b NF4 LoRA
-    r16 micro-batch 2 on an H200: 1.23 GiB of slack replayed with the standard loss's
-    allocations, 0.22 with its own, 0.30 measured), so one loss's share never stands for the
-    other's; nor does a step that offloads its parameters stand for one that keeps them (the
-    llama-3-8b 1xrtx4090 plan's one standard-loss replay was an `offload: params` config's, a
-    slack share of 0.4%, where the H200 rows without offload measure 6-10%)."""
+    """The caching allocator's slack of a config's peak, as a function of (config, peak): a replay
+    of its step through the allocator model (`Peaks.replayed_slack`) for the configs nearest the
+    capacity line within `REPLAY_BUDGET_EVENTS` (the first of each `_slack_family` always,
+    unless the budget is 0; a config whose replay this batch has already made costs nothing),
+    and for the others the largest slack share (slack / allocated) among the replayed configs of
+    the same `_slack_group` (else of the same family), or the assumed share where none was
+    replayed. Nothing on CPU, which has no caching allocator. The loss's own allocations set its
+    share apart: the standard loss's tensors over the whole batch's vocabulary leave holes the
+    chunked loss never makes (llama-3-8b NF4 LoRA r16 micro-batch 2 on an H200: 1.23 GiB of
+    slack replayed with the standard loss's allocations, 0.22 with its own, 0.30 measured), so
+    one loss's share never stands for the other's; nor does a step that offloads its parameters
+    stand for one that keeps them (the llama-3-8b 1xrtx4090 plan's one standard-loss replay was
+    an `offload: params` config's, a slack share of 0.4%, where the H200 rows without offload
+    measure 6-10%)."""
     if device == "cpu" or not held:
         return lambda _config, _peak: 0
     share = [peak.allocated / max(capacity - peak.outside, 1.0) for peak in held]
-    loss_of = [_slack_family(c) for c in configs]
-    losses = set(loss_of)
+    family_of = [_slack_family(c) for c in configs]
+    families = set(family_of)
     near = [i for i, x in enumerate(share) if NEAR_CAPACITY[0] <= x <= NEAR_CAPACITY[1]]
-    for loss in sorted(losses - {loss_of[i] for i in near}):
-        # seed the shares of a loss none of whose configs is near the line with its nearest
+    for family in sorted(families - {family_of[i] for i in near}):
+        # seed the shares of a family none of whose configs is near the line with its nearest
         near.append(
-            min((i for i in range(len(held)) if loss_of[i] == loss),
+            min((i for i in range(len(held)) if family_of[i] == family),
                 key=lambda i: abs(share[i] - 0.95))
         )  # fmt: skip
     near.sort(key=lambda i: abs(share[i] - 0.95))
@@ -374,11 +374,11 @@ def _allocator_slacks(
         key = peaks.replay_key(config)
         fresh = key not in made
         # a replay expected (as large as the last) to end past the budget is not begun (the
-        # first of each loss always is)
+        # first of each family always is)
         if made and fresh and spent + last > budget:
-            if len(overall) == len(losses):
+            if len(overall) == len(families):
                 break
-            if loss_of[i] in overall:
+            if family_of[i] in overall:
                 continue
         replay = peaks.replayed_slack(config)
         slack = replayed[(id(peak), _SLACK_KNOBS(config))] = replay.slack
