@@ -174,6 +174,10 @@ class Peaks:
         persistent = st.base + st.weights + st.buckets
         fsdp = st.sharding is Sharding.FSDP2
         unit = mem.gathered_layer_bytes(s, c.quant, c.lora_rank, c.lora_targets) if fsdp else 0.0
+        offload = fsdp and c.offload == Offload.PARAMS
+        embedding_trained = st.layout.trains_all or c.train_embeddings != TrainEmbeddings.NONE
+        # on a one-rank mesh FSDP2 copies each parameter in from the host instead of gathering
+        host = _host_params(s, c, st.layout, embedding_trained) if offload and st.shard == 1 else ()
         shape = StepShape(
             layers=layers,
             micro_batch=c.micro_batch,
@@ -186,11 +190,9 @@ class Peaks:
             # the traced gradients are in the compute dtype (bf16 under FSDP2); FSDP2 reduces
             # in `reduce_dtype`
             reduce_ratio=DTYPE_BYTES[reduce_dtype(c.precision)] / mem.BF16,
-            offload=fsdp and c.offload == Offload.PARAMS,
-            host_params=_host_params(s, c, st.layout)
-            if fsdp and c.offload == Offload.PARAMS and st.shard == 1
-            else (),
-            embedding_trained=c.lora_rank == 0 or c.train_embeddings != TrainEmbeddings.NONE,
+            offload=offload,
+            host_params=host,
+            embedding_trained=embedding_trained,
         )
         return replay_slack(per_layer, shape, expandable_segments=self._expandable)
 
@@ -233,36 +235,31 @@ class Peaks:
 
 
 def _host_params(
-    s: Structure, c: Config, layout: Layout
+    s: Structure, c: Config, layout: Layout, embedding_trained: bool
 ) -> tuple[tuple[tuple[int, int], ...], ...]:
     """`offload: params` on a one-rank mesh: the parameters FSDP2 copies from the host to gather
     each unit (`StepShape.host_params`), as (bytes stored, bytes gathered), in module order: the
     embedding's, one layer unit's (per projection its base weight unless it stays whole on the
-    GPU, then LoRA's A and B; then the norms and the rest), `[norm, head]`'s. Trainable
-    parameters are stored in `layout.param_dtype`, frozen ones in bf16 (fp32 when
-    `kbit_prepared`); all are gathered in `layout.compute_dtype`."""
+    GPU, then LoRA's A and B; then the norms and the rest), `[norm, head]`'s. The base is stored
+    in `layout.base_dtype`, what is trained in `layout.param_dtype` (the embedding and head when
+    `embedding_trained`); all is gathered in `layout.compute_dtype`. (A QLoRA model that
+    `prepare_model_for_kbit_training` upcast is a Trainer launch's, which runs no FSDP2.)"""
     gathered = DTYPE_BYTES[layout.compute_dtype]
-    trained = DTYPE_BYTES[layout.param_dtype]
-    frozen = mem.FP32 if mem.kbit_prepared(c.quant, bnb_of(c), c.launch) else mem.BF16
-    full = c.lora_rank == 0
-    outer = trained if full or c.train_embeddings != TrainEmbeddings.NONE else frozen
+    trained, base = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.base_dtype]
+    outer = trained if embedding_trained else base
 
     def param(n: int, stored: int) -> tuple[int, int]:
         return (n * stored, n * gathered)
 
     layer: list[tuple[int, int]] = []
-    targets = {p.name for p in s.targets(c.lora_targets)} if c.lora_rank else set()
     whole = recipe.base_stays_whole(c.quant, layout.shard)
+    rank = c.lora_rank
     for p in s.projections:
-        if full:
-            layer.append(param(p.weight_params, trained))
-            continue
-        if not whole:
-            layer.append(param(p.weight_params, frozen))
-        if p.name in targets:
-            layer += [param(c.lora_rank * p.in_features, trained),
-                      param(p.out_features * c.lora_rank, trained)]  # fmt: skip
-    layer.append(param(s.layer_frozen_other_params, trained if full else frozen))
+        if layout.trains_all or not whole:
+            layer.append(param(p.weight_params, base))
+        if p.name in layout.adapted:
+            layer += [param(rank * p.in_features, trained), param(p.out_features * rank, trained)]
+    layer.append(param(s.layer_frozen_other_params, base))
     head = (param(s.final_norm_params, outer), param(s.head_params, outer))
     return (param(s.embedding_params, outer),), tuple(layer), tuple(p for p in head if p[0])
 

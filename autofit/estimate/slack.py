@@ -237,9 +237,7 @@ class _Replay:
         unsharded gradients are freed, a shard of them kept."""
         p = self.plan_of(i)
         if self.shape.offload:
-            self.reduce_to_host(
-                ("rs", step, i), [((step, i, sid), p.size[sid]) for sid in sorted(p.grads)]
-            )
+            self.reduce_to_host(("rs", step, i), p, (step, i))
             return
         if not (self.shape.gathered_per_layer and p.grads):
             return
@@ -252,14 +250,14 @@ class _Replay:
                 self.free(key)
                 self.alloc(("gshard", step, i, sid), p.size.get(sid, 0) * self.shape.grad_shard)
 
-    def reduce_to_host(self, key: tuple[object, ...], grads: list[tuple[object, int]]) -> None:
-        """`offload: params` (torch `foreach_reduce`, `FSDPParamGroup.post_backward`): the unit's
-        gradients alive here (its own) are copied into the reduce-scatter input, in the reduce
-        dtype, on the compute stream, once the last unit's input is dropped
-        (`reduce_scatter_state = None`), and kept until the next unit's reduce; the output, on
-        the reduce-scatter stream, is copied to the host (`new_sharded_grad.to("cpu")`) and
-        dropped: no gradient stays on the GPU."""
-        live = [(k, size) for k, size in grads if k in self.alive]
+    def reduce_to_host(self, key: tuple[object, ...], p: _Plan, at: tuple[object, ...]) -> None:
+        """`offload: params` (torch `foreach_reduce`, `FSDPParamGroup.post_backward`): the
+        unit's gradients alive here (its own: plan `p`'s gradients, keyed under `at`) are copied
+        into the reduce-scatter input, in the reduce dtype, on the compute stream, once the last
+        unit's input is dropped (`reduce_scatter_state = None`), and kept until the next unit's
+        reduce; the output, on the reduce-scatter stream, is copied to the host
+        (`new_sharded_grad.to("cpu")`) and dropped: no gradient stays on the GPU."""
+        live = [((*at, sid), p.size[sid]) for sid in sorted(p.grads) if (*at, sid) in self.alive]
         if not live:
             return
         unit = sum(size for _, size in live) * self.shape.reduce_ratio
@@ -330,8 +328,7 @@ class _Replay:
                 self.free((root, sid))
         self.release((step, "head"))
         if self.shape.offload:
-            grads = [((root, "mid", sid), last.size[sid]) for sid in sorted(last.grads)]
-            self.reduce_to_host(("rs", step, "head"), grads)
+            self.reduce_to_host(("rs", step, "head"), last, (root, "mid"))
 
     def backward(self, step: int, i: int) -> None:
         p = self.plan_of(i)
@@ -374,8 +371,7 @@ class _Replay:
         self.release((step, "embedding", "b"))
         self.release((step, "embedding", "f"))
         if self.shape.offload:
-            grads = [((root, "post", sid), p0.size[sid]) for sid in sorted(p0.grads)]
-            self.reduce_to_host(("rs", step, "embedding"), grads)
+            self.reduce_to_host(("rs", step, "embedding"), p0, (root, "post"))
 
     def end(self, step: int) -> None:
         """What the step leaves besides the gradients (the loss, leftovers) goes; after the first
