@@ -90,7 +90,14 @@ mirror zhangningboo/Qwen-7B@1ff20863):
   multi-GPU figures are sums over the GPUs (7B full-parameter: 139.2G on 2 GPUs, more than one
   80 GB card holds), what one reads off a per-GPU monitor (nvidia-smi) and adds up, not a
   per-process `max_memory_allocated`; and the 1.8B full-parameter figures sit flat at 43.5G from
-  256 to 2048 tokens, a cached (reserved-level) figure. Unit as printed (GB taken as GiB).
+  256 to 2048 tokens, a cached (reserved-level) figure. Unit: "G" with no unit named, and it
+  cannot be GiB. Row 44 (7B full-parameter on 2 GPUs, 1024 tokens, "162.0G"; the README: only
+  256-1024 tokens are shown "due to the limitation of GPU memory") is 81.0 G per GPU, and an
+  A100-SXM4-80GB holds 81,920 MiB = 80 GiB, so one G is at most 0.9877 GiB (`qwen_g_bound`).
+  The two units a reading of a GPU's memory is printed in that fit are nvidia-smi's MiB / 1000
+  (0.9766 GiB: row 44 at 98.9% of the card) and SI gigabytes (0.9313 GiB: 94.2%). The report
+  reads the larger, `QWEN_G = "1000-mib"`, so a Qwen figure is never made smaller than the data
+  allow, and prints the overall statistics under each reading (`--qwen-g` picks another).
 
 fms-acceleration (foundation-model-stack/fms-acceleration@876e2ed6 scripts/benchmarks/: refs/
 a100_80gb.csv, accelerate.yaml, defaults.yaml, scenarios.yaml; refs/requirements.txt pins torch
@@ -234,6 +241,16 @@ GPU_PRESET = {"A100-SXM4-80G": "a100-80gb", "A100 80GB": "a100-80gb"}
 
 # the LoRA settings a source's code sets where the CSV is silent (see the module docstring)
 QWEN_LORA = {"lora_alpha": 16, "lora_dropout": 0.05}  # finetune.py:55-59
+
+# What one of Qwen's "G" is in GiB, by reading (the module docstring, "Metric"; `qwen_g_bound`)
+QWEN_G_GIB = {
+    "1000-mib": 1000 * 2**20 / GiB,  # nvidia-smi's MiB / 1000: 0.9766 GiB
+    "gb": 1e9 / GiB,  # SI gigabytes: 0.9313 GiB
+    "gib": 1.0,  # the figure as printed: impossible for row 44 (`qwen_g_bound`)
+}
+QWEN_G = "1000-mib"
+"""The reading the report uses: the largest `QWEN_G_GIB` that row 44 allows (`qwen_g_bound`)."""
+QWEN_G_BOUND_ROW = 44  # Qwen-7B full-parameter, 2 GPUs, 1024 tokens: "162.0G" (the top)
 
 
 # ----- rows -------------------------------------------------------------------------------------
@@ -472,10 +489,24 @@ def qwen_config(name: str, params_b: float) -> str:
 
 
 # ----- mapping ----------------------------------------------------------------------------------
-def map_row(i: int, row: dict[str, str], strict: bool = True) -> Mapped | Excluded:
+def qwen_g_bound(rows: list[dict[str, str]]) -> float:
+    """The most GiB one of Qwen's "G" can be: row 44's per-GPU figure (the README's 162.0G over
+    two GPUs, where the README says 2048 tokens did not fit) cannot exceed the memory of the card
+    it ran on (an A100-SXM4-80GB: 81,920 MiB, `autofit.hardware`)."""
+    from autofit.hardware.presets import find_preset
+
+    row = rows[QWEN_G_BOUND_ROW]
+    card = find_preset(GPU_PRESET[row["hardware"]])
+    assert card is not None
+    return card.memory_bytes / GiB / float(row["peak_mem_gib"])
+
+
+def map_row(
+    i: int, row: dict[str, str], strict: bool = True, qwen_g: str = QWEN_G
+) -> Mapped | Excluded:
     """Row `i` as an `autofit.estimate` call under its own settings, or why it cannot be.
     `strict=False` maps the rows listed for their framework's own code too (the tests check the
-    arithmetic of those reasons)."""
+    arithmetic of those reasons); `qwen_g`: the reading of Qwen's "G" (`QWEN_G_GIB`)."""
     excluded = _reason(i, row, strict)
     if excluded is not None:
         return excluded
@@ -503,7 +534,9 @@ def map_row(i: int, row: dict[str, str], strict: bool = True) -> Mapped | Exclud
         extra["foreach_intermediates"] = 2
     smi = tps = None
     scope, derived = "", False
+    measured = float(row["peak_mem_gib"])
     if src == "qwen":
+        measured *= QWEN_G_GIB[qwen_g]
         model = qwen_config(row["model"], float(row["params_b"]))
         knobs.update(wrap="none", precision="bf16", lora_targets="all-linear")
         knobs.update({**QWEN_LORA, **_lora_settings(row)})
@@ -536,7 +569,7 @@ def map_row(i: int, row: dict[str, str], strict: bool = True) -> Mapped | Exclud
     )  # fmt: skip
     return Mapped(
         i, src, row["model"], model_label(row), model, n, gpus, path, knobs, extra, metric, note,
-        float(row["peak_mem_gib"]), smi, tps, scope, derived,
+        measured, smi, tps, scope, derived,
     )  # fmt: skip
 
 
@@ -613,9 +646,10 @@ def compare_row(m: Mapped) -> tuple[list[Compared], Throughput | None, Any]:
 
 
 def run(
-    rows: list[dict[str, str]], source: str | None = None
+    rows: list[dict[str, str]], source: str | None = None, qwen_g: str = QWEN_G
 ) -> tuple[list[Compared], list[Throughput], list[Excluded]]:
-    """Map, estimate and compare every row (of `source`, when given)."""
+    """Map, estimate and compare every row (of `source`, when given; Qwen's "G" read as
+    `qwen_g`)."""
     from autofit.errors import ConfigError
 
     compared: list[Compared] = []
@@ -624,7 +658,7 @@ def run(
     for i, row in enumerate(rows):
         if source and source_of(row) != source:
             continue
-        m = map_row(i, row)
+        m = map_row(i, row, qwen_g=qwen_g)
         if isinstance(m, Excluded):
             excluded.append(m)
             continue
@@ -786,6 +820,23 @@ def _print_excluded(excluded: list[Excluded]) -> None:
                 print(part)
 
 
+def _print_qwen_readings(rows: list[dict[str, str]], source: str | None, used: str) -> None:
+    """What Qwen's "G" can be, and the overall statistics under each reading."""
+    bound = qwen_g_bound(rows)
+    text = (
+        f"Qwen's 'G' (its README names no unit): row {QWEN_G_BOUND_ROW}'s "
+        f"{float(rows[QWEN_G_BOUND_ROW]['peak_mem_gib']):.1f} G per GPU fits its 80 GiB card "
+        f"only if one G is at most {bound:.4f} GiB. Read here as {used}; overall under each:"
+    )
+    print("\n".join(textwrap.wrap(text, 99)))
+    print(f"  {'reading (GiB per G)':<22} {'n':>4} {'median':>9} {'p90':>9} {'worst':>9} "
+          f"{'under>10%':>10}")  # fmt: skip
+    for name, gib in QWEN_G_GIB.items():
+        compared, _, _ = run(rows, source, name)
+        label = f"{name} x{gib:.4f}" + ("" if gib <= bound else " impossible")
+        print(_stat_line(label, stats([c.error for c in compared if c.primary])))
+
+
 def _ranges(rows: list[int]) -> str:
     """[1, 2, 3, 7] -> '1-3,7'."""
     out: list[str] = []
@@ -805,10 +856,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", choices=SOURCES, help="keep the rows of one source")
     parser.add_argument("--json", metavar="PATH", help="save compared/tokens/excluded rows")
     parser.add_argument("--csv", metavar="PATH", help="save the compared rows as CSV")
+    parser.add_argument(
+        "--qwen-g", choices=list(QWEN_G_GIB), default=QWEN_G,
+        help=f"how to read Qwen's 'G' (default {QWEN_G}: the largest reading row 44 allows)",
+    )  # fmt: skip
     parser.add_argument("--data", metavar="PATH", default=str(CSV_PATH), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    compared, speeds, excluded = run(load_rows(args.data), args.source)
+    rows = load_rows(args.data)
+    compared, speeds, excluded = run(rows, args.source, args.qwen_g)
     print_report(compared, speeds, excluded)
+    if args.source in (None, "qwen"):
+        print()
+        _print_qwen_readings(rows, args.source, args.qwen_g)
     if args.json:
         payload = {
             "compared": [asdict(c) for c in compared],
