@@ -151,11 +151,12 @@ def plan(
     `bnb_4bit_use_double_quant` and `bnb_4bit_quant_storage` store the NF4 candidates' base as
     that library does (bitsandbytes: `wrap: none` candidates only, the others skipped).
     `launch` (`autofit`, `trainer`, `trl`) is whose training loop every candidate runs (None:
-    the space's, default `autofit`): `trainer` plans for an HF Trainer script (one GPU; the
-    space's candidates Trainer cannot run, quantized or offloaded ones say, are skipped with the
-    reason), its trials run `Trainer.train()` and its trainer export is the arguments measured;
-    `trl` likewise for TRL's `SFTTrainer` (its packing for `batching: packed`; the export is its
-    `SFTConfig`; TRL must be installed: `pip install 'autofit[trl]'`).
+    the space's, default `autofit`): `trainer` plans for an HF Trainer script (DDP on several
+    GPUs; the space's candidates Trainer cannot run, quantized or offloaded ones say, are
+    skipped with the reason), its trials run `Trainer.train()` and its trainer export is the
+    arguments measured; `trl` likewise for TRL's `SFTTrainer` (its packing for `batching:
+    packed`; the export is its `SFTConfig`; TRL must be installed: `pip install
+    'autofit[trl]'`).
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them

@@ -32,7 +32,7 @@ def config_of(knobs: dict[str, Any], spec: Any, hw: Any) -> Config:
     problem = problem or shard_unavailable(config.shard, hw.nodes)
     # `wrap: auto` as it runs on these GPUs (a rule of quant_backend reads the wrap)
     problem = problem or rule_violation(config.resolved(hw.n_gpus))
-    unavailable = launch_unavailable(config.launch, hw.n_gpus)
+    unavailable = launch_unavailable(config.launch)
     problem = problem or (unavailable and unavailable + ".")
     if problem:
         raise ConfigError(problem)

@@ -300,7 +300,7 @@ class Config:
     def resolved(self, n_gpus: int) -> Config:
         """This config as it runs on `n_gpus` GPUs: `wrap: auto` replaced by the value it stands
         for there (`resolve_wrap`); a config with a real wrap is returned as it is."""
-        wrap = resolve_wrap(self.wrap, n_gpus, self.offload, self.shard)
+        wrap = resolve_wrap(self.wrap, n_gpus, self.offload, self.shard, self.launch)
         return self if wrap == self.wrap else self.replace(wrap=wrap)
 
     def changed(self, names: tuple[str, ...]) -> list[str]:

@@ -30,9 +30,10 @@ from autofit.recipe import (
     trainable_dtype,
 )
 from autofit.rules import fsdp2_only_knob
-from autofit.settings import BNB_SETTINGS, targeted
+from autofit.settings import BNB_SETTINGS, HF_LAUNCHES, targeted
 from autofit.values import (
     Checkpointing,
+    Launch,
     Offload,
     Optimizer,
     OptimizerImpl,
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
     from autofit.config import Config
 
 __all__ = [
-    "AUTO_WRAP", "LAYOUT_KNOBS", "Layout", "Sharding", "layout_of", "mesh_shape", "resolve_wrap",
-    "sharding_for", "uses_autocast", "wrap_group_size", "wrap_unit_count", "wrap_units",
+    "AUTO_WRAP", "LAYOUT_KNOBS", "Layout", "Sharding", "ddp_grad_views", "layout_of",
+    "mesh_shape", "resolve_wrap", "sharding_for", "uses_autocast", "wrap_group_size",
+    "wrap_unit_count", "wrap_units",
 ]  # fmt: skip
 
 
@@ -101,17 +103,22 @@ AUTO_WRAP = Wrap.AUTO.value
 
 
 def resolve_wrap(
-    wrap: str, n_gpus: int, offload: str = Offload.NONE, shard: str = Shard.ALL
-) -> str:
+    wrap: str, n_gpus: int, offload: str = Offload.NONE, shard: str = Shard.ALL,
+    launch: str = Launch.AUTOFIT,
+) -> str:  # fmt: skip
     """The wrap `wrap: auto` stands for on `n_gpus` GPUs: the plain module (`none`) on one GPU,
     as torchtune's single-device recipes and HF Trainer run it, and FSDP2 per decoder layer
     (`layer`, torchtitan's layout) on several; also `layer` where a knob needs FSDP2 (`offload:
-    params`, `shard: node`). Any other value is itself. The estimator, the builder, a trial and a
-    space resolve `auto` with this before anything reads the wrap (`Config.resolved`)."""
+    params`, `shard: node`). Under `launch: trainer` or `trl` it is `none` on any number of GPUs:
+    a Trainer script started by `torchrun` runs DDP replicas unless its arguments name FSDP
+    (`autofit.rules.launch_unavailable`). Any other value is itself. The estimator, the builder,
+    a trial and a space resolve `auto` with this before anything reads the wrap
+    (`Config.resolved`)."""
     if wrap != AUTO_WRAP:
         return wrap
     needs_fsdp = fsdp2_only_knob(offload, shard) is not None
-    return Wrap.NONE.value if n_gpus <= 1 and not needs_fsdp else Wrap.LAYER.value
+    replicas = n_gpus <= 1 or launch in HF_LAUNCHES
+    return Wrap.NONE.value if replicas and not needs_fsdp else Wrap.LAYER.value
 
 
 def sharding_for(wrap: str, n_gpus: int) -> Sharding:
@@ -137,6 +144,15 @@ def mesh_shape(shard: str, n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     if shard == Shard.NODE and n_gpus > gpus_per_node >= 1 and n_gpus % gpus_per_node == 0:
         return n_gpus // gpus_per_node, gpus_per_node
     return 1, n_gpus
+
+
+def ddp_grad_views(launch: str) -> bool:
+    """Whether DDP's gradients are views into its all-reduce buckets, so that they exist once:
+    autofit's DDP sets `gradient_as_bucket_view=True` (`autofit.builder.ddp`); HF Trainer's DDP
+    is Accelerate's, whose `DistributedDataParallelKwargs` leave it False (accelerate 1.15
+    utils/dataclasses.py) and which `TrainingArguments` cannot set, so each gradient is copied
+    into a bucket of its own beside `.grad` (the PyTorch DDP notes)."""
+    return launch not in HF_LAUNCHES
 
 
 def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
@@ -168,6 +184,7 @@ class Layout:
     quantized: tuple[str, ...] = ()  # the projections stored so: every one with `quant`
     adapted: tuple[str, ...] = ()  # the projections with LoRA adapters (`settings.targeted`)
     trains_all: bool = True  # a full fine-tune; else the adapters and `train_embeddings`' modules
+    grad_views: bool = True  # DDP's gradients are views into its buckets (`ddp_grad_views`)
 
     @property
     def fsdp(self) -> bool:
@@ -210,7 +227,7 @@ class Layout:
         optimizer_impl: str = OptimizerImpl.AUTO, device: str = "cuda",
         checkpointing: str = Checkpointing.NONE, quant: str = Quant.NONE, lora_rank: int = 0,
         lora_targets: tuple[str, ...] | None = None, projections: tuple[str, ...] = (),
-        bnb: Bnb4bit | None = None,
+        bnb: Bnb4bit | None = None, launch: str = Launch.AUTOFIT,
     ) -> Layout:  # fmt: skip
         """The layout of a run of these knob values on `n_gpus` GPUs, `gpus_per_node` a node
         (default: one node), of a model of `n_layers` decoder layers (0: units and checkpointed
@@ -237,6 +254,7 @@ class Layout:
             quantized=projections if stored is not None else (),
             adapted=tuple(p for p in projections if targeted(p, lora_targets)) if lora else (),
             trains_all=not lora,
+            grad_views=ddp_grad_views(launch),
         )  # fmt: skip
 
 
@@ -255,13 +273,13 @@ def layout_of(
         offload=config.offload, optimizer_impl=config.optimizer_impl, device=device,
         checkpointing=config.checkpointing, quant=config.quant, lora_rank=config.lora_rank,
         lora_targets=config.lora_targets, projections=projections,
-        bnb=bnb_of(config),
+        bnb=bnb_of(config), launch=config.launch,
     )  # fmt: skip
 
 
 LAYOUT_KNOBS = (
     "wrap", "shard", "precision", "optimizer", "offload", "optimizer_impl", "checkpointing",
-    "quant", "lora_rank", "lora_targets", "quant_backend", *BNB_SETTINGS,
+    "quant", "lora_rank", "lora_targets", "quant_backend", *BNB_SETTINGS, "launch",
 )  # fmt: skip
 """The knobs and settings `layout_of` reads: with the GPUs, the model's layers and the device, a
 config's layout is a function of these alone (a test varies every other one), so the estimator

@@ -111,22 +111,15 @@ def launch_missing(launch: str) -> str | None:
     )
 
 
-def launch_unavailable(launch: str, n_gpus: int) -> str | None:
-    """Why `launch` cannot run on `n_gpus` GPUs here (a short reason a space's skip count shows,
-    and the sentence an estimate or trial raises), or None: `launch: trl` needs TRL installed
-    (`launch_missing`), and `launch: trainer` and `trl` are measured on one GPU (one process,
-    the plain module), as `python train.py` runs a Trainer or SFTTrainer script."""
+def launch_unavailable(launch: str) -> str | None:
+    """Why `launch` cannot run here (a short reason a space's skip count shows, and the sentence
+    an estimate or trial raises), or None: `launch: trl` needs TRL installed (`launch_missing`).
+    `launch: trainer` and `trl` run on any number of GPUs: one process with the plain module on
+    one, as `python train.py` runs a Trainer or SFTTrainer script, and DDP replicas on several,
+    as `torchrun --nproc_per_node N train.py` runs it (FSDP2 through Accelerate is refused by
+    `rule_violation`: not measured under Trainer yet)."""
     missing = launch_missing(launch)
-    if missing:
-        return missing.rstrip(".")
-    if launch not in HF_LAUNCHES or n_gpus <= 1:
-        return None
-    loop = "TRL's SFTTrainer" if launch == Launch.TRL else "HF Trainer"
-    return (
-        f"launch={launch} runs on one GPU (one process, the plain module) for now; {n_gpus} GPUs "
-        f"would be DDP or FSDP2 through Accelerate, which autofit does not measure under {loop} "
-        "yet. Plan one GPU (--gpus 1), or use launch=autofit"
-    )
+    return missing.rstrip(".") if missing else None
 
 
 def _trainer_unsupported(cfg: Config) -> str | None:
@@ -157,7 +150,10 @@ def _trainer_unsupported(cfg: Config) -> str | None:
             "every decoder layer)"
         )
     if cfg.offload != Offload.NONE:
-        return f"offload={cfg.offload} (one GPU without FSDP2: Trainer keeps everything on it)"
+        return (
+            f"offload={cfg.offload} (the plain module or DDP without FSDP2: Trainer keeps "
+            "everything on the GPU)"
+        )
     if cfg.compile:
         return "compile=true (Trainer's torch_compile compiles the whole model, not each layer)"
     if cfg.optimizer != Optimizer.ADAMW:
@@ -282,7 +278,8 @@ def broken_rule(cfg: Config) -> tuple[str, str] | None:
             return (
                 f"launch={cfg.launch} with {knob}",
                 f"launch={cfg.launch} cannot run {unsupported}. Under {loop} autofit measures "
-                "LoRA or a full fine-tune of the plain module on one GPU, with quant=none "
+                "LoRA or a full fine-tune of the plain module on one GPU or DDP replicas on "
+                "several (wrap=none), with quant=none "
                 "(or QLoRA, quant=nf4 with quant_backend=bitsandbytes), "
                 "loss=standard, checkpointing none or full, offload=none, compile=false and "
                 f"torch AdamW{lora}; use launch=autofit for the rest.",

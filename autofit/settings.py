@@ -112,7 +112,8 @@ WORD_SETTINGS: dict[str, Words] = {
         {
             Launch.AUTOFIT: "autofit's builder and loop (autofit.apply)",
             Launch.TRAINER: "HF Trainer.train() with the TrainingArguments the trainer export "
-            "writes, the model loaded as a Trainer script loads it (one GPU, plain module; no "
+            "writes, the model loaded as a Trainer script loads it (the plain module on one "
+            "GPU, DDP on several, as torchrun runs the script; no "
             "torchao quant, chunked/fused loss, every-2/selective checkpointing, offload or "
             "compile; QLoRA is quant=nf4 with quant_backend=bitsandbytes, loaded with "
             "BitsAndBytesConfig and prepare_model_for_kbit_training)",
@@ -134,8 +135,9 @@ OPTIMIZER_IMPLS = values(OptimizerImpl)
 # `launch` values (`WORD_SETTINGS`; `autofit.builder.trainer`, `autofit.builder.trl`)
 LAUNCHES = values(Launch)
 HF_LAUNCHES = (Launch.TRAINER.value, Launch.TRL.value)
-"""The launches whose loop is HF Trainer's (TRL's `SFTTrainer` is a `Trainer`): one GPU, the
-model a script loads, the arguments of the trainer export."""
+"""The launches whose loop is HF Trainer's (TRL's `SFTTrainer` is a `Trainer`): the plain module
+on one GPU and Accelerate's DDP on several, the model a script loads, the arguments of the
+trainer export."""
 
 # `lora_targets` spellings of the default: every linear projection of the decoder blocks.
 ALL_LINEAR = "all-linear"

@@ -98,8 +98,9 @@ class Space:
         if nodes <= 1 and Shard.NODE in knobs["shard"]:
             knobs = {**knobs, "shard": (Shard.ALL.value,)}
         if n_gpus is not None and AUTO_WRAP in knobs["wrap"]:
+            launch = self.settings.get("launch", _DEFAULTS.launch)
             wraps = [
-                resolve_wrap(w, n_gpus, offload, shard)
+                resolve_wrap(w, n_gpus, offload, shard, launch)
                 for w in knobs["wrap"]
                 for offload in knobs["offload"]
                 for shard in knobs["shard"]
@@ -156,7 +157,7 @@ class Space:
     ) -> tuple[list[Config], Counter[str]]:
         """Every valid config of the space that can run on `device` here, and the count of
         skipped combinations by reason (`loss: fused` needs CUDA and Liger installed:
-        `autofit.rules.loss_unavailable`; `launch: trainer` one GPU, `launch_unavailable`), with
+        `autofit.rules.loss_unavailable`; `launch: trl` needs TRL, `launch_unavailable`), with
         the values that differ on `nodes` nodes and
         with (`data`) or without the data's lengths (`knobs_on`)."""
         walk = _Walk.of(self, n_gpus, seq_len or self.seq_len, global_batch, device, nodes, data)
@@ -246,7 +247,7 @@ class _Walk:
             auto=auto,
             plain_only=plain_only,
             unavailable={loss: loss_unavailable(loss, device) for loss in knobs["loss"]},
-            launch=launch_unavailable(space.settings.get("launch", _DEFAULTS.launch), n_gpus),
+            launch=launch_unavailable(space.settings.get("launch", _DEFAULTS.launch)),
             seen=seen,
             quant_at=quant_at,
             rank_at=rank_at,
@@ -279,8 +280,9 @@ class _Walk:
         prefix.update(zip(self.outer, combo, strict=True))
         if self.auto:  # `wrap: auto`: what it stands for with this offload and shard
             prefix["wrap"] = resolve_wrap(
-                prefix["wrap"], self.n_gpus, prefix["offload"], prefix["shard"]
-            )
+                prefix["wrap"], self.n_gpus, prefix["offload"], prefix["shard"],
+                prefix.get("launch", _DEFAULTS.launch),
+            )  # fmt: skip
         return prefix
 
     def add_block(

@@ -9,6 +9,8 @@ the model the way the trial did, in a few lines, and trains it with those argume
         --launch trainer --trials 2 --export args.json --format trainer
     python examples/trainer_train.py --arguments args.json --plan args.autofit.yaml
 
+A plan for several GPUs (`--gpus 2`: DDP replicas, as `torchrun` runs a Trainer script) is
+started as its launch line says: `torchrun --nproc-per-node 2 examples/trainer_train.py ...`.
 The model here is built from the plan's preset with random weights (`from_config`); in your
 script load your checkpoint with `from_pretrained(..., dtype=...)` in the same dtype instead.
 `--peak` prints the step's peak memory as the trials measure it (on CPU the live tensor bytes,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import tempfile
 
 import torch
@@ -117,11 +120,13 @@ def command_line(description: str) -> tuple[argparse.Namespace, object, dict]:
 
 
 def random_rows(plan: object) -> torch.Tensor:
-    """One optimizer step's rows of `seq_len` random token ids (your data instead)."""
+    """One optimizer step's rows of `seq_len` random token ids for every rank torchrun started
+    (your data instead; Trainer deals them to the ranks)."""
     cfg = plan.best.config  # type: ignore[attr-defined]
     torch.manual_seed(0)
     vocab = resolve_model(plan.document["model"]).vocab  # type: ignore[attr-defined]
-    return torch.randint(0, vocab, (cfg.micro_batch * cfg.grad_accum, cfg.seq_len))
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    return torch.randint(0, vocab, (cfg.micro_batch * cfg.grad_accum * ranks, cfg.seq_len))
 
 
 def peak_tracker(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]:
@@ -135,17 +140,32 @@ def peak_tracker(args: argparse.Namespace) -> contextlib.AbstractContextManager[
 
 
 def report(trainer: object, tracker: object, args: argparse.Namespace) -> None:
-    """Each step's loss, and with `--peak` the peak memory."""
-    for entry in trainer.state.log_history:  # type: ignore[attr-defined]
-        if "loss" in entry:
-            print(f"step {entry['step']}: loss {entry['loss']:.4f}")
+    """Each step's loss, and with `--peak` the peak memory (of the fullest rank), once."""
+    peak = 0
     if args.peak:
         peak = (
             tracker.peak  # type: ignore[attr-defined]
             if args.device == "cpu"
             else torch.cuda.max_memory_reserved()
         )
+        mine = torch.tensor([peak], device=trainer.args.device)  # type: ignore[attr-defined]
+        peak = int(trainer.accelerator.gather(mine).max())  # type: ignore[attr-defined]
+    if not trainer.is_world_process_zero():  # type: ignore[attr-defined]
+        return
+    for entry in trainer.state.log_history:  # type: ignore[attr-defined]
+        if "loss" in entry:
+            print(f"step {entry['step']}: loss {entry['loss']:.4f}")
+    if args.peak:
         print(f"peak bytes: {peak}")
+
+
+def finish(trainer: object) -> None:
+    """End the process group torchrun's ranks joined, once nothing holds it: DDP's reducer
+    keeps the group alive, and a group torn down at interpreter exit can hang there."""
+    accelerator = trainer.accelerator  # type: ignore[attr-defined]
+    trainer.model_wrapped = trainer.model = None  # type: ignore[attr-defined]
+    accelerator.free_memory()  # its references to the wrapped model, optimizer and data
+    accelerator.end_training()
 
 
 def main() -> None:
@@ -164,6 +184,7 @@ def main() -> None:
         trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=pad)
         trainer.train()
     report(trainer, tracker, args)
+    finish(trainer)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from datasets import Dataset
 from peft import LoraConfig
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
-from trainer_train import command_line, peak_tracker, random_rows, report
+from trainer_train import command_line, finish, peak_tracker, random_rows, report
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
@@ -92,6 +92,7 @@ def main() -> None:
         )  # fmt: skip
         trainer.train()
     report(trainer, tracker, args)
+    finish(trainer)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ optimizer `autofit.apply` returns (the plain module on CPU, no torchrun, no proc
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -97,13 +98,42 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path, kind):
     _peaks_as_its_trial(ROOT / "examples" / "trainer_train.py", paths, trial, tmp_path)
 
 
-def _peaks_as_its_trial(script: Path, paths: list[Path], trial, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """`script` launched as the export's note says (`--arguments`, `--plan`) for three steps
-    trains and peaks within 1% of `trial`'s peak."""
+def test_a_two_gpu_trainer_export_runs_ddp_where_its_trial_peaked(tmp_path):
+    # A plan for a Trainer script on two GPUs is DDP (`wrap: auto`), and its note starts the
+    # example as torchrun starts the script, which peaks where the plan's two-rank trial did.
+    from autofit.export.launch import launch_note
+    from autofit.trials import run_trial
+
+    spec = resolve_model("llama-debug")
+    space = tmp_path / "lora_space.yaml"
+    space.write_text("seq_len: 64\nlaunch: trainer\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
+                     "  micro_batch: [2]\n  checkpointing: [none]\n")  # fmt: skip
+    plan = plan_estimates(PlanRequest.of(
+        spec, resolve_hardware("2", device="cpu"), load_space(space), seq_len=64, device="cpu",
+    ))  # fmt: skip
+    assert plan.best is not None and plan.best.config.wrap == "none"
+    trial = run_trial(spec, plan.best.config, nprocs=2, device="cpu", steps=2, warmup=1,
+                      timeout_s=240)  # fmt: skip
+    assert trial.status == "ok" and trial.sharding == "ddp", trial.message[-800:]
+    paths = plan.export("trainer", tmp_path / "args.json")
+    assert json.loads(paths[0].read_text())["ddp_find_unused_parameters"] is False
+    note = launch_note(plan, "trainer", tmp_path / "args.json")
+    assert "(random weights): torchrun --nproc-per-node 2 " in note, note
+    # `--standalone`: a free port of its own, beside the tests that run at the same time
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]  # fmt: skip
+    _peaks_as_its_trial(ROOT / "examples" / "trainer_train.py", paths, trial, tmp_path, torchrun)
+
+
+def _peaks_as_its_trial(  # type: ignore[no-untyped-def]
+    script: Path, paths: list[Path], trial, tmp_path: Path, runner: list[str] | None = None
+) -> None:
+    """`script` launched as the export's note says (`--arguments`, `--plan`; by `runner`, else
+    `python`) for three steps trains and peaks within 1% of `trial`'s peak."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run(
-        [sys.executable, str(script), "--arguments", str(paths[0]), "--plan", str(paths[1]),
-         "--steps", "3", "--peak"],
+        [*(runner or [sys.executable]), str(script), "--arguments", str(paths[0]),
+         "--plan", str(paths[1]), "--steps", "3", "--peak"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

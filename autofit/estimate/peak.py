@@ -341,8 +341,11 @@ def _later(
     # and freed its unsharded accumulators in the last micro-step, and DDP's reducer copied the
     # `no_sync` gradients into its buckets and made `.grad` views of them again; each is
     # counted in the forward moment of a later micro-step (`st.accum`), where it does coexist.
+    # DDP without bucket views (HF Trainer's, `Layout.grad_views`) holds each gradient twice:
+    # `.grad` and its copy in the all-reduce bucket.
+    copies = 0.0 if st.layout.grad_views else st.buckets
     optimizer = (
-        st.base, st.weights, st.grads + g.unit_grads, st.opt + st.opt_temp,
+        st.base, st.weights, st.grads + copies + g.unit_grads, st.opt + st.opt_temp,
         g.at_reduce, 0.0, 0.0, workspace,
     )  # fmt: skip
     # The root's first all-gather under `wrap: model`: buffer and unsharded params at once, with

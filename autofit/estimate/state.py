@@ -102,8 +102,8 @@ def states(
         launch=launch,
     )  # fmt: skip
     # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
-    # separate `.grad` tensors
-    ddp_views = sharding is Sharding.DDP and not accumulates
+    # separate `.grad` tensors, as it always does under HF Trainer's DDP (`Layout.grad_views`)
+    ddp_views = sharding is Sharding.DDP and layout.grad_views and not accumulates
     head_grad = (
         0.0
         if ddp_views

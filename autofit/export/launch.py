@@ -67,11 +67,7 @@ def launch_lines(
     variables its Accelerator reads (`hsdp_env`)."""
     format = check_format(format)
     doc = plan if isinstance(plan, dict) else plan_document(plan)
-    n = int(doc["hardware"]["n_gpus"])
-    nodes, per_node = plan_nodes(doc)
-    env_vars = " ".join(f"{k}={v}" for k, v in hsdp_env(doc).items()) if format == "trainer" else ""
-    env = " ".join(t for t in (env_text(doc), env_vars) if t)
-    env = f"{env} " if env else ""
+    env = _env_prefix(doc, format)
     p = Path(path)
     if format == "accelerate":
         tail = f"{script} --plan {side_path(p)}"
@@ -85,6 +81,22 @@ def launch_lines(
                 f"autofit.load_plan('{side_path(p)}') for quant/LoRA")  # fmt: skip
     else:
         tail = f"{script} --plan {p}"
+    return _launch_with(doc, format, p, env, tail)
+
+
+def _env_prefix(doc: dict[str, Any], format: str) -> str:
+    """The variables a launch line sets before its command (with a trailing space), or ''."""
+    env_vars = " ".join(f"{k}={v}" for k, v in hsdp_env(doc).items()) if format == "trainer" else ""
+    env = " ".join(t for t in (env_text(doc), env_vars) if t)
+    return f"{env} " if env else ""
+
+
+def _launch_with(
+    doc: dict[str, Any], format: str, p: Path, env: str, tail: str
+) -> list[LaunchLine]:
+    """`launch_lines` of a command whose script and its arguments are `tail`."""
+    n = int(doc["hardware"]["n_gpus"])
+    nodes, per_node = plan_nodes(doc)
     if nodes <= 1:
         if format == "accelerate":
             return [LaunchLine(f"{env}accelerate launch --config_file {p} {tail}")]
@@ -209,4 +221,7 @@ def _trainer_note(doc: dict[str, Any], path: Path) -> str:
     )
     if doc["hardware"].get("device") == "cuda":
         cmd += " --device cuda"
+    # on several GPUs the replicas are started as the plan's own launch line starts them
+    env = _env_prefix(doc, "trainer")
+    cmd = _launch_with(doc, "trainer", path, env, cmd.removeprefix("python "))[0].command
     return f"{text} To try the plan with the example {shown} (random weights): {cmd}"

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from autofit.builder.batching import IGNORE_INDEX, drawn_micro_batches
 from autofit.builder.trainer import TokenRows, make_trainer, trainer_model
@@ -99,22 +100,24 @@ def trial_arguments(
 
 def step_rows(
     spec: ModelSpec, config: Config, lengths: dict[str, Any] | None = None, steps: int = 1,
-    longest_step: int = 0,
+    longest_step: int = 0, world: int = 1, rank: int = 0,
 ) -> tuple[list[torch.Tensor], list[int] | None]:  # fmt: skip
-    """The rows Trainer trains on, and each step's useful tokens (None without the data's
-    lengths). Without the lengths: one optimizer step's rows (`micro_batch` x `grad_accum`) of
-    `seq_len` random token ids, the draw of `autofit.trials.rank.synthetic_batch`, which
-    `max_steps` cycles through. With them: `steps` steps of rows at lengths drawn from the data
-    as the config's `batching` lays them out (`drawn_micro_batches`, the longest micro-batch the
-    first of step `longest_step`), in the order Trainer's sequential sampler batches them."""
+    """The rows Trainer trains on (every rank's), and this `rank`'s useful tokens in each step
+    (None without the data's lengths). Without the lengths: one optimizer step's rows
+    (`micro_batch` x `grad_accum` x `world`) of `seq_len` random token ids, the draw of
+    `autofit.trials.rank.synthetic_batch`, which `max_steps` cycles through. With them: `steps`
+    steps of rows at lengths drawn from the data as the config's `batching` lays them out
+    (`drawn_micro_batches`, the longest micro-batch rank 0's first of step `longest_step`), in
+    the order Trainer's sequential sampler batches them; Accelerate deals the micro-batches to
+    the ranks in turn (`BatchSamplerShard`: rank r gets r, r + world, ...)."""
     if not lengths:
         gen = torch.Generator().manual_seed(1234)
-        n = config.micro_batch * config.grad_accum
+        n = config.micro_batch * config.grad_accum * world
         return list(torch.randint(0, spec.vocab, (n, config.seq_len), generator=gen)), None
+    per_step = config.grad_accum * world
     drawn = drawn_micro_batches(
         LengthHistogram.from_dict(lengths), config.batching, config.micro_batch, config.seq_len,
-        spec.vocab, steps * config.grad_accum, seed=1234,
-        longest_at=longest_step * config.grad_accum,
+        spec.vocab, steps * per_step, seed=1234, longest_at=longest_step * per_step,
     )  # fmt: skip
     rows: list[torch.Tensor] = []
     for inputs, _ in drawn:
@@ -122,7 +125,8 @@ def step_rows(
         if len(kept) != config.micro_batch:  # pragma: no cover - padded layouts are full
             raise ValueError("a drawn micro-batch has fewer rows than micro_batch")
         rows += [ids[k] for ids, k in zip(inputs["input_ids"], kept, strict=True)]
-    return rows, step_sums([n for _, n in drawn], config.grad_accum)
+    mine = [n for i, (_, n) in enumerate(drawn) if i % world == rank]
+    return rows, step_sums(mine, config.grad_accum)
 
 
 def step_sums(per_micro_step: list[int], grad_accum: int) -> list[int]:
@@ -137,8 +141,9 @@ class _Steps:
     step (`device_peak`)."""
 
     def __init__(
-        self, warmup: int, slow_after_s: float | None, progress: Any, device: torch.device
-    ) -> None:
+        self, warmup: int, slow_after_s: float | None, progress: Any, device: torch.device,
+        world: int = 1,
+    ) -> None:  # fmt: skip
         from transformers import TrainerCallback
 
         self.warmup, self.limit, self.progress = warmup, slow_after_s, progress
@@ -161,7 +166,12 @@ class _Steps:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                     outer.device_peak = max(outer.device_peak, device_used_bytes(device))
-                outer.times.append(time.perf_counter() - outer._start)
+                elapsed = time.perf_counter() - outer._start
+                if world > 1:  # the slowest rank's: every rank stops at the same step
+                    elapsed = (
+                        float(_over_ranks([int(elapsed * 1e9)], device, dist.ReduceOp.MAX)[0]) / 1e9
+                    )
+                outer.times.append(elapsed)
                 measured = len(outer.times) - outer.warmup
                 if measured > 0 and outer.limit is not None and outer.times[-1] > outer.limit:
                     outer.slow = (
@@ -191,6 +201,8 @@ class Setup:
     lora: dict[str, Any] | None
     args: dict[str, Any]
     callbacks: list[Any]
+    world: int = 1  # the launch's ranks: DDP replicas on several
+    rank: int = 0
 
 
 Made = tuple[Any, Callable[[], list[int] | None]]
@@ -202,7 +214,7 @@ def trainer_setup(setup: Setup) -> Made:
     """`launch: trainer`: HF `Trainer` on the model a Trainer script loads (peft LoRA wrapped by
     the script), padding one optimizer step's rows (`step_rows`) with `collate_rows`."""
     rows, useful = step_rows(setup.spec, setup.config, setup.lengths, setup.steps,
-                             setup.warmup - 1)  # fmt: skip
+                             setup.warmup - 1, setup.world, setup.rank)  # fmt: skip
     model = trainer_model(setup.spec, setup.config, setup.layout, setup.lora, setup.device)
     model.train()
     trainer = make_trainer(model, setup.args, TokenRows(rows), setup.callbacks)
@@ -216,30 +228,32 @@ def run_trainer(
 ) -> dict[str, Any]:  # fmt: skip
     """Build `config` as a Trainer script does (`make`: `trainer_setup`; for `launch: trl` an
     SFTTrainer script, `autofit.trials.trl.sft_setup`), run its `train()` for the trial's steps
-    and return its result (the fields `autofit.trials.rank.run` returns). One process: `launch:
-    trainer` and `trl` run on one GPU (`autofit.rules.launch_unavailable`)."""
-    if world != 1:  # pragma: no cover - refused before a trial is launched
-        raise ValueError(f"launch={config.launch} runs in one process; this launch has {world}")
+    and return its result (the fields `autofit.trials.rank.run` returns). On one GPU the process
+    is a script run as `python train.py` (no launcher's rank variables: `as_one_process`); on
+    `world` ranks each is one of `torchrun`'s, which Accelerate joins as DDP replicas, and the
+    result is the launch's: the peaks of its fullest rank, the hosts' memory and the useful
+    tokens summed over the ranks."""
     progress("build")
+    rank = dist.get_rank() if dist.is_initialized() else 0
     model_spec = ModelSpec(**spec["model"])
     lengths = spec.get("lengths")
     warmup = warmup_steps(config, spec["warmup"], data=bool(lengths))
     steps = warmup + spec["steps"]
     layout = layout_of(config, world, device=device.type)
     lora = lora_section(config, model_spec) if config.is_lora else None
-    timer = _Steps(warmup, slow_after_s, progress, device)
+    timer = _Steps(warmup, slow_after_s, progress, device, world)
     torch.manual_seed(0)
     tracker = TensorTracker(capacity) if device.type == "cpu" else None
     with (
         tempfile.TemporaryDirectory(prefix=f"autofit-{config.launch}-") as out_dir,
         tracker if tracker is not None else contextlib.nullcontext(),
-        as_one_process(),
+        as_one_process() if world == 1 else contextlib.nullcontext(),
     ):
         args = trial_arguments(model_spec, config, world, device, steps, out_dir)
         if lengths:  # the drawn order: the longest micro-batch once the optimizer state exists
             args["train_sampling_strategy"] = "sequential"
         setup = Setup(model_spec, config, layout, device, lengths, steps, warmup, lora, args,
-                      [timer.callback])  # fmt: skip
+                      [timer.callback], world, rank)  # fmt: skip
         trainer, useful_of = make(setup)
         gc.collect()
         if tracker is not None:
@@ -252,14 +266,10 @@ def run_trainer(
         trainer.train()
         history = trainer.state.log_history
         useful = useful_of()
-    if tracker is not None:
-        peaks = [tracker.peak, tracker.peak, build_peak]
-    else:
-        peaks = [
-            torch.cuda.max_memory_reserved(device),
-            torch.cuda.max_memory_allocated(device),
-            build_peak,
-        ]
+    peaks = _launch_peaks(tracker, build_peak, timer.device_peak, device)
+    host = _over_ranks([host_peak_bytes()], device, dist.ReduceOp.SUM)[0]
+    if useful is not None:
+        useful = _over_ranks(useful, device, dist.ReduceOp.SUM)
     losses = [float(h["loss"]) for h in history if "loss" in h]
     measured = timer.times[warmup:] or timer.times
     step_time = statistics.median(measured)
@@ -274,14 +284,40 @@ def run_trainer(
         "compile_s": None, "graphs": None, "graph_breaks": None, "recompiles": None,
         **result,
         "sharding": str(layout.sharding),
-        "process_group": False,
+        "process_group": dist.is_initialized(),
         "peak_bytes": int(peaks[0]),
         "peak_allocated_bytes": int(peaks[1]),
         "build_peak_bytes": int(peaks[2]),
-        "device_peak_bytes": timer.device_peak or None,
-        "host_peak_bytes": int(host_peak_bytes()),
+        "device_peak_bytes": int(peaks[3]) or None,
+        "host_peak_bytes": int(host),
         "step_time_s": step_time,
         "tokens_per_s": tokens_per_s,
         "losses": losses,
         "capacity_bytes": capacity,
     }  # fmt: skip
+
+
+def _launch_peaks(
+    tracker: TensorTracker | None, build_peak: int, device_peak: int, device: torch.device
+) -> list[int]:
+    """(reserved, allocated, build, device level) peaks of the launch's fullest rank: on CPU the
+    tracked live bytes (no allocator, no device level), on CUDA the allocator's."""
+    if tracker is not None:
+        peaks = [tracker.peak, tracker.peak, build_peak, 0]
+    else:
+        peaks = [
+            torch.cuda.max_memory_reserved(device),
+            torch.cuda.max_memory_allocated(device),
+            build_peak,
+            device_peak,
+        ]
+    return _over_ranks(peaks, device, dist.ReduceOp.MAX)
+
+
+def _over_ranks(values: list[int], device: torch.device, op: Any) -> list[int]:
+    """`values` reduced by `op` over the launch's ranks (as they are with no process group)."""
+    if not dist.is_initialized():
+        return list(values)
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return [int(v) for v in t.tolist()]

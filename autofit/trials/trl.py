@@ -40,13 +40,15 @@ def sft_documents(setup: Setup) -> list[list[int]]:
     """The documents the trial's SFTTrainer trains on (see the module's docstring)."""
     config, spec = setup.config, setup.spec
     if not setup.lengths or config.batching != Batching.PACKED:
-        rows, _ = step_rows(spec, config, setup.lengths, setup.steps, setup.warmup - 1)
+        rows, _ = step_rows(
+            spec, config, setup.lengths, setup.steps, setup.warmup - 1, setup.world, setup.rank
+        )
         return [row.tolist() for row in rows]
     hist = LengthHistogram.from_dict(setup.lengths)
     rng = random.Random(1234)
     gen = torch.Generator().manual_seed(1234)
     mean = max(hist.tokens(config.seq_len) / hist.examples, 1.0)
-    rows = setup.steps * config.grad_accum * config.micro_batch
+    rows = setup.steps * config.grad_accum * config.micro_batch * setup.world
     count = int(rows * config.seq_len / mean) + config.micro_batch + 1
     lengths = [min(n, config.seq_len) for n in hist.sample(count, rng)]
     return [torch.randint(0, spec.vocab, (n,), generator=gen).tolist() for n in lengths]
@@ -86,7 +88,7 @@ def sft_setup(setup: Setup) -> Made:
     dataset = token_dataset(sft_documents(setup))
     trainer = make_sft_trainer(model, setup.args, dataset, setup.lora, setup.callbacks)
     if setup.lengths and config.batching == Batching.PACKED:
-        at = (setup.warmup - 1) * config.grad_accum
+        at = (setup.warmup - 1) * config.grad_accum * setup.world  # rank 0's, Accelerate deals
         trainer.train_dataset = fullest_first(trainer.train_dataset, config.micro_batch, at)
     counted = _Counted(trainer.data_collator)
     trainer.data_collator = counted

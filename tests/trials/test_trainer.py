@@ -11,7 +11,7 @@ from autofit.config import Config
 from autofit.estimate import MEMORY_ERROR, estimate
 from autofit.hardware import cpu_hardware
 from autofit.models import resolve_model
-from autofit.trials import TrialResult, run_trial
+from autofit.trials import TrialResult, run_trial, run_trials
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +95,48 @@ def test_a_trainer_trial_past_its_cap_is_an_oom() -> None:
                        warmup=1, timeout_s=240, gpu_memory=12_000_000)  # fmt: skip
     assert result.status == "oom", result.message[-800:]
     assert "over the capacity of 12000000 bytes" in result.message
+
+
+TWO_RANKS = {  # a Trainer or SFTTrainer script started by `torchrun --nproc-per-node 2`
+    # a full fine-tune whose peak is the optimizer step (checkpointed, 32 tokens)
+    "full": Config(seq_len=32, micro_batch=1, checkpointing="full", launch="trainer"),
+    "lora-accum": Config(**BASE, lora_rank=8, grad_accum=2, launch="trainer"),
+    "trl": Config(**BASE, lora_rank=8, launch="trl", precision="bf16-mixed"),
+    "qlora": Config(
+        **BASE, lora_rank=8, quant="nf4", quant_backend="bitsandbytes", launch="trainer"
+    ),  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[str, TrialResult]:
+    spec = resolve_model("llama-debug")
+    results = run_trials(spec, list(TWO_RANKS.values()), nprocs=2, device="cpu", steps=STEPS,
+                         warmup=WARMUP, timeout_s=240)  # fmt: skip
+    return dict(zip(TWO_RANKS, results, strict=True))
+
+
+@pytest.mark.parametrize("name", list(TWO_RANKS))
+def test_trainer_on_two_ranks_runs_ddp_within_the_estimates_error(two_ranks, name) -> None:  # type: ignore[no-untyped-def]
+    # `wrap: auto` under launch=trainer/trl is DDP on several GPUs, as torchrun runs a Trainer
+    # script: Accelerate wraps the model in DDP in every rank, Trainer's sampler deals the rows
+    result = two_ranks[name]
+    assert result.status == "ok", result.message[-800:]
+    assert result.sharding == "ddp" and result.process_group
+    assert len(result.losses) == STEPS + WARMUP and result.losses[-1] < result.losses[0]
+    est = estimate(resolve_model("llama-debug"), cpu_hardware(2), TWO_RANKS[name], device="cpu")
+    error = est.peak_bytes / result.peak_bytes - 1
+    assert abs(error) < MEMORY_ERROR, (name, est.peak_bytes, result.peak_bytes, est.peak_phase)
+
+
+def test_trainers_ddp_holds_each_gradient_twice(two_ranks) -> None:  # type: ignore[no-untyped-def]
+    # Trainer's DDP is Accelerate's, without `gradient_as_bucket_view` (TrainingArguments cannot
+    # set it), so each gradient is copied into an all-reduce bucket beside `.grad`. At the
+    # optimizer step of the full fine-tune (bf16-mixed: fp32 params) every parameter holds 20 B:
+    # its weight, its `.grad`, the bucket's copy and two AdamW moments; 16 B without the copy.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(resolve_model("llama-debug").to_hf_config())
+    params = sum(p.numel() for p in model.parameters())
+    peak = two_ranks["full"].peak_bytes
+    assert params * 20 <= peak < params * 20 * 1.1, (params, peak, peak / params)
