@@ -152,11 +152,9 @@ def plan(
     that library does (bitsandbytes: `wrap: none` candidates only, the others skipped).
     `launch` (`autofit`, `trainer`, `trl`) is whose training loop every candidate runs (None:
     the space's, default `autofit`): `trainer` plans for an HF Trainer script (DDP on several
-    GPUs; the space's candidates Trainer cannot run, quantized or offloaded ones say, are
-    skipped with the reason), its trials run `Trainer.train()` and its trainer export is the
-    arguments measured; `trl` likewise for TRL's `SFTTrainer` (its packing for `batching:
-    packed`; the export is its `SFTConfig`; TRL must be installed: `pip install
-    'autofit[trl]'`).
+    GPUs; candidates Trainer cannot run are skipped with the reason), its trials run
+    `Trainer.train()` and its trainer export is the arguments measured; `trl` likewise for
+    TRL's `SFTTrainer` (packing for `batching: packed`; `pip install 'autofit[trl]'`).
 
     `calibration`: `auto` starts from this machine's stored calibration (if any), corrects the
     estimates with every trial, and stores the result for the next plan; `study` corrects them

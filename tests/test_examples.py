@@ -3,7 +3,6 @@ optimizer `autofit.apply` returns (the plain module on CPU, no torchrun, no proc
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -17,6 +16,7 @@ from autofit.models import resolve_model
 from autofit.plan import plan_estimates
 from autofit.request import PlanRequest
 from autofit.space_file import load_space
+from tests.example_runs import peaks_as_its_trial
 
 pytestmark = pytest.mark.slow
 
@@ -95,53 +95,7 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path, kind):
         assert "bnb_4bit_use_double_quant=True" in header
         assert "prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)" in header
         assert "BitsAndBytesConfig" in note and "prepare_model_for_kbit_training" in note
-    _peaks_as_its_trial(ROOT / "examples" / "trainer_train.py", paths, trial, tmp_path)
-
-
-def test_a_two_gpu_trainer_export_runs_ddp_where_its_trial_peaked(tmp_path):
-    # A plan for a Trainer script on two GPUs is DDP (`wrap: auto`), and its note starts the
-    # example as torchrun starts the script, which peaks where the plan's two-rank trial did.
-    from autofit.export.launch import launch_note
-    from autofit.trials import run_trial
-
-    spec = resolve_model("llama-debug")
-    space = tmp_path / "lora_space.yaml"
-    space.write_text("seq_len: 64\nlaunch: trainer\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
-                     "  micro_batch: [2]\n  checkpointing: [none]\n")  # fmt: skip
-    plan = plan_estimates(PlanRequest.of(
-        spec, resolve_hardware("2", device="cpu"), load_space(space), seq_len=64, device="cpu",
-    ))  # fmt: skip
-    assert plan.best is not None and plan.best.config.wrap == "none"
-    trial = run_trial(spec, plan.best.config, nprocs=2, device="cpu", steps=2, warmup=1,
-                      timeout_s=240)  # fmt: skip
-    assert trial.status == "ok" and trial.sharding == "ddp", trial.message[-800:]
-    paths = plan.export("trainer", tmp_path / "args.json")
-    assert json.loads(paths[0].read_text())["ddp_find_unused_parameters"] is False
-    note = launch_note(plan, "trainer", tmp_path / "args.json")
-    assert "(random weights): torchrun --nproc-per-node 2 " in note, note
-    # `--standalone`: a free port of its own, beside the tests that run at the same time
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "2"]  # fmt: skip
-    _peaks_as_its_trial(ROOT / "examples" / "trainer_train.py", paths, trial, tmp_path, torchrun)
-
-
-def _peaks_as_its_trial(  # type: ignore[no-untyped-def]
-    script: Path, paths: list[Path], trial, tmp_path: Path, runner: list[str] | None = None
-) -> None:
-    """`script` launched as the export's note says (`--arguments`, `--plan`; by `runner`, else
-    `python`) for three steps trains and peaks within 1% of `trial`'s peak."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run(
-        [*(runner or [sys.executable]), str(script), "--arguments", str(paths[0]),
-         "--plan", str(paths[1]), "--steps", "3", "--peak"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", proc.stdout)]
-    assert len(losses) == 3, proc.stdout
-    (peak,) = (int(x) for x in re.findall(r"peak bytes: (\d+)", proc.stdout))
-    # the example's peak is from the build on, the trial's of its steps (the build's is below)
-    assert abs(peak / trial.peak_bytes - 1) < 0.01, (peak, trial.peak_bytes, proc.stdout)
+    peaks_as_its_trial(ROOT / "examples" / "trainer_train.py", paths, trial, tmp_path)
 
 
 @pytest.mark.timeout(400)
@@ -182,7 +136,7 @@ def test_a_trl_launch_export_trains_where_its_trial_peaked(tmp_path):
     # the trial of the winner on rows of seq_len, as the example trains (each row a document)
     trial = run_trial(spec, cfg, nprocs=1, device="cpu", steps=2, warmup=1, timeout_s=240)
     assert trial.status == "ok", trial.message[-800:]
-    _peaks_as_its_trial(ROOT / "examples" / "trl_train.py", paths, trial, tmp_path)
+    peaks_as_its_trial(ROOT / "examples" / "trl_train.py", paths, trial, tmp_path)
 
 
 @pytest.mark.timeout(400)
@@ -218,4 +172,4 @@ def test_a_trl_qlora_export_trains_where_its_trial_peaked(tmp_path):
     assert "trl_train.py --arguments" in note and "BitsAndBytesConfig" in note
     trial = run_trial(spec, cfg, nprocs=1, device="cpu", steps=2, warmup=1, timeout_s=240)
     assert trial.status == "ok", trial.message[-800:]
-    _peaks_as_its_trial(ROOT / "examples" / "trl_train.py", paths, trial, tmp_path)
+    peaks_as_its_trial(ROOT / "examples" / "trl_train.py", paths, trial, tmp_path)

@@ -104,8 +104,14 @@ TWO_RANKS = {  # a Trainer or SFTTrainer script started by `torchrun --nproc-per
     "trl": Config(**BASE, lora_rank=8, launch="trl", precision="bf16-mixed"),
     "qlora": Config(
         **BASE, lora_rank=8, quant="nf4", quant_backend="bitsandbytes", launch="trainer"
-    ),  # fmt: skip
+    ),
+    # the one candidate of `TWO_GPU_SPACE`, as its plan resolves it on two GPUs
+    "lora": Config(**BASE, lora_rank=8, launch="trainer", wrap="none"),
 }
+TWO_GPU_SPACE = (
+    "seq_len: 64\nlaunch: trainer\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
+    "  micro_batch: [2]\n  checkpointing: [none]\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +146,34 @@ def test_trainers_ddp_holds_each_gradient_twice(two_ranks) -> None:  # type: ign
     params = sum(p.numel() for p in model.parameters())
     peak = two_ranks["full"].peak_bytes
     assert params * 20 <= peak < params * 20 * 1.1, (params, peak, peak / params)
+
+
+def test_a_two_gpu_trainer_export_runs_ddp_where_its_trial_peaked(two_ranks, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A plan for a Trainer script on two GPUs is DDP (`wrap: auto`); its trainer export,
+    # started as its note says (torchrun, examples/trainer_train.py), peaks where the two-rank
+    # trial of its winner did.
+    import json
+    import sys
+
+    from autofit.export.launch import launch_note
+    from autofit.hardware import resolve_hardware
+    from autofit.plan import plan_estimates
+    from autofit.request import PlanRequest
+    from autofit.space_file import load_space
+    from tests.example_runs import EXAMPLES, peaks_as_its_trial
+
+    space = tmp_path / "lora_space.yaml"
+    space.write_text(TWO_GPU_SPACE)
+    plan = plan_estimates(PlanRequest.of(
+        resolve_model("llama-debug"), resolve_hardware("2", device="cpu"), load_space(space),
+        seq_len=64, device="cpu",
+    ))  # fmt: skip
+    assert plan.best is not None and plan.best.config.resolved(2) == TWO_RANKS["lora"]
+    paths = plan.export("trainer", tmp_path / "args.json")
+    assert json.loads(paths[0].read_text())["ddp_find_unused_parameters"] is False
+    note = launch_note(plan, "trainer", tmp_path / "args.json")
+    assert "(random weights): torchrun --nproc-per-node 2 " in note, note
+    # `--standalone`: a free port of its own, beside the tests that run at the same time
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]  # fmt: skip
+    peaks_as_its_trial(EXAMPLES / "trainer_train.py", paths, two_ranks["lora"], tmp_path, torchrun)
