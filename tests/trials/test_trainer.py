@@ -27,14 +27,15 @@ STEPS, WARMUP = 2, 1
 
 @pytest.fixture(scope="module")
 def trials() -> dict[str, TrialResult]:
+    # in one launch, as a plan measures its candidates: each config starts from what a fresh
+    # process holds (`autofit.trials.rank.release`)
     spec = resolve_model("llama-debug")
-    out = {}
-    for name, knobs in TRIALS.items():  # each in a launch of its own, as a script runs alone
-        cfg = Config(**BASE, **knobs)
-        out[name] = run_trial(
-            spec, cfg, nprocs=1, device="cpu", steps=STEPS, warmup=WARMUP, timeout_s=240
-        )
-        assert out[name].status == "ok", f"{name}: {out[name].message[-800:]}"
+    configs = [Config(**BASE, **knobs) for knobs in TRIALS.values()]
+    results = run_trials(spec, configs, nprocs=1, device="cpu", steps=STEPS, warmup=WARMUP,
+                         timeout_s=240)  # fmt: skip
+    out = dict(zip(TRIALS, results, strict=True))
+    for name, result in out.items():
+        assert result.status == "ok", f"{name}: {result.message[-800:]}"
     return out
 
 
@@ -65,25 +66,44 @@ def test_trainer_trial_is_within_the_estimates_error(trials, name) -> None:  # t
     assert abs(error) < MEMORY_ERROR, (name, est.peak_bytes, measured, dict(est.breakdown))
 
 
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-def test_trainer_trial_on_a_length_file_is_within_the_estimates_error(checkpointing) -> None:  # type: ignore[no-untyped-def]
-    # padded micro-batches of the data's lengths (rows of different lengths): Trainer's collator
-    # passes their attention mask, which transformers turns into a 4-D mask for SDPA
-    # (`padding_mask_applies`); the trial runs the rows in the drawn order (the longest
-    # micro-batch after the optimizer's state exists)
+LENGTH_FILE_CHECKPOINTING = ("none", "full")
+
+
+def _length_file() -> dict:  # type: ignore[type-arg]
     from pathlib import Path
 
     from autofit.data.read import read_length_file
 
-    hist = read_length_file(Path(__file__).parents[2] / "examples" / "instruct_lengths.json")
-    spec = resolve_model("llama-debug")
-    cfg = Config(seq_len=256, micro_batch=4, lora_rank=8, checkpointing=checkpointing,
-                 launch="trainer")  # fmt: skip
-    result = run_trial(spec, cfg, nprocs=1, device="cpu", steps=1, warmup=1, timeout_s=240,
-                       lengths=hist)  # fmt: skip
+    return read_length_file(Path(__file__).parents[2] / "examples" / "instruct_lengths.json")
+
+
+def _length_file_config(checkpointing: str) -> Config:
+    return Config(seq_len=256, micro_batch=4, lora_rank=8, checkpointing=checkpointing,
+                  launch="trainer")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def length_file_trials() -> dict[str, TrialResult]:
+    configs = [_length_file_config(c) for c in LENGTH_FILE_CHECKPOINTING]
+    results = run_trials(resolve_model("llama-debug"), configs, nprocs=1, device="cpu", steps=1,
+                         warmup=1, timeout_s=240, lengths=_length_file())  # fmt: skip
+    return dict(zip(LENGTH_FILE_CHECKPOINTING, results, strict=True))
+
+
+@pytest.mark.parametrize("checkpointing", LENGTH_FILE_CHECKPOINTING)
+def test_trainer_trial_on_a_length_file_is_within_the_estimates_error(  # type: ignore[no-untyped-def]
+    length_file_trials, checkpointing
+) -> None:
+    # padded micro-batches of the data's lengths (rows of different lengths): Trainer's collator
+    # passes their attention mask, which transformers turns into a 4-D mask for SDPA
+    # (`padding_mask_applies`); the trial runs the rows in the drawn order (the longest
+    # micro-batch after the optimizer's state exists)
+    result = length_file_trials[checkpointing]
     assert result.status == "ok", result.message[-800:]
     assert len(result.losses) == 3  # a warm-up, the longest micro-batch's step, a measured one
-    est = estimate(spec, cpu_hardware(1), cfg, device="cpu", lengths=hist)
+    cfg = _length_file_config(checkpointing)
+    est = estimate(resolve_model("llama-debug"), cpu_hardware(1), cfg, device="cpu",
+                   lengths=_length_file())  # fmt: skip
     error = est.peak_bytes / result.peak_bytes - 1
     assert abs(error) < MEMORY_ERROR, (est.peak_bytes, result.peak_bytes, dict(est.breakdown))
 
