@@ -12,6 +12,7 @@ from autofit.estimate import MEMORY_ERROR, estimate
 from autofit.hardware import cpu_hardware
 from autofit.models import resolve_model
 from autofit.trials import TrialResult, run_trial, run_trials
+from tests.trials.grouped import grouped_trials
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +30,7 @@ STEPS, WARMUP = 2, 1
 def trials() -> dict[str, TrialResult]:
     # in one launch, as a plan measures its candidates: each config starts from what a fresh
     # process holds (`autofit.trials.rank.release`)
-    spec = resolve_model("llama-debug")
-    configs = [Config(**BASE, **knobs) for knobs in TRIALS.values()]
-    results = run_trials(spec, configs, nprocs=1, device="cpu", steps=STEPS, warmup=WARMUP,
-                         timeout_s=240)  # fmt: skip
-    out = dict(zip(TRIALS, results, strict=True))
-    for name, result in out.items():
-        assert result.status == "ok", f"{name}: {result.message[-800:]}"
-    return out
+    return grouped_trials(BASE, TRIALS, STEPS, WARMUP)
 
 
 def test_trainer_trials_run_trainers_loop_for_every_step(trials) -> None:  # type: ignore[no-untyped-def]
