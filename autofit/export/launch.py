@@ -215,13 +215,12 @@ def _trainer_note(doc: dict[str, Any], path: Path) -> str:
         return f"{text} examples/{name} in autofit's source repository is one."
     rel = os.path.relpath(example)
     shown = rel if not rel.startswith("..") else str(example)
-    cmd = (
-        f"python {shlex.quote(shown)} --arguments {shlex.quote(str(path))} "
+    tail = (
+        f"{shlex.quote(shown)} --arguments {shlex.quote(str(path))} "
         f"--plan {shlex.quote(str(side_path(path)))}"
     )
     if doc["hardware"].get("device") == "cuda":
-        cmd += " --device cuda"
-    # on several GPUs the replicas are started as the plan's own launch line starts them
-    env = _env_prefix(doc, "trainer")
-    cmd = _launch_with(doc, "trainer", path, env, cmd.removeprefix("python "))[0].command
+        tail += " --device cuda"
+    # started as the plan's own launch line starts it: python, or torchrun on several GPUs
+    cmd = _launch_with(doc, "trainer", path, _env_prefix(doc, "trainer"), tail)[0].command
     return f"{text} To try the plan with the example {shown} (random weights): {cmd}"

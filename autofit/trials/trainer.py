@@ -168,9 +168,7 @@ class _Steps:
                     outer.device_peak = max(outer.device_peak, device_used_bytes(device))
                 elapsed = time.perf_counter() - outer._start
                 if world > 1:  # the slowest rank's: every rank stops at the same step
-                    elapsed = (
-                        float(_over_ranks([int(elapsed * 1e9)], device, dist.ReduceOp.MAX)[0]) / 1e9
-                    )
+                    elapsed = _over_ranks([elapsed], device, dist.ReduceOp.MAX)[0]
                 outer.times.append(elapsed)
                 measured = len(outer.times) - outer.warmup
                 if measured > 0 and outer.limit is not None and outer.times[-1] > outer.limit:
@@ -299,7 +297,7 @@ def run_trainer(
 
 def _launch_peaks(
     tracker: TensorTracker | None, build_peak: int, device_peak: int, device: torch.device
-) -> list[int]:
+) -> list[float]:
     """(reserved, allocated, build, device level) peaks of the launch's fullest rank: on CPU the
     tracked live bytes (no allocator, no device level), on CUDA the allocator's."""
     if tracker is not None:
@@ -314,10 +312,11 @@ def _launch_peaks(
     return _over_ranks(peaks, device, dist.ReduceOp.MAX)
 
 
-def _over_ranks(values: list[int], device: torch.device, op: Any) -> list[int]:
-    """`values` reduced by `op` over the launch's ranks (as they are with no process group)."""
+def _over_ranks(values: list[Any], device: torch.device, op: Any) -> list[float]:
+    """`values` (bytes, tokens, seconds) reduced by `op` over the launch's ranks, in float64 (as
+    they are with no process group)."""
     if not dist.is_initialized():
-        return list(values)
+        return [float(v) for v in values]
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=op)
-    return [int(v) for v in t.tolist()]
+    return [float(v) for v in t.tolist()]
