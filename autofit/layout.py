@@ -47,9 +47,9 @@ if TYPE_CHECKING:
     from autofit.config import Config
 
 __all__ = [
-    "AUTO_WRAP", "LAYOUT_KNOBS", "Layout", "Sharding", "ddp_grad_views", "layout_of",
-    "mesh_shape", "resolve_wrap", "sharding_for", "uses_autocast", "wrap_group_size",
-    "wrap_unit_count", "wrap_units",
+    "AUTO_WRAP", "LAYOUT_KNOBS", "Layout", "Sharding", "ddp_grad_views", "embedding_precision",
+    "layout_of", "mesh_shape", "resolve_wrap", "sharding_for", "uses_autocast",
+    "wrap_group_size", "wrap_unit_count", "wrap_units",
 ]  # fmt: skip
 
 
@@ -155,6 +155,17 @@ def ddp_grad_views(launch: str) -> bool:
     return launch not in HF_LAUNCHES
 
 
+def embedding_precision(precision: str, launch: str) -> str:
+    """The precision the copies of the embedding and LM head that `train_embeddings=full` trains
+    are held in (their weights, gradients and AdamW moments): the run's under autofit's builder,
+    which casts every trainable parameter to the trainable dtype (`builder.apply.cast_trainable`),
+    and pure bf16 under `launch: trainer`, where nothing casts them: peft deep-copies the bf16
+    module into `modules_to_save`, and its `autocast_adapter_dtype` upcasts only the adapter
+    layers (peft 0.21 `cast_adapter_dtype` walks `BaseTunerLayer`s), so fp32 adapters train
+    beside bf16 copies (tests/builder/test_trainer.py reads the dtypes peft gives)."""
+    return Precision.BF16.value if launch in HF_LAUNCHES else precision
+
+
 def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
     """bf16 autocast runs where fp32 trainable params are held by the plain module or DDP (HF
     Trainer's `bf16=True`, torchtune's single-device recipes); FSDP2 casts the gathered params
@@ -185,6 +196,8 @@ class Layout:
     adapted: tuple[str, ...] = ()  # the projections with LoRA adapters (`settings.targeted`)
     trains_all: bool = True  # a full fine-tune; else the adapters and `train_embeddings`' modules
     grad_views: bool = True  # DDP's gradients are views into its buckets (`ddp_grad_views`)
+    # the precision `train_embeddings`' trained copies train in (`embedding_precision`)
+    embedding_precision: str = Precision.BF16_MIXED.value
 
     @property
     def fsdp(self) -> bool:
@@ -246,7 +259,7 @@ class Layout:
         return cls(
             sharding, replicas, degree, units, uses_autocast(precision, optimizer, sharding),
             trainable_dtype(precision, optimizer), COMPUTE_DTYPE, reduce_dtype(precision),
-            adamw_impl(optimizer_impl, optimizer, device, offload),
+            adamw_impl(optimizer_impl, optimizer, device, offload, launch in HF_LAUNCHES),
             checkpointed=checkpointed_layers(checkpointing, n_layers),
             selective=checkpointing == Checkpointing.SELECTIVE,
             quant=stored,
@@ -255,6 +268,7 @@ class Layout:
             adapted=tuple(p for p in projections if targeted(p, lora_targets)) if lora else (),
             trains_all=not lora,
             grad_views=ddp_grad_views(launch),
+            embedding_precision=embedding_precision(precision, launch),
         )  # fmt: skip
 
 

@@ -182,19 +182,26 @@ which its step refuses (`numel % block_size`). Where a `LowBitState.block` diffe
 a Trainer run of the export holds other optimizer state than was measured (`export.prose`)."""
 
 
-def adamw_impl(setting: str, optimizer: str, device: str, offload: str) -> str | None:
+def adamw_impl(
+    setting: str, optimizer: str, device: str, offload: str, hf_optim_only: bool = False
+) -> str | None:
     """The implementation of torch's AdamW a run's step uses (a key of `ADAMW_IMPLS`), or
     None for torchao's low-bit AdamW, which has its own step. `auto` is fused where the
     parameters the step updates are on the GPU (torchao's `CPUOffloadOptimizer` too, which runs it
     on host copies), and torch's own choice where they are CPU tensors (a CPU trial, FSDP2's
-    `offload=params`): its for-loop, as torch has no foreach kernels on CPU. The builder builds
-    this and the estimator counts it."""
+    `offload=params`): its for-loop, as torch has no foreach kernels on CPU. `hf_optim_only`: the
+    step is made by HF Trainer from `TrainingArguments.optim` alone (`launch: trainer`, `trl`),
+    whose `adamw_torch` passes no `foreach`, so `foreach` is torch's default: foreach on GPU
+    tensors, the for-loop on CPU ones (a CPU trial). The builder builds this and the estimator
+    counts it."""
     if optimizer != Optimizer.ADAMW:
         return None
+    on_gpu = device == "cuda" and offload != Offload.PARAMS
+    if setting == OptimizerImpl.FOREACH and hf_optim_only and not on_gpu:
+        return OptimizerImpl.FOR_LOOP.value
     if setting != OptimizerImpl.AUTO:
         return setting
-    fused = device == "cuda" and offload != Offload.PARAMS
-    return (OptimizerImpl.FUSED if fused else OptimizerImpl.FOR_LOOP).value
+    return (OptimizerImpl.FUSED if on_gpu else OptimizerImpl.FOR_LOOP).value
 
 
 # ----- trainable embeddings and LM head (`train_embeddings`) -------------------------------------

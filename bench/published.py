@@ -24,7 +24,11 @@ estimator to a few of these rows through `load_rows`, `map_row` and `compare_row
 
 "Overall" is one comparison per row, its own metric, over the fixed-length rows autofit can
 express; the fms rows' nvidia-smi peak (in `notes`) is a second, device-level comparison of the
-same run, counted under "device" (and its source and path) but not in "overall".
+same run, counted under "device" (and its source and path) but not in "overall". Each row is
+read as the launch its source ran (Qwen: HF Trainer, `launch="trainer"`). Where autofit refuses
+that launch (fms: TRL's SFTTrainer under Accelerate's FSDP1), autofit's own launch of the same
+knobs stands in (marked S), and "overall" gives the rows read as their launch, the stand-ins and
+all rows apart.
 
 Mapping choices, each with the source it comes from
 ====================================================
@@ -59,17 +63,28 @@ mirror zhangningboo/Qwen-7B@1ff20863):
 - Precision: finetune.py:307 `from_pretrained` passes no torch_dtype, but `QWenLMHeadModel.__init__`
   sets `config.bf16 = True` when bf16/fp16/fp32 are all false (the released config.json) and the
   GPU supports bf16, then `self.transformer.bfloat16(); self.lm_head.bfloat16()`: the weights are
-  bf16. The README pins `pip install "peft<0.8.0"`; peft 0.7.1 tuners/lora/layer.py:100
-  `self.to(weight.device, dtype=weight.dtype)` gives the adapters the base weight's dtype (bf16),
-  and torch AdamW (finetune.py:43 `optim="adamw_torch"`) keeps its moments in the param dtype.
-  So `precision="bf16"` (pure bf16 weights and AdamW states). Optimizer: torch 2.0's foreach
+  bf16. The adapters are fp32: the table was measured on 2023-10-07 (commit b5fad3d, "add
+  profiling", README: `pip install peft deepspeed`, unpinned) and re-measured with the 1.8B
+  model on 2023-11-30 (e8e1596; its "LoRA (emb)" figures within 0.2 G of October's). Every peft
+  release up to then (0.5.0; 0.6.0-0.6.2, 2023-11-13) built a LoRA layer's adapters in fp32:
+  0.6.2 tuners/lora/layer.py `update_layer` casts them to the weight's dtype only when the layer
+  already has a weight, which a new `Linear` (`super(nn.Linear, self).__init__()`) does not, and
+  model.py `_replace_module` moves them to the weight's device only. 0.7.0 (2023-12-06) first
+  casts them to the base weight's bf16 (`get_base_layer().weight`); the README's `peft<0.8.0`
+  pin came on 2024-02-01 for a tokenizer bug. The "LoRA (emb)" copies are `copy.deepcopy` of the
+  bf16 modules and stay bf16. fp32 adapters beside bf16 copies is what HF Trainer with today's
+  peft holds too (peft 0.21 upcasts adapter layers only, `autocast_adapter_dtype`), so the rows
+  are read as their launch: `launch="trainer"`, `precision="bf16-mixed"` (the adapters, their
+  gradients and AdamW moments fp32; `autofit.layout.embedding_precision`: the copies bf16).
+  tests/estimate/test_published.py holds the reading to the rows (bf16 adapters put the 256-token
+  rows 5-11 points lower, row 24 at -12.0%). Optimizer: torch 2.0's foreach
   AdamW step (`optimizer_impl="foreach", foreach_intermediates=2`): `_multi_tensor_adamw` kept
   `exp_avg_sq_sqrt` and `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)` alive together, two
   parameter-sized intermediates (pytorch/pytorch#97712, one since #104898 in 2.1); the README's
   "LoRA (emb)" minus "LoRA" figures are 12 B per trained embedding parameter, as that step
-  holds. `--bf16 True` (finetune_lora_single_gpu.sh:42) only adds HF Trainer's bf16 autocast,
-  which makes no copy of bf16 weights; the loss (`CrossEntropyLoss` on `shift_logits`) then runs
-  in fp32 as autofit's standard loss does.
+  holds. `--bf16 True` (finetune_lora_single_gpu.sh:42) adds HF Trainer's bf16 autocast over the
+  fp32 adapters (peft casts each adapter's input to fp32 first, as `launch="trainer"` counts);
+  the loss (`CrossEntropyLoss` on `shift_logits`) runs in fp32 as Trainer's does.
 - LoRA: finetune.py:55-59 r 64, alpha 16, dropout 0.05, targets c_attn, c_proj, w1, w2. By peft's
   suffix match `c_proj` is both the attention output and the MLP down projection, so the targets
   are every projection: q/k/v (c_attn), o (attn.c_proj), gate/up (w1, w2), down (mlp.c_proj) =
@@ -303,6 +318,8 @@ class Mapped:
     tps: float | None = None  # measured tokens/s
     tps_scope: str = ""  # per_gpu | total
     tps_derived: bool = False
+    # why the row is not read as its own launch ("": it is), and autofit's stands in instead
+    stand_in: str = ""
 
 
 @dataclass
@@ -333,6 +350,7 @@ class Compared:
     overhead_gib: dict[str, float] = field(default_factory=dict)
     within_capacity: bool = True
     named: str = ""  # the framework behaviour autofit does not launch that the gap comes from
+    stand_in: bool = False  # autofit's launch estimated in place of the row's own (`Mapped`)
 
 
 @dataclass
@@ -538,7 +556,9 @@ def map_row(
     if src == "qwen":
         measured *= QWEN_G_GIB[qwen_g]
         model = qwen_config(row["model"], float(row["params_b"]))
-        knobs.update(wrap="none", precision="bf16", lora_targets="all-linear")
+        # HF Trainer, peft <= 0.6.2: fp32 adapters, bf16 base and modules_to_save copies
+        knobs.update(wrap="none", launch="trainer", precision="bf16-mixed")
+        knobs.update(lora_targets="all-linear")
         knobs.update({**QWEN_LORA, **_lora_settings(row)})
         if "wte" in row["lora_targets"]:
             extra["train_embeddings"] = "full"  # modules_to_save: a trainable copy of each
@@ -569,8 +589,15 @@ def map_row(
     )  # fmt: skip
     return Mapped(
         i, src, row["model"], model_label(row), model, n, gpus, path, knobs, extra, metric, note,
-        measured, smi, tps, scope, derived,
+        measured, smi, tps, scope, derived, FMS_STAND_IN if src == "fms" else "",
     )  # fmt: skip
+
+
+FMS_STAND_IN = (
+    "fms launched TRL's SFTTrainer under Accelerate's FSDP (FSDP1, accelerate 1.0.1), which "
+    "launch=trl refuses (FSDP through Accelerate is not measured under Trainer yet): autofit's "
+    "own FSDP2 launch of the same knobs is estimated in its place"
+)
 
 
 def device_bytes(est: Any) -> int:
@@ -633,7 +660,7 @@ def compare_row(m: Mapped) -> tuple[list[Compared], Throughput | None, Any]:
         out.append(Compared(
             m.row, m.source, m.label, m.n_gpus, m.path, config, metric, primary, measured,
             round(value, 3), value / measured - 1, est.peak_phase, gib, over,
-            bool(est.within_capacity), named_behaviour(m),
+            bool(est.within_capacity), named_behaviour(m), bool(m.stand_in),
         ))  # fmt: skip
     tps = None
     if m.tps:
@@ -703,7 +730,11 @@ def summary(compared: list[Compared]) -> dict[str, dict[str, dict[str, Any]]]:
         for value in values:
             errors = [c.error for c in compared if getattr(c, key) == value]
             out[key][value] = stats(errors)
-    out["overall"] = {"rows": stats([c.error for c in compared if c.primary])}
+    out["overall"] = {
+        "rows": stats([c.error for c in compared if c.primary]),
+        "own_launch": stats([c.error for c in compared if c.primary and not c.stand_in]),
+        "stand_in": stats([c.error for c in compared if c.primary and c.stand_in]),
+    }
     unnamed = sorted({c.row for c in compared if c.error < UNDER and not c.named})
     out["overall"]["under_unnamed"] = {"n": len(unnamed), "rows": unnamed}
     return out
@@ -720,7 +751,7 @@ def print_report(
     print("Estimate vs published GPU measurements (bench/data/gpu-measurements/measurements.csv)")
     print("error = estimate / measured - 1 (negative: under-estimate); GiB")
     print(line)
-    head = (f"{'row':>3} {'source':<6} {'model':<10} {'gpu':>3} {'path':<5} {'config':<35} "
+    head = (f"{'row':>3} {'source':<6} {'model':<10} {'gpu':>3} {'path':<5} {'config':<34} "
             f"{'metric':<7} {'meas':>6} {'est':>6} {'error':>7}")  # fmt: skip
     print(head)
     print(line)
@@ -728,15 +759,16 @@ def print_report(
         metric = ("alloc" if c.metric == "allocated" else c.metric) + ("" if c.primary else "+")
         print(
             f"{c.row:>3} {c.source:<6} {c.label[:10]:<10} {c.n_gpus:>3} {c.path:<5} "
-            f"{c.config[:35]:<35} {metric:<7} {c.measured_gib:>6.2f} {c.estimate_gib:>6.2f} "
-            f"{_pct(c.error):>7}{' N' if c.named else ''}"
+            f"{c.config[:34]:<34} {metric:<7} {c.measured_gib:>6.2f} {c.estimate_gib:>6.2f} "
+            f"{_pct(c.error):>7}{' S' if c.stand_in else ''}{'N' if c.named else ''}"
         )
     print(line)
     print("alloc: max_memory_allocated; device: device-level (nvidia-smi, or Qwen's unknown 'G');")
     print("device+: the run's nvidia-smi peak from `notes` (fms), a second comparison of the row")
-    named = sorted({c.named for c in compared if c.named})
-    for text in named:
-        for part in textwrap.wrap(f"N: {text}", 99, subsequent_indent="   "):
+    notes = [f"S: {FMS_STAND_IN}"] if any(c.stand_in for c in compared) else []
+    notes += [f"N: {text}" for text in sorted({c.named for c in compared if c.named})]
+    for text in notes:
+        for part in textwrap.wrap(text, 99, subsequent_indent="   "):
             print(part)
     print()
     _print_summary(summary(compared))
@@ -774,6 +806,8 @@ def _print_summary(summ: dict[str, dict[str, dict[str, Any]]]) -> None:
     for name, s in summ["path"].items():
         print(_stat_line(labels[name], s))
     print("  overall (fixed-length rows autofit can express; each row's own metric):")
+    print(_stat_line("read as their launch", summ["overall"]["own_launch"]))
+    print(_stat_line("autofit's standing in", summ["overall"]["stand_in"]))
     print(_stat_line("all rows", summ["overall"]["rows"]))
     unnamed = summ["overall"]["under_unnamed"]
     rows = _ranges(unnamed["rows"]) if unnamed["rows"] else "none"

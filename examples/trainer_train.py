@@ -35,7 +35,8 @@ from autofit.models import resolve_model
 def load_model(plan: object, device: str) -> torch.nn.Module:
     """The model as the trial loaded it: a LoRA base frozen in bf16 (a full fine-tune in its
     train dtype: fp32 masters under bf16-mixed), then peft LoRA of the plan's `lora` section,
-    its adapters in fp32 under bf16-mixed. A QLoRA plan (`quant_backend: bitsandbytes`): loaded
+    its adapters in fp32 under bf16-mixed (the embedding and head copies `train_embeddings`
+    trains stay bf16, as peft makes them). A QLoRA plan (`quant_backend: bitsandbytes`): loaded
     by `from_pretrained` with its `BitsAndBytesConfig`, then `prepare_model_for_kbit_training`
     (`load_qlora`)."""
     doc = plan.document  # type: ignore[attr-defined]
@@ -53,9 +54,11 @@ def load_model(plan: object, device: str) -> torch.nn.Module:
     if lora:
         from peft import LoraConfig, get_peft_model
 
+        trained = ("modules_to_save", "ensure_weight_tying")  # train_embeddings=full
         config = LoraConfig(
             r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
             target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM",
+            **{key: lora[key] for key in trained if key in lora},
         )  # fmt: skip
         model = get_peft_model(model, config, autocast_adapter_dtype=mixed)
     return model

@@ -424,12 +424,27 @@ def test_launch_is_a_setting_whose_default_stays_out_of_every_config():
         ({"optimizer": "adamw8bit"}, "optimizer=adamw8bit"),
         ({"optimizer_impl": "for-loop"}, "optimizer_impl=for-loop"),
         ({"wrap": "layer"}, "wrap=layer"),
+        ({"lora_rank": 8, "train_embeddings": "tokens:4"}, "train_embeddings=tokens:4"),
     ],
 )
 def test_launch_trainer_refuses_what_trainer_cannot_run(knobs, named) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=f"launch=trainer cannot run {named}"):
         Config(launch="trainer", **knobs)
     Config(launch="autofit", **knobs)  # autofit's own launch runs it
+
+
+def test_launch_trainer_foreach_is_adamw_torch_torchs_default_step():
+    # Trainer's `adamw_torch` passes no `foreach`: torch steps GPU params with its foreach step
+    # and CPU params (a CPU trial) with the for-loop; autofit's own builder passes foreach=True
+    from autofit.layout import layout_of
+    from autofit.recipe import hf_optim
+
+    cfg = Config(launch="trainer", lora_rank=8, optimizer_impl="foreach")
+    on_gpu, on_cpu = layout_of(cfg, 1, device="cuda"), layout_of(cfg, 1, device="cpu")
+    assert (on_gpu.adamw, on_cpu.adamw) == ("foreach", "for-loop")
+    assert layout_of(cfg.replace(launch="autofit"), 1, device="cpu").adamw == "foreach"
+    for layout in (on_gpu, on_cpu):  # the export names the same optim for both
+        assert hf_optim(cfg.optimizer, layout.adamw, cfg.offload) == "adamw_torch"
 
 
 def test_launch_trainer_runs_bitsandbytes_qlora_and_refuses_torchaos():
@@ -507,6 +522,7 @@ def test_every_word_a_config_takes_is_a_member_of_its_declared_enum():
         ({"wrap": "layer"}, "wrap=layer"),
         ({"loss": "chunked"}, "loss=chunked (SFTTrainer computes its own loss"),
         ({"lora_rank": 8, "precision": "bf16"}, "precision=bf16 with LoRA"),
+        ({"lora_rank": 8, "train_embeddings": "full"}, "train_embeddings=full"),
     ],
 )
 def test_launch_trl_refuses_what_sfttrainer_cannot_run_as_counted(knobs, named) -> None:  # type: ignore[no-untyped-def]

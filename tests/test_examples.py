@@ -58,8 +58,9 @@ def test_a_malformed_plan_is_one_paragraph_and_exit_2_from_the_example(tmp_path)
 
 
 TRAINER_SPACES = {
-    "lora": "knobs:\n  quant: [none]\n  lora_rank: [8]\n  micro_batch: [2, 4]\n"
-    "  wrap: [none]\n  checkpointing: [none, full]\n",
+    # with the embedding and head trained: peft's bf16 copies beside fp32 adapters
+    "lora": "train_embeddings: full\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
+    "  micro_batch: [2, 4]\n  wrap: [none]\n  checkpointing: [none, full]\n",
     # a QLoRA script: from_pretrained with BitsAndBytesConfig, prepare_model_for_kbit_training
     "qlora": "quant_backend: bitsandbytes\nbnb_4bit_use_double_quant: true\nknobs:\n"
     "  quant: [nf4]\n  lora_rank: [8]\n  micro_batch: [2]\n  wrap: [none]\n"
@@ -84,6 +85,8 @@ def test_a_trainer_launch_export_trains_where_its_trial_peaked(tmp_path, kind):
     ))  # fmt: skip
     assert plan.best is not None and plan.best.config.launch == "trainer"
     cfg = plan.best.config
+    if kind == "lora":  # the export's lora section names the copies for peft
+        assert cfg.train_embeddings == "full"
     trial = run_trial(spec, cfg, nprocs=1, device="cpu", steps=2, warmup=1, timeout_s=240)
     assert trial.status == "ok", trial.message[-800:]
     paths = plan.export("trainer", tmp_path / "args.json")

@@ -77,8 +77,14 @@ def as_loaded_in_4bit(model: nn.Module, layout: Layout, device: torch.device) ->
     return model
 
 
+EMBEDDING_OPTIONS = ("modules_to_save", "ensure_weight_tying", "trainable_token_indices")
+"""The `lora` section's keys that train embeddings (`autofit.recipe.embedding_peft_options`),
+each a `LoraConfig` argument of the same name."""
+
+
 def lora_config(lora: dict[str, Any]) -> Any:
-    """peft's `LoraConfig` of the export's `lora` section (rank, alpha, dropout, targets)."""
+    """peft's `LoraConfig` of the export's `lora` section (rank, alpha, dropout, targets, and
+    the modules `train_embeddings` trains: `EMBEDDING_OPTIONS`)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -88,6 +94,7 @@ def lora_config(lora: dict[str, Any]) -> Any:
         target_modules=lora["target_modules"],
         bias="none",
         task_type="CAUSAL_LM",
+        **{key: lora[key] for key in EMBEDDING_OPTIONS if key in lora},
     )
 
 

@@ -310,8 +310,9 @@ def _model_state(
     g = gathered(k, st.sharding, autocast)
     # a trained head's gradient exists from its backward on, the last layer's included
     head_grad = mem.trained_head_grad_bytes(
-        s, k.train_embeddings, st.sharding, st.shard, k.precision, k.optimizer, accumulates
-    )
+        s, k.train_embeddings, st.sharding, st.shard, st.layout.embedding_precision, k.optimizer,
+        accumulates,
+    )  # fmt: skip
     g = g._replace(layer_grads=g.layer_grads + head_grad)
     outside = outsides[st.layout.communicators]
     return _ModelState(st, g, autocast, *_later(st, g, device, workspace, outside))

@@ -6,13 +6,14 @@ of `autofit.estimate.memory`. `autofit.estimate.peak` puts them together with th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from autofit.estimate import memory as mem
-from autofit.layout import Layout, Sharding
+from autofit.layout import Layout, Sharding, embedding_precision
 from autofit.recipe import Bnb4bit, base_stays_whole
 from autofit.structure import Structure
-from autofit.values import Launch, Offload, TrainEmbeddings
+from autofit.values import Launch, Offload, Precision, TrainEmbeddings
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
 
@@ -55,8 +56,15 @@ def states(
     `Layout.adamw`; `foreach_intermediates`: another torch's count for foreach,
     `mem.optimizer_temp_bytes`)."""
     sharding, shard = layout.sharding, layout.shard
-    trainable = mem.trainable_params(s, lora, targets) + mem.trained_embedding_params(s, embeddings)
-    pb = mem.master_bytes(precision, optimizer)
+    adapters = mem.trainable_params(s, lora, targets)
+    copies = mem.trained_embedding_params(s, embeddings)
+    trainable = adapters + copies
+    held = (precision, layout.embedding_precision)  # the copies' own (`Layout.embedding_precision`)
+
+    def per_gpu(width: Callable[[str], float]) -> float:
+        """Bytes of the trainable parameters at `width(precision)` bytes each, per GPU."""
+        return (adapters * width(held[0]) + copies * width(held[1])) / shard
+
     if lora:
         projections = mem.base_weight_bytes(s, quant, bnb)
         other = mem.frozen_other_bytes(s, mem.kbit_prepared(quant, bnb, launch))
@@ -67,9 +75,9 @@ def states(
         base += mem.trained_token_buffer_bytes(s, embeddings)  # buffers: whole on every GPU
     else:
         projections, whole, base = 0.0, False, 0.0
-    weights = trainable * pb / shard
-    grads = trainable * mem.grad_bytes(precision, optimizer) / shard
-    opt = trainable * mem.optimizer_bytes_per_param(optimizer, precision) / shard
+    weights = per_gpu(lambda p: mem.master_bytes(p, optimizer))
+    grads = per_gpu(lambda p: mem.grad_bytes(p, optimizer))
+    opt = per_gpu(lambda p: mem.optimizer_bytes_per_param(optimizer, p))
 
     host = 0.0
     if offload == Offload.PARAMS:
@@ -99,7 +107,7 @@ def states(
         s, lora, precision, optimizer, device, shard, targets,
         impl=layout.adamw, offload=offload,
         trainable=trainable, embeddings=embeddings, foreach_intermediates=foreach_intermediates,
-        launch=launch,
+        launch=launch, embedding_precision=layout.embedding_precision,
     )  # fmt: skip
     # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
     # separate `.grad` tensors, as it always does under HF Trainer's DDP (`Layout.grad_views`)
@@ -107,7 +115,9 @@ def states(
     head_grad = (
         0.0
         if ddp_views
-        else mem.head_grad_bytes(s, lora, embeddings, precision, optimizer, sharding, offload)
+        else mem.head_grad_bytes(
+            s, lora, embeddings, held[1] if copies else precision, optimizer, sharding, offload
+        )
     )
     return States(
         trainable, base, weights, grads, opt, opt_temp, accum, buckets, host, head_grad, layout
@@ -139,7 +149,10 @@ def gathered_at_moments(
     frozen fp32 head's, through the loss: `kbit_head_copy_bytes`)."""
     gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
     copies = mem.autocast_copy_bytes(s, lora, autocast, targets, head=launch != Launch.TRL)
-    copies += mem.trained_head_autocast_bytes(s, embeddings, autocast)
+    # autocast runs over fp32 trainable params only (bf16-mixed); the trained copies are fp32
+    # then unless the launch holds them in bf16 (`autofit.layout.embedding_precision`)
+    fp32_copies = embedding_precision(Precision.BF16_MIXED, launch) == Precision.BF16_MIXED
+    copies += mem.trained_head_autocast_bytes(s, embeddings, autocast and fp32_copies)
     head_copy = mem.kbit_head_copy_bytes(s, kbit, autocast)
     at_loss = copies + head_copy
     at_loss += mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)

@@ -5,7 +5,11 @@ of a step, autocast's bf16 copies, the optimizer step's temporaries.
 from __future__ import annotations
 
 from autofit import recipe
-from autofit.estimate.memory.embeddings import trained_largest_tensor, trained_module_params
+from autofit.estimate.memory.embeddings import (
+    trained_embedding_params,
+    trained_largest_tensor,
+    trained_module_params,
+)
 from autofit.estimate.memory.widths import (
     BF16,
     FP32,
@@ -200,6 +204,7 @@ def optimizer_temp_bytes(
     targets: Targets = None, *, impl: str | None = None, offload: str = Offload.NONE,
     trainable: float = 0.0, embeddings: str = TrainEmbeddings.NONE,
     foreach_intermediates: int | None = None, launch: str = Launch.AUTOFIT,
+    embedding_precision: str | None = None,
 ) -> float:  # fmt: skip
     """Intermediates of the optimizer step on the device, by the implementation of torch's AdamW
     the run uses (`impl`, `autofit.recipe.adamw_impl`; None: torchao's low-bit AdamW), each in
@@ -209,22 +214,26 @@ def optimizer_temp_bytes(
     2 x the fp32 embedding of llama-mini on the plain module), as torchao's low-bit step on CPU.
     On a GPU nothing of a step that runs on the host (`offload`), nor of torchao's compiled one.
     Under `launch: trainer` (and `trl`, whose SFTTrainer makes Trainer's optimizer) a full
-    fine-tune's for-loop steps in Trainer's order (`trainer_for_loop_elements`)."""
+    fine-tune's for-loop steps in Trainer's order (`trainer_for_loop_elements`). The trained
+    embedding copies' intermediates are in their own `embedding_precision`'s dtype
+    (`autofit.layout.embedding_precision`; None: the run's)."""
     if impl == OptimizerImpl.FUSED or (
         device != "cpu" and (impl is None or offload != Offload.NONE)
     ):
         return 0.0
     pb = master_bytes(precision, optimizer)
+    epb = master_bytes(embedding_precision or precision, optimizer)
+    copies = trained_embedding_params(s, embeddings)
     if impl == OptimizerImpl.FOREACH:
         if foreach_intermediates is None:
             foreach_intermediates = recipe.ADAMW_IMPLS[OptimizerImpl.FOREACH].intermediates
-        return foreach_intermediates * trainable * pb / shard
+        return foreach_intermediates * ((trainable - copies) * pb + copies * epb) / shard
     per_param = recipe.ADAMW_IMPLS["for-loop"].intermediates
     if launch in HF_LAUNCHES and not lora_rank:
         return trainer_for_loop_elements(s) * pb / shard
     largest = s.largest_lora_matrix(targets) * lora_rank if lora_rank else s.largest_param
     trained = trained_largest_tensor(s, embeddings)
-    return max(per_param * largest * pb / shard, per_param * trained * pb / shard)
+    return max(per_param * largest * pb / shard, per_param * trained * epb / shard)
 
 
 def trainer_for_loop_elements(s: Structure) -> int:
