@@ -30,7 +30,7 @@ from autofit.recipe import (
     trainable_dtype,
 )
 from autofit.rules import fsdp2_only_knob
-from autofit.settings import BNB_SETTINGS, HF_LAUNCHES, targeted
+from autofit.settings import BNB_SETTINGS, HF_LAUNCHES, targeted, trained_token_count
 from autofit.values import (
     Checkpointing,
     Launch,
@@ -155,15 +155,17 @@ def ddp_grad_views(launch: str) -> bool:
     return launch not in HF_LAUNCHES
 
 
-def embedding_precision(precision: str, launch: str) -> str:
-    """The precision the copies of the embedding and LM head that `train_embeddings=full` trains
-    are held in (their weights, gradients and AdamW moments): the run's under autofit's builder,
-    which casts every trainable parameter to the trainable dtype (`builder.apply.cast_trainable`),
-    and pure bf16 under `launch: trainer`, where nothing casts them: peft deep-copies the bf16
-    module into `modules_to_save`, and its `autocast_adapter_dtype` upcasts only the adapter
-    layers (peft 0.21 `cast_adapter_dtype` walks `BaseTunerLayer`s), so fp32 adapters train
-    beside bf16 copies (tests/builder/test_trainer.py reads the dtypes peft gives)."""
-    return Precision.BF16.value if launch in HF_LAUNCHES else precision
+def embedding_precision(precision: str, launch: str, train_embeddings: str) -> str:
+    """The precision what `train_embeddings` trains is held in (its weights, gradients and AdamW
+    moments): the run's under autofit's builder, which casts every trainable parameter to the
+    trainable dtype (`builder.apply.cast_trainable`). Under `launch: trainer` nothing of autofit's
+    casts them, peft does: its `autocast_adapter_dtype` upcasts the adapter layers only (peft
+    0.21 `cast_adapter_dtype` walks `BaseTunerLayer`s), so `full`'s copies, which peft
+    deep-copies from the bf16 modules into `modules_to_save`, stay pure bf16 beside fp32
+    adapters, while `tokens:N`'s rows (a `TrainableTokensLayer`, an adapter layer) are upcast
+    with the adapters (tests/builder/test_embeddings.py reads the dtypes peft gives)."""
+    copies = trained_token_count(train_embeddings) is None
+    return Precision.BF16.value if launch in HF_LAUNCHES and copies else precision
 
 
 def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:
@@ -196,8 +198,6 @@ class Layout:
     adapted: tuple[str, ...] = ()  # the projections with LoRA adapters (`settings.targeted`)
     trains_all: bool = True  # a full fine-tune; else the adapters and `train_embeddings`' modules
     grad_views: bool = True  # DDP's gradients are views into its buckets (`ddp_grad_views`)
-    # the precision `train_embeddings`' trained copies train in (`embedding_precision`)
-    embedding_precision: str = Precision.BF16_MIXED.value
 
     @property
     def fsdp(self) -> bool:
@@ -268,7 +268,6 @@ class Layout:
             adapted=tuple(p for p in projections if targeted(p, lora_targets)) if lora else (),
             trains_all=not lora,
             grad_views=ddp_grad_views(launch),
-            embedding_precision=embedding_precision(precision, launch),
         )  # fmt: skip
 
 

@@ -131,9 +131,8 @@ def _trainer_unsupported(cfg: Config) -> str | None:
     is not measured under Trainer yet), checkpoints every decoder layer or none
     (`activation_checkpointing`; no op-level policy), has no CPU offload of the optimizer,
     compiles the whole model rather than each layer (`torch_compile`), and its `optim` names no
-    for-loop AdamW on a GPU (`adamw_torch` is torch's default: foreach there). Low-bit AdamW,
-    trained token rows (`train_embeddings=tokens:N`) and any trained embeddings under TRL are not
-    measured yet. TRL's own: `_trl_unsupported`."""
+    for-loop AdamW on a GPU (`adamw_torch` is torch's default: foreach there). Low-bit AdamW and
+    trained embeddings under TRL are not measured yet. TRL's own: `_trl_unsupported`."""
     if cfg.launch == Launch.TRL:
         own = _trl_unsupported(cfg)
         if own:
@@ -164,12 +163,10 @@ def _trainer_unsupported(cfg: Config) -> str | None:
             f"optimizer_impl={cfg.optimizer_impl} (Trainer's optim runs torch AdamW fused, "
             "adamw_torch_fused, or with torch's default, adamw_torch: foreach on a GPU)"
         )
-    if cfg.train_embeddings != TrainEmbeddings.NONE and (
-        cfg.launch == Launch.TRL or cfg.train_embeddings != TrainEmbeddings.FULL
-    ):
+    if cfg.train_embeddings != TrainEmbeddings.NONE and cfg.launch == Launch.TRL:
         return (
-            f"train_embeddings={cfg.train_embeddings} (not measured under {cfg.launch} yet; "
-            "train_embeddings=full is, under launch=trainer)"
+            f"train_embeddings={cfg.train_embeddings} (not measured under SFTTrainer yet; "
+            "it is under launch=trainer)"
         )
     if cfg.batching == Batching.PACKED and cfg.launch == Launch.TRAINER:
         return "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer: launch=trl)"

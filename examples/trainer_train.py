@@ -35,10 +35,10 @@ from autofit.models import resolve_model
 def load_model(plan: object, device: str) -> torch.nn.Module:
     """The model as the trial loaded it: a LoRA base frozen in bf16 (a full fine-tune in its
     train dtype: fp32 masters under bf16-mixed), then peft LoRA of the plan's `lora` section,
-    its adapters in fp32 under bf16-mixed (the embedding and head copies `train_embeddings`
-    trains stay bf16, as peft makes them). A QLoRA plan (`quant_backend: bitsandbytes`): loaded
-    by `from_pretrained` with its `BitsAndBytesConfig`, then `prepare_model_for_kbit_training`
-    (`load_qlora`)."""
+    its adapters in fp32 under bf16-mixed (the embedding and head copies `train_embeddings:
+    full` trains stay bf16, as peft makes them; `tokens:N`'s rows are upcast with the adapters).
+    A QLoRA plan (`quant_backend: bitsandbytes`): loaded by `from_pretrained` with its
+    `BitsAndBytesConfig`, then `prepare_model_for_kbit_training` (`load_qlora`)."""
     doc = plan.document  # type: ignore[attr-defined]
     cfg = plan.best.config  # type: ignore[attr-defined]
     mixed = cfg.precision == "bf16-mixed"
@@ -54,7 +54,8 @@ def load_model(plan: object, device: str) -> torch.nn.Module:
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        trained = ("modules_to_save", "ensure_weight_tying")  # train_embeddings=full
+        # what train_embeddings trains: copies (full) or token rows (tokens:N)
+        trained = ("modules_to_save", "ensure_weight_tying", "trainable_token_indices")
         config = LoraConfig(
             r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
             target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM",

@@ -424,7 +424,6 @@ def test_launch_is_a_setting_whose_default_stays_out_of_every_config():
         ({"optimizer": "adamw8bit"}, "optimizer=adamw8bit"),
         ({"optimizer_impl": "for-loop"}, "optimizer_impl=for-loop"),
         ({"wrap": "layer"}, "wrap=layer"),
-        ({"lora_rank": 8, "train_embeddings": "tokens:4"}, "train_embeddings=tokens:4"),
     ],
 )
 def test_launch_trainer_refuses_what_trainer_cannot_run(knobs, named) -> None:  # type: ignore[no-untyped-def]

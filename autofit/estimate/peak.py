@@ -26,7 +26,7 @@ from autofit.estimate import memory as mem
 from autofit.estimate.slack import Slack, StepShape, replay_slack
 from autofit.estimate.state import Gathered, States, gathered_at_moments, states
 from autofit.estimate.terms import reads
-from autofit.layout import LAYOUT_KNOBS, Layout, Sharding, layout_of
+from autofit.layout import LAYOUT_KNOBS, Layout, Sharding, embedding_precision, layout_of
 from autofit.models import ModelSpec
 from autofit.recipe import (
     DTYPE_BYTES,
@@ -309,10 +309,10 @@ def _model_state(
     autocast = st.layout.autocast
     g = gathered(k, st.sharding, autocast)
     # a trained head's gradient exists from its backward on, the last layer's included
+    held = embedding_precision(k.precision, k.launch, k.train_embeddings)
     head_grad = mem.trained_head_grad_bytes(
-        s, k.train_embeddings, st.sharding, st.shard, st.layout.embedding_precision, k.optimizer,
-        accumulates,
-    )  # fmt: skip
+        s, k.train_embeddings, st.sharding, st.shard, held, k.optimizer, accumulates
+    )
     g = g._replace(layer_grads=g.layer_grads + head_grad)
     outside = outsides[st.layout.communicators]
     return _ModelState(st, g, autocast, *_later(st, g, device, workspace, outside))

@@ -59,7 +59,7 @@ def states(
     adapters = mem.trainable_params(s, lora, targets)
     copies = mem.trained_embedding_params(s, embeddings)
     trainable = adapters + copies
-    held = (precision, layout.embedding_precision)  # the copies' own (`Layout.embedding_precision`)
+    held = (precision, embedding_precision(precision, launch, embeddings))
 
     def per_gpu(width: Callable[[str], float]) -> float:
         """Bytes of the trainable parameters at `width(precision)` bytes each, per GPU."""
@@ -107,7 +107,7 @@ def states(
         s, lora, precision, optimizer, device, shard, targets,
         impl=layout.adamw, offload=offload,
         trainable=trainable, embeddings=embeddings, foreach_intermediates=foreach_intermediates,
-        launch=launch, embedding_precision=layout.embedding_precision,
+        launch=launch, embedding_precision=held[1],
     )  # fmt: skip
     # DDP's gradients are views into its buckets (counted), but under `no_sync` autograd makes
     # separate `.grad` tensors, as it always does under HF Trainer's DDP (`Layout.grad_views`)
@@ -151,7 +151,8 @@ def gathered_at_moments(
     copies = mem.autocast_copy_bytes(s, lora, autocast, targets, head=launch != Launch.TRL)
     # autocast runs over fp32 trainable params only (bf16-mixed); the trained copies are fp32
     # then unless the launch holds them in bf16 (`autofit.layout.embedding_precision`)
-    fp32_copies = embedding_precision(Precision.BF16_MIXED, launch) == Precision.BF16_MIXED
+    mixed = Precision.BF16_MIXED.value
+    fp32_copies = embedding_precision(mixed, launch, embeddings) == mixed
     copies += mem.trained_head_autocast_bytes(s, embeddings, autocast and fp32_copies)
     head_copy = mem.kbit_head_copy_bytes(s, kbit, autocast)
     at_loss = copies + head_copy

@@ -59,25 +59,30 @@ def test_trained_weights_are_in_the_trainable_dtype_beside_frozen_bf16_originals
         assert all(b.dtype == torch.bfloat16 for b in originals)  # peft's copy of the rows
 
 
+@pytest.mark.parametrize(("value", "kept"), [("full", "modules_to_save"), ("tokens:5", "token")])
 @pytest.mark.parametrize("name", ["llama-debug", "qwen2-debug"])  # untied, tied head
-def test_under_trainer_peft_keeps_the_copies_bf16_beside_fp32_adapters(name):
-    # launch: trainer builds nothing itself: peft's own `get_peft_model` upcasts the adapters
-    # (autocast_adapter_dtype) and deep-copies the bf16 modules, which stay bf16; that is the
-    # rule the estimate reads (`autofit.layout.embedding_precision`)
+def test_under_trainer_peft_holds_copies_bf16_and_token_rows_fp32(name, value, kept):
+    # launch: trainer builds nothing itself: peft's own `get_peft_model` upcasts its adapter
+    # layers (autocast_adapter_dtype: the LoRA adapters and the trainable token rows) and
+    # deep-copies the bf16 modules for `modules_to_save`, which stay bf16; that is the rule the
+    # estimate reads (`autofit.layout.embedding_precision`)
     from autofit.builder.trainer import trainer_model
     from autofit.export.schema import lora_section
-    from autofit.layout import layout_of
+    from autofit.layout import embedding_precision, layout_of
 
     spec = PRESETS[name]
-    config = Config(lora_rank=4, train_embeddings="full", launch="trainer")
+    config = Config(lora_rank=4, train_embeddings=value, launch="trainer")
     layout = layout_of(config, 1)
-    assert layout.embedding_precision == "bf16" and layout.param_dtype == "fp32"
     model = trainer_model(spec, config, layout, lora_section(config, spec), torch.device("cpu"))
     params = trained(model)
-    copies = {n: p for n, p in params.items() if "lora_" not in n}
-    assert copies and all("modules_to_save" in n for n in copies), list(copies)
-    assert len(copies) == (1 if spec.tied_embeddings else 2)
-    assert {p.dtype for p in copies.values()} == {torch.bfloat16}
+    extra = {n: p for n, p in params.items() if "lora_" not in n}
+    assert extra and all(kept in n for n in extra), list(extra)
+    assert len(extra) == (1 if spec.tied_embeddings else 2)
+    held = {"bf16": torch.bfloat16, "bf16-mixed": torch.float32}[
+        embedding_precision(config.precision, config.launch, value)
+    ]
+    assert {p.dtype for p in extra.values()} == {held}
+    assert held == (torch.bfloat16 if value == "full" else torch.float32)
     assert {p.dtype for n, p in params.items() if "lora_" in n} == {torch.float32}
     # and as many parameters as the estimate counts
     built = sum(p.numel() for p in params.values())
