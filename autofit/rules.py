@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autofit.settings import ADAPTER_SETTINGS, BNB_SETTINGS, HF_LAUNCHES
+from autofit.settings import ADAPTER_SETTINGS, BNB_SETTINGS, HF_LAUNCHES, trained_token_count
 from autofit.values import (
     Batching,
     Checkpointing,
@@ -131,8 +131,8 @@ def _trainer_unsupported(cfg: Config) -> str | None:
     is not measured under Trainer yet), checkpoints every decoder layer or none
     (`activation_checkpointing`; no op-level policy), has no CPU offload of the optimizer,
     compiles the whole model rather than each layer (`torch_compile`), and its `optim` names no
-    for-loop AdamW on a GPU (`adamw_torch` is torch's default: foreach there). Low-bit AdamW and
-    trained embeddings under TRL are not measured yet. TRL's own: `_trl_unsupported`."""
+    for-loop AdamW on a GPU (`adamw_torch` is torch's default: foreach there). Low-bit AdamW is
+    not measured under Trainer yet. TRL's own: `_trl_unsupported`."""
     if cfg.launch == Launch.TRL:
         own = _trl_unsupported(cfg)
         if own:
@@ -163,11 +163,6 @@ def _trainer_unsupported(cfg: Config) -> str | None:
             f"optimizer_impl={cfg.optimizer_impl} (Trainer's optim runs torch AdamW fused, "
             "adamw_torch_fused, or with torch's default, adamw_torch: foreach on a GPU)"
         )
-    if cfg.train_embeddings != TrainEmbeddings.NONE and cfg.launch == Launch.TRL:
-        return (
-            f"train_embeddings={cfg.train_embeddings} (not measured under SFTTrainer yet; "
-            "it is under launch=trainer)"
-        )
     if cfg.batching == Batching.PACKED and cfg.launch == Launch.TRAINER:
         return "batching=packed (Trainer's collators pad; packing is TRL's SFTTrainer: launch=trl)"
     if cfg.wrap in FSDP2_WRAPS:
@@ -178,12 +173,20 @@ def _trainer_unsupported(cfg: Config) -> str | None:
 def _trl_unsupported(cfg: Config) -> str | None:
     """What `launch: trl` refuses beyond Trainer's (TRL 1.16's `SFTTrainer`): any `loss` but
     `standard`, which stands for SFTTrainer's own (a fused LM head over vocabulary tiles, which
-    the estimate counts), and LoRA under pure `bf16`, whose adapters SFTTrainer's peft wrapping
-    keeps in fp32 (peft's `autocast_adapter_dtype`): that is `bf16-mixed`."""
+    the estimate counts), `train_embeddings: tokens:N` (that head cannot run on peft's
+    trainable-token wrapper of the LM head), and LoRA under pure `bf16`, whose adapters
+    SFTTrainer's peft wrapping keeps in fp32 (peft's `autocast_adapter_dtype`): that is
+    `bf16-mixed`."""
     if cfg.loss != Loss.STANDARD:
         return (
             f"loss={cfg.loss} (SFTTrainer computes its own loss, a fused LM head over tiles of "
             "the vocabulary, which loss=standard stands for under launch=trl)"
+        )
+    if trained_token_count(cfg.train_embeddings) is not None:
+        return (
+            f"train_embeddings={cfg.train_embeddings} (SFTTrainer's fused LM head reads the head's "
+            "bias, which peft's trainable-token wrapper of the head does not have: TRL 1.16 "
+            "fails; train_embeddings=full trains under launch=trl)"
         )
     quantized = cfg.quant != Quant.NONE and cfg.quant_backend == QuantBackend.BITSANDBYTES
     if cfg.is_lora and not quantized and cfg.precision == Precision.BF16:

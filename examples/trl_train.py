@@ -53,13 +53,16 @@ def load_model(plan: object, arguments: dict, device: str, folder: str) -> torch
 
 
 def lora_config(plan: object) -> LoraConfig | None:
-    """peft's LoraConfig of the plan's `lora` section (None for a full fine-tune)."""
+    """peft's LoraConfig of the plan's `lora` section (None for a full fine-tune), with the
+    embedding and head copies `train_embeddings: full` trains (`modules_to_save`)."""
     lora = plan.document.get("lora")  # type: ignore[attr-defined]
     if not lora:
         return None
+    trained = ("modules_to_save", "ensure_weight_tying")
     return LoraConfig(
         r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
         target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM",
+        **{key: lora[key] for key in trained if key in lora},
     )  # fmt: skip
 
 

@@ -521,7 +521,7 @@ def test_every_word_a_config_takes_is_a_member_of_its_declared_enum():
         ({"wrap": "layer"}, "wrap=layer"),
         ({"loss": "chunked"}, "loss=chunked (SFTTrainer computes its own loss"),
         ({"lora_rank": 8, "precision": "bf16"}, "precision=bf16 with LoRA"),
-        ({"lora_rank": 8, "train_embeddings": "full"}, "train_embeddings=full"),
+        ({"lora_rank": 8, "train_embeddings": "tokens:4"}, "train_embeddings=tokens:4"),
     ],
 )
 def test_launch_trl_refuses_what_sfttrainer_cannot_run_as_counted(knobs, named) -> None:  # type: ignore[no-untyped-def]

@@ -116,8 +116,9 @@ def test_a_trl_launch_export_trains_where_its_trial_peaked(tmp_path):
 
     spec = resolve_model("llama-debug")
     space = tmp_path / "trl_space.yaml"  # not in examples/: its traces are not shipped
-    space.write_text(
-        "seq_len: 64\nlaunch: trl\nknobs:\n  quant: [none]\n  lora_rank: [8]\n"
+    space.write_text(  # the embedding and head trained too: peft's copies through SFTTrainer
+        "seq_len: 64\nlaunch: trl\ntrain_embeddings: full\nknobs:\n  quant: [none]\n"
+        "  lora_rank: [8]\n"
         "  micro_batch: [2]\n  wrap: [none]\n  checkpointing: [none]\n  batching: [packed]\n"
     )
     hist = read_length_file(ROOT / "examples" / "instruct_lengths.json")
@@ -127,7 +128,7 @@ def test_a_trl_launch_export_trains_where_its_trial_peaked(tmp_path):
     ))  # fmt: skip
     assert plan.best is not None
     cfg = plan.best.config
-    assert (cfg.launch, cfg.batching) == ("trl", "packed")
+    assert (cfg.launch, cfg.batching, cfg.train_embeddings) == ("trl", "packed", "full")
     paths = plan.export("trainer", tmp_path / "args.json")
     arguments = json.loads(paths[0].read_text())
     assert arguments["packing"] is True and arguments["packing_strategy"] == "bfd"

@@ -453,7 +453,7 @@ def _activations(
         k.lora_dropout, k.loss, k.launch, kbit
     )  # fmt: skip
     head_at_loss, head_in_forward = mem.trained_head_loss_bytes(
-        s, k.micro_batch, k.seq_len, k.train_embeddings, k.loss
+        s, k.micro_batch, k.seq_len, k.train_embeddings, mem.traced_loss(k.loss, k.launch)
     )
     # the head's backward runs on its output's bf16 gradient, once the fp32 loss tensors over
     # the vocabulary are freed (the chunked loss computes the head's gradient itself)
@@ -491,7 +491,10 @@ def _trl_head(k: Any, s: Structure, device: str, autocast: bool) -> mem.FusedHea
     bf16 otherwise), the head trained in a full fine-tune, Triton's folds on CUDA."""
     rows, width = mem.collated_rows(k.micro_batch, k.seq_len, k.batching == Batching.PACKED)
     width_bytes = mem.FP32 if autocast and not k.lora_rank else mem.BF16
+    # a LoRA run trains the head too where `train_embeddings: full` copies it (peft's bf16
+    # copy, `embedding_precision`)
+    copies = k.train_embeddings == TrainEmbeddings.FULL
     return mem.fused_head_bytes(
-        rows, width, s.hidden, s.vocab, width_bytes, width_bytes, not k.lora_rank,
+        rows, width, s.hidden, s.vocab, width_bytes, width_bytes, not k.lora_rank or copies,
         device == "cuda",
     )  # fmt: skip

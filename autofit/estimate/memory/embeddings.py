@@ -9,7 +9,7 @@ from autofit.errors import ConfigError
 from autofit.estimate.memory.widths import BF16, FP32, grad_bytes, traced_loss
 from autofit.layout import Sharding
 from autofit.settings import trained_token_count, trained_tokens_error
-from autofit.structure import Structure
+from autofit.structure import TRL_LOSS, Structure
 from autofit.values import Loss, TrainEmbeddings
 
 
@@ -95,8 +95,13 @@ def trained_head_loss_bytes(
       forward;
     - `chunked` (and Liger's `fused`, counted as it): the fp32 sum of the head weight's gradient,
       vocab x hidden, from the loss's forward through its backward (`autofit.builder.loss`; as
-      `head_grad_sum_bytes` for a full fine-tune)."""
-    if train_embeddings == TrainEmbeddings.NONE:
+      `head_grad_sum_bytes` for a full fine-tune);
+    - TRL's fused head (`TRL_LOSS`, `launch: trl`): nothing here, its function keeps its input
+      whatever trains and makes the weight's fp32 gradient in its backward
+      (`autofit.estimate.memory.trl.fused_head_bytes`, told the head trains).
+
+    `loss` is the loss the trace runs (`traced_loss`)."""
+    if train_embeddings == TrainEmbeddings.NONE or loss == TRL_LOSS:
         return 0.0, 0.0
     head = trained_module_params(s, "full")  # the head's whole weight, vocab x hidden
     merged = head * BF16 if trained_token_count(train_embeddings) is not None else 0.0
