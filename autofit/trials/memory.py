@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -225,3 +226,10 @@ def cap_cuda(gpu_memory: int | None, device: torch.device, outside: int = 0) -> 
 def host_peak_bytes() -> int:
     """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def all_reduce(t: torch.Tensor, op: Any) -> None:
+    """`dist.all_reduce` over the launch's ranks (a trial's measurements: the fullest rank's
+    peak, every rank's tokens, the slowest step); nothing to do with no group (one rank)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=op)

@@ -55,6 +55,7 @@ from autofit.settings import HF_LAUNCHES
 from autofit.trials.budget import SLOW_FACTOR, SLOW_MIN_S, warmup_steps
 from autofit.trials.memory import (
     TensorTracker,
+    all_reduce,
     cap_cuda,
     device_used_bytes,
     host_peak_bytes,
@@ -216,12 +217,6 @@ def needs_group(configs: list[dict[str, Any]], world: int) -> bool:
     """Whether a launch of `configs` on `world` ranks joins a process group: on several ranks,
     or where one of its configs' layouts has a communicator (FSDP2 on one GPU)."""
     return world > 1 or any(layout_of(Config.from_dict(c), world).communicators for c in configs)
-
-
-def all_reduce(t: torch.Tensor, op: Any) -> None:
-    """`dist.all_reduce` over the launch's ranks; nothing to do with no group (one rank)."""
-    if dist.is_initialized():
-        dist.all_reduce(t, op=op)
 
 
 def release(device: torch.device) -> None:

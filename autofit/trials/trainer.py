@@ -42,7 +42,7 @@ from autofit.export.schema import lora_section
 from autofit.layout import layout_of
 from autofit.models import ModelSpec
 from autofit.trials.budget import SLOW_FACTOR, SLOW_MIN_S, warmup_steps
-from autofit.trials.memory import TensorTracker, device_used_bytes, host_peak_bytes
+from autofit.trials.memory import TensorTracker, all_reduce, device_used_bytes, host_peak_bytes
 
 TRIAL_ARGUMENTS: dict[str, Any] = {
     "save_strategy": "no",
@@ -315,8 +315,6 @@ def _launch_peaks(
 def _over_ranks(values: list[Any], device: torch.device, op: Any) -> list[float]:
     """`values` (bytes, tokens, seconds) reduced by `op` over the launch's ranks, in float64 (as
     they are with no process group)."""
-    if not dist.is_initialized():
-        return [float(v) for v in values]
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=op)
+    all_reduce(t, op)
     return [float(v) for v in t.tolist()]
