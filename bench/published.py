@@ -869,6 +869,8 @@ def _print_qwen_readings(rows: list[dict[str, str]], source: str | None, used: s
         compared, _, _ = run(rows, source, name)
         label = f"{name} x{gib:.4f}" + ("" if gib <= bound else " impossible")
         print(_stat_line(label, stats([c.error for c in compared if c.primary])))
+        own = [c.error for c in compared if c.primary and not c.stand_in]
+        print(_stat_line("  read as their launch", stats(own)))
 
 
 def _ranges(rows: list[int]) -> str:
