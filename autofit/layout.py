@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_WRAP", "LAYOUT_KNOBS", "Layout", "Sharding", "ddp_grad_views", "embedding_precision",
-    "layout_of", "mesh_shape", "resolve_wrap", "sharding_for", "uses_autocast",
+    "embeddings_cast", "layout_of", "mesh_shape", "resolve_wrap", "sharding_for", "uses_autocast",
     "wrap_group_size", "wrap_unit_count", "wrap_units",
 ]  # fmt: skip
 
@@ -155,17 +155,22 @@ def ddp_grad_views(launch: str) -> bool:
     return launch not in HF_LAUNCHES
 
 
+def embeddings_cast(launch: str, train_embeddings: str) -> bool:
+    """Whether what `train_embeddings` trains is held in the run's trainable dtype: under
+    autofit's builder, which casts every trainable parameter to it (`builder.apply.cast_trainable`),
+    and for `tokens:N`'s rows under `launch: trainer`/`trl` too, where peft does the casting: its
+    `autocast_adapter_dtype` upcasts the adapter layers (peft 0.21 `cast_adapter_dtype` walks
+    `BaseTunerLayer`s), a `TrainableTokensLayer` among them. Not `full`'s copies there: peft
+    deep-copies them from the bf16 modules into `modules_to_save` and they stay pure bf16 beside
+    fp32 adapters (tests/builder/test_embeddings.py reads the dtypes peft gives)."""
+    return launch not in HF_LAUNCHES or trained_token_count(train_embeddings) is not None
+
+
 def embedding_precision(precision: str, launch: str, train_embeddings: str) -> str:
     """The precision what `train_embeddings` trains is held in (its weights, gradients and AdamW
-    moments): the run's under autofit's builder, which casts every trainable parameter to the
-    trainable dtype (`builder.apply.cast_trainable`). Under `launch: trainer` nothing of autofit's
-    casts them, peft does: its `autocast_adapter_dtype` upcasts the adapter layers only (peft
-    0.21 `cast_adapter_dtype` walks `BaseTunerLayer`s), so `full`'s copies, which peft
-    deep-copies from the bf16 modules into `modules_to_save`, stay pure bf16 beside fp32
-    adapters, while `tokens:N`'s rows (a `TrainableTokensLayer`, an adapter layer) are upcast
-    with the adapters (tests/builder/test_embeddings.py reads the dtypes peft gives)."""
-    copies = trained_token_count(train_embeddings) is None
-    return Precision.BF16.value if launch in HF_LAUNCHES and copies else precision
+    moments): the run's `precision` where it is cast to the trainable dtype (`embeddings_cast`),
+    else pure bf16 (peft's copies under Trainer)."""
+    return precision if embeddings_cast(launch, train_embeddings) else Precision.BF16.value
 
 
 def uses_autocast(precision: str, optimizer: str, sharding: Sharding) -> bool:

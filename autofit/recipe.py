@@ -261,6 +261,12 @@ def embedding_peft_options(
     return {"trainable_token_indices": {name: ids for name in modules}}
 
 
+EMBEDDING_PEFT_OPTIONS = ("modules_to_save", "ensure_weight_tying", "trainable_token_indices")
+"""Every key `embedding_peft_options` can return, each a `LoraConfig` argument of that name: what
+a reader of an export's `lora` section passes on to peft beside the rank, alpha, dropout and
+targets (`autofit.builder.trainer.lora_config`)."""
+
+
 # ----- activation checkpointing ------------------------------------------------------------------
 @lru_cache(maxsize=256)
 def checkpointed_layers(checkpointing: str, n_layers: int) -> tuple[int, ...]:

@@ -350,7 +350,7 @@ class Compared:
     overhead_gib: dict[str, float] = field(default_factory=dict)
     within_capacity: bool = True
     named: str = ""  # the framework behaviour autofit does not launch that the gap comes from
-    stand_in: bool = False  # autofit's launch estimated in place of the row's own (`Mapped`)
+    stand_in: str = ""  # why autofit's launch is estimated in place of the row's own (`Mapped`)
 
 
 @dataclass
@@ -660,7 +660,7 @@ def compare_row(m: Mapped) -> tuple[list[Compared], Throughput | None, Any]:
         out.append(Compared(
             m.row, m.source, m.label, m.n_gpus, m.path, config, metric, primary, measured,
             round(value, 3), value / measured - 1, est.peak_phase, gib, over,
-            bool(est.within_capacity), named_behaviour(m), bool(m.stand_in),
+            bool(est.within_capacity), named_behaviour(m), m.stand_in,
         ))  # fmt: skip
     tps = None
     if m.tps:
@@ -760,12 +760,12 @@ def print_report(
         print(
             f"{c.row:>3} {c.source:<6} {c.label[:10]:<10} {c.n_gpus:>3} {c.path:<5} "
             f"{c.config[:34]:<34} {metric:<7} {c.measured_gib:>6.2f} {c.estimate_gib:>6.2f} "
-            f"{_pct(c.error):>7}{' S' if c.stand_in else ''}{'N' if c.named else ''}"
+            f"{_pct(c.error):>7}{_marks(c)}"
         )
     print(line)
     print("alloc: max_memory_allocated; device: device-level (nvidia-smi, or Qwen's unknown 'G');")
     print("device+: the run's nvidia-smi peak from `notes` (fms), a second comparison of the row")
-    notes = [f"S: {FMS_STAND_IN}"] if any(c.stand_in for c in compared) else []
+    notes = [f"S: {text}" for text in sorted({c.stand_in for c in compared if c.stand_in})]
     notes += [f"N: {text}" for text in sorted({c.named for c in compared if c.named})]
     for text in notes:
         for part in textwrap.wrap(text, 99, subsequent_indent="   "):
@@ -776,6 +776,12 @@ def print_report(
     _print_speeds(speeds)
     print()
     _print_excluded(excluded)
+
+
+def _marks(c: Compared) -> str:
+    """' S', ' N', ' SN' or '': a stand-in's and a named behaviour's marks of a table row."""
+    marks = ("S" if c.stand_in else "") + ("N" if c.named else "")
+    return f" {marks}" if marks else ""
 
 
 def _stat_line(name: str, s: dict[str, Any]) -> str:
@@ -866,11 +872,10 @@ def _print_qwen_readings(rows: list[dict[str, str]], source: str | None, used: s
     print(f"  {'reading (GiB per G)':<22} {'n':>4} {'median':>9} {'p90':>9} {'worst':>9} "
           f"{'under>10%':>10}")  # fmt: skip
     for name, gib in QWEN_G_GIB.items():
-        compared, _, _ = run(rows, source, name)
+        overall = summary(run(rows, source, name)[0])["overall"]
         label = f"{name} x{gib:.4f}" + ("" if gib <= bound else " impossible")
-        print(_stat_line(label, stats([c.error for c in compared if c.primary])))
-        own = [c.error for c in compared if c.primary and not c.stand_in]
-        print(_stat_line("  read as their launch", stats(own)))
+        print(_stat_line(label, overall["rows"]))
+        print(_stat_line("  read as their launch", overall["own_launch"]))
 
 
 def _ranges(rows: list[int]) -> str:

@@ -23,6 +23,7 @@ from autofit.builder.dtypes import TORCH_DTYPES
 from autofit.config import Config
 from autofit.layout import Layout
 from autofit.models import ModelSpec
+from autofit.recipe import EMBEDDING_PEFT_OPTIONS
 from autofit.values import Checkpointing
 
 
@@ -77,14 +78,9 @@ def as_loaded_in_4bit(model: nn.Module, layout: Layout, device: torch.device) ->
     return model
 
 
-EMBEDDING_OPTIONS = ("modules_to_save", "ensure_weight_tying", "trainable_token_indices")
-"""The `lora` section's keys that train embeddings (`autofit.recipe.embedding_peft_options`),
-each a `LoraConfig` argument of the same name."""
-
-
 def lora_config(lora: dict[str, Any]) -> Any:
     """peft's `LoraConfig` of the export's `lora` section (rank, alpha, dropout, targets, and
-    the modules `train_embeddings` trains: `EMBEDDING_OPTIONS`)."""
+    the modules `train_embeddings` trains: `recipe.EMBEDDING_PEFT_OPTIONS`)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -94,7 +90,7 @@ def lora_config(lora: dict[str, Any]) -> Any:
         target_modules=lora["target_modules"],
         bias="none",
         task_type="CAUSAL_LM",
-        **{key: lora[key] for key in EMBEDDING_OPTIONS if key in lora},
+        **{key: lora[key] for key in EMBEDDING_PEFT_OPTIONS if key in lora},
     )
 
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from autofit.estimate import memory as mem
-from autofit.layout import Layout, Sharding, embedding_precision
+from autofit.layout import Layout, Sharding, embedding_precision, embeddings_cast
 from autofit.recipe import Bnb4bit, base_stays_whole
 from autofit.structure import Structure
-from autofit.values import Launch, Offload, Precision, TrainEmbeddings
+from autofit.values import Launch, Offload, TrainEmbeddings
 
 __all__ = ["Gathered", "States", "gathered_at_moments", "states"]
 
@@ -149,11 +149,11 @@ def gathered_at_moments(
     frozen fp32 head's, through the loss: `kbit_head_copy_bytes`)."""
     gathered = mem.gathered_bytes(s, quant, lora, wrap, reshard, sharding, targets)
     copies = mem.autocast_copy_bytes(s, lora, autocast, targets, head=launch != Launch.TRL)
-    # autocast runs over fp32 trainable params only (bf16-mixed); the trained copies are fp32
-    # then unless the launch holds them in bf16 (`autofit.layout.embedding_precision`)
-    mixed = Precision.BF16_MIXED.value
-    fp32_copies = embedding_precision(mixed, launch, embeddings) == mixed
-    copies += mem.trained_head_autocast_bytes(s, embeddings, autocast and fp32_copies)
+    # autocast runs over fp32 trainable params only: a trained head copy is one of them where
+    # it is held in the trainable dtype (`autofit.layout.embeddings_cast`), not peft's bf16 copy
+    copies += mem.trained_head_autocast_bytes(
+        s, embeddings, autocast and embeddings_cast(launch, embeddings)
+    )
     head_copy = mem.kbit_head_copy_bytes(s, kbit, autocast)
     at_loss = copies + head_copy
     at_loss += mem.gathered_at_loss_bytes(s, quant, lora, wrap, reshard, sharding, targets)
