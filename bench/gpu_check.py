@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py [--out DIR] [--only replay,int8,plan,tests] [--budget-s 420]
     python bench/gpu_check.py --device cpu --quick      # the same code on CPU (the suite runs it)
+    python bench/gpu_check.py --only probe,replay --budget-s 400   # issue 33's next GPU run
 
 Made for a lent GPU (one H100/H200, minutes of device time): every section has a budget, printed
 before anything starts, and is stopped at it (trials by their limit and an abort, the rest as
@@ -21,6 +22,16 @@ Sections:
 - `plan`: the README's main job, `autofit plan --gpus auto --model llama-7b`, bounded by
   `--search-timeout`: its winner, what it measured, what it left untried.
 - `tests`: `pytest -m gpu` (skipped with `--quick`).
+- `probe` (issue 33, not run unless named: `--only probe,...`): what the rows above leave open, in
+  one process. Host-bound steps (llama-7b NF4 and bf16 LoRA r64 at micro-batch 1) timed step by
+  step, forward, backward and the optimizer apart, beside the aten ops each phase dispatches
+  (counted on the GPU at real width, and as the estimate counts them): the host's cost per op,
+  and how it spreads within a run. And the caching allocator's own record of a step
+  (`torch.cuda.memory._record_memory_history`, `probe-<case>.pickle.gz`) of the QLoRA
+  `offload: params` row the estimate is 2.5-3.4% under (e5) and of its plain-module twin (a0):
+  every block's birth and death and the segments at the end, for torch's memory viewer
+  (pytorch.org/memory_viz) and for a replay through autofit's allocator model
+  (`autofit.estimate.allocator`) beside the estimate's own replay (`autofit.estimate.slack`).
 
 With `--device cpu --quick` every section runs on `llama-debug` at seq 128 on CPU processes (one
 replayed config per path: plain LoRA, NF4, full, each way of param offload; int8 eager and
@@ -48,14 +59,15 @@ sys.path.insert(0, str(ROOT))
 from autofit.units import GiB  # noqa: E402
 
 REPLAY_FILE = sorted((ROOT / "bench/data/gpu-measurements").glob("autofit-h200-*.json"))[-1]
-SECTIONS = ("replay", "int8", "plan", "tests")
+SECTIONS = ("replay", "int8", "plan", "tests", "probe")
+DEFAULT_SECTIONS = ("replay", "int8", "plan", "tests")
 # Seconds per section on a GPU (the sum is the promise: 7 minutes): replay's 11 trials in a launch
 # per model and process group (182 s on the H200, 2026-11-28; 95 s stopped it at the sixth) and
 # the two of other launches,
 # int8's six short runs, a bounded plan, and the GPU tests (75 s). --budget-s scales them down
 # when it is smaller; a section that ends early leaves its time to the next.
-GPU_BUDGET_S = {"replay": 210.0, "int8": 45.0, "plan": 100.0, "tests": 65.0}
-CPU_BUDGET_S = {"replay": 90.0, "int8": 60.0, "plan": 90.0, "tests": 0.0}
+GPU_BUDGET_S = {"replay": 210.0, "int8": 45.0, "plan": 100.0, "tests": 65.0, "probe": 150.0}
+CPU_BUDGET_S = {"replay": 90.0, "int8": 60.0, "plan": 90.0, "tests": 0.0, "probe": 60.0}
 # Of the plan's section, what its search time limit leaves for the rest: a cold trace of the
 # model's layer (29 s for llama-7b on the H200), the trial running at the limit and the
 # verification after it (a 7B trial on one H200 takes 40-60 s).
@@ -287,6 +299,146 @@ def int8_child(args: argparse.Namespace) -> None:
             torch.cuda.empty_cache()
 
 
+PROBE_CASES: tuple[tuple[str, dict[str, Any], bool], ...] = (
+    ("e5 memory", {"quant": "nf4", "lora_rank": 64, "micro_batch": 2, "wrap": "auto",
+                   "checkpointing": "full", "offload": "params", "seq_len": 2048}, True),
+    ("a0 host", {"quant": "nf4", "lora_rank": 64, "micro_batch": 1, "wrap": "none",
+                 "checkpointing": "full", "seq_len": 2048}, True),
+    ("a2 host", {"lora_rank": 64, "micro_batch": 1, "wrap": "none", "checkpointing": "full",
+                 "seq_len": 2048}, False),
+)  # fmt: skip
+"""(name, llama-7b config, whether the allocator's record of a step is kept) of `probe`."""
+PROBE_STEPS = (2, 6)  # warm-up steps, timed steps
+
+
+def probe_child(args: argparse.Namespace) -> None:
+    """In its own process (the parent kills it at the section's deadline): each `PROBE_CASES`
+    config built as a trial builds it, in a one-rank process group where its job has one (the
+    trials' own `join_group`), warmed up, then each step timed by phase, one step's ops counted
+    by phase, and where asked the allocator's record of one step dumped; a row per case appended
+    to `probe.jsonl`."""
+    import importlib
+
+    import torch
+
+    from autofit.arch import structure_of
+    from autofit.builder.apply import build_for_trial
+    from autofit.config import Config
+    from autofit.estimate import estimate
+    from autofit.hardware import cpu_hardware, resolve_hardware
+    from autofit.layout import layout_of
+    from autofit.models import resolve_model
+    from autofit.trials.rank import join_group, release
+
+    step_terms = importlib.import_module("autofit.estimate.step")  # (the name `estimate` is taken)
+    cpu = args.device == "cpu"
+    spec = resolve_model("llama-debug" if args.quick else "llama-7b")
+    configs = [Config.from_dict({**c, **({"seq_len": 128} if args.quick else {})})
+               for _, c, _ in PROBE_CASES]  # fmt: skip
+    group = any(layout_of(c, 1).communicators for c in configs)
+    device, _ = join_group(args.device, 0, 1, None, group)
+    hardware = cpu_hardware(1) if cpu else resolve_hardware("1")
+    out = Path(args.out)
+    warmup, timed = (1, 2) if args.quick else PROBE_STEPS
+    for (name, _, keep), config in zip(PROBE_CASES, configs, strict=True):
+        torch.manual_seed(0)
+        run = build_for_trial(spec, config, device)
+        batch = torch.randint(0, spec.vocab, (config.micro_batch, config.seq_len), device=device)
+        for _ in range(warmup):
+            run.train_step([batch])
+        phases = [probe_step(run, batch, device) for _ in range(timed)]
+        ops = probe_ops(run, batch, device)
+        row: dict[str, Any] = {"section": "probe", "name": f"{spec.name} {name}",
+                               "config": config.to_dict(), "status": "ok",
+                               "phases_s": phases, "ops": ops}  # fmt: skip
+        if keep and not cpu:
+            row.update(probe_record(run, batch, device, out / f"probe-{name.split()[0]}"))
+        est = estimate(spec, hardware, config, device=args.device)
+        layer, root = step_terms._host_ops(config.resolved(1), structure_of(spec), spec, 1)
+        row["est_ops"] = structure_of(spec).layers * layer + root
+        steps = sorted(p["step"] for p in phases)
+        row.update(step_time_s=steps[len(steps) // 2], est_step_time_s=est.step_time_s,
+                   host_us_per_op=steps[len(steps) // 2] / max(sum(ops.values()), 1) * 1e6,
+                   est_peak_gib=est.peak_bytes / GiB)  # fmt: skip
+        with (out / "probe.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        del run
+        release(device)
+
+
+def probe_step(run: Any, batch: Any, device: Any) -> dict[str, float]:
+    """One optimizer step as `Applied.train_step` runs it (one micro-batch), each phase's wall
+    time as the host sees it (the GPU may still be working when a phase returns), and the whole
+    step's after the device is done."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    with run.gradient_sync(True):
+        loss = run.loss(batch)
+        t1 = time.perf_counter()
+        loss.backward()
+    t2 = time.perf_counter()
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    t3 = time.perf_counter()
+    sync()
+    t4 = time.perf_counter()
+    return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "step": t4 - t0}
+
+
+def probe_ops(run: Any, batch: Any, device: Any) -> dict[str, int]:
+    """The aten ops one step dispatches, by phase, counted as `autofit.arch.ops_of` counts
+    them (`OpCounter`), on the device at the model's own width."""
+    from autofit.builder.ops import OpCounter
+
+    counters = {k: OpCounter() for k in ("forward", "backward", "optimizer")}
+    with run.gradient_sync(True):
+        with counters["forward"]:
+            loss = run.loss(batch)
+        with counters["backward"]:
+            loss.backward()
+    with counters["optimizer"]:
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    return {k: c.ops for k, c in counters.items()}
+
+
+def probe_record(run: Any, batch: Any, device: Any, stem: Path) -> dict[str, Any]:
+    """One step under the caching allocator's record (`_record_memory_history`, no stacks), its
+    snapshot gzipped to `stem.pickle.gz`; the step's peaks and the allocator's counters."""
+    import gzip
+    import pickle
+
+    import torch
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=2_000_000)  # fmt: skip
+    try:
+        run.train_step([batch])
+        torch.cuda.synchronize(device)
+        snapshot = torch.cuda.memory._snapshot(device)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    path = stem.with_suffix(".pickle.gz")
+    with gzip.open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    stats = torch.cuda.memory_stats(device)
+    keep = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "segment.all.peak",
+            "inactive_split_bytes.all.peak", "num_alloc_retries", "num_device_alloc")  # fmt: skip
+    return {"record": path.name, "peak_gib": torch.cuda.max_memory_reserved(device) / GiB,
+            "allocated_gib": torch.cuda.max_memory_allocated(device) / GiB,
+            "allocator": {k: stats.get(k) for k in keep}}  # fmt: skip
+
+
+def run_probe(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # as trials run
+    run_child(args, rows, deadline, "probe", [], "probe", env=env)
+
+
 def profile_step(run: Any, batch: Any, cpu: bool) -> list[tuple[str, float]]:
     """The five ops (kernels on CUDA) that took the most device time in one step: (name, ms)."""
     import torch
@@ -303,30 +455,30 @@ def profile_step(run: Any, batch: Any, cpu: bool) -> list[tuple[str, float]]:
 
 
 def run_int8(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
+    run_child(args, rows, deadline, "int8", ["--int8-layers", str(args.int8_layers)], "int8 probe")
+
+
+def run_child(
+    args: argparse.Namespace, rows: Rows, deadline: float, section: str, extra: list[str],
+    name: str, **kwargs: Any,
+) -> None:  # fmt: skip
+    """A section's cases run by this script in a child process (`--<section>-child`) until the
+    deadline: the rows it appended to `<section>.jsonl`, then a row saying why it stopped
+    early, if it did (its output in `<section>.log`)."""
     out = Path(args.out)
-    jsonl = out / "int8.jsonl"
+    jsonl = out / f"{section}.jsonl"
     jsonl.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        __file__,
-        "--int8-child",
-        "--device",
-        args.device,
-        "--out",
-        str(out),
-        "--int8-layers",
-        str(args.int8_layers),
-        *(["--quick"] if args.quick else []),
-    ]
-    with (out / "int8.log").open("w") as log:
-        code = run_until(cmd, deadline, stdout=log, stderr=subprocess.STDOUT)
+    cmd = [sys.executable, __file__, f"--{section}-child", "--device", args.device,
+           "--out", str(out), *extra, *(["--quick"] if args.quick else [])]  # fmt: skip
+    with (out / f"{section}.log").open("w") as log:
+        code = run_until(cmd, deadline, stdout=log, stderr=subprocess.STDOUT, **kwargs)
     done = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
     for row in done:
         rows.add(row)
     if code != 0:
         status = "stopped" if code is None else "error"
-        note = f"{len(done)} cases ran; see int8.log"
-        rows.add({"section": "int8", "name": "int8 probe", "status": status, "note": note})
+        note = f"{len(done)} cases ran; see {section}.log"
+        rows.add({"section": section, "name": name, "status": status, "note": note})
 
 
 # ----- the main job and the GPU tests, as processes ---------------------------------------------
@@ -403,6 +555,7 @@ def run_tests(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
 
 RUNNERS: dict[str, Callable[[argparse.Namespace, Rows, float], None]] = {
     "replay": run_replay, "int8": run_int8, "plan": run_plan, "tests": run_tests,
+    "probe": run_probe,
 }  # fmt: skip
 
 
@@ -433,16 +586,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="llama-debug at seq 128 (CPU smoke)")
-    parser.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
+                        help=f"sections, comma-separated, of {', '.join(SECTIONS)}")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=420.0, help="the whole run's limit")
     parser.add_argument("--trial-timeout", type=float, default=90.0)
     parser.add_argument("--int8-layers", type=int, default=4)
     parser.add_argument("--out", default=os.environ.get("OUT") or "autofit-runs/gpu-check")
     parser.add_argument("--int8-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.int8_child:
         int8_child(args)
+        return 0
+    if args.probe_child:
+        probe_child(args)
         return 0
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]

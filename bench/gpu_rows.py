@@ -22,9 +22,10 @@ start one only where the job has one, `Layout.communicators`); tokens/s (the who
 `tokens_per_s`. Error = (estimate - measured) / measured.
 
 Prints one table (80 columns: a row's model and config, then its numbers), the median error, the
-median |error| and the worst per column, and the rows that ran out of memory or did not run, each
-with whether the estimate foresaw the OOM (its device level above the cap). `--json` writes every
-row. `tests/test_gpu_rows.py` holds what it prints to the files.
+median |error| and the worst per column, the tokens/s of each config that ran in several files
+(their spread, and the estimate against their median), and the rows that ran out of memory or
+did not run, each with whether the estimate foresaw the OOM (its device level above the cap).
+`--json` writes every row. `tests/test_gpu_rows.py` holds what it prints to the files.
 """
 
 from __future__ import annotations
@@ -230,6 +231,57 @@ def summary_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
+def same_configs(rows: list[Row]) -> list[dict[str, Any]]:
+    """The configs that ran in more than one file (the same trial again, minutes or a day
+    apart), each with its rows' measured tokens/s, their spread (largest / smallest - 1), their
+    median and the estimate's error against that median: how far one run is from another,
+    beside how far the estimate is from their middle."""
+    by: dict[str, list[Row]] = {}
+    for r in rows:
+        if ran(r) and r.measured.get("tokens_per_s"):
+            by.setdefault(r.label, []).append(r)
+    out = []
+    for label, group in by.items():
+        if len(group) < 2:
+            continue
+        measured = [r.measured["tokens_per_s"] for r in group]
+        middle = statistics.median(measured)
+        estimate = group[0].estimated["tokens_per_s"]
+        out.append({
+            "label": label, "ids": [r.id for r in group], "tokens_per_s": measured,
+            "spread": max(measured) / min(measured) - 1, "median": middle,
+            "estimate": estimate, "error": (estimate - middle) / middle,
+        })  # fmt: skip
+    return out
+
+
+def same_config_lines(rows: list[Row]) -> list[str]:
+    found = same_configs(rows)
+    if not found:
+        return []
+    lines = [
+        "",
+        "Tokens/s of the configs measured in several runs",
+        "(spread = largest / smallest - 1; error = (estimate - median) / median):",
+        f"{'runs':<16}{'min':>8}{'max':>8}{'spread':>8}{'median':>8}{'est':>8}{'err':>7}",
+    ]
+    for c in found:
+        lines.append(f"{c['label']}"[:80])
+        ids = ",".join(c["ids"])
+        lines.append(
+            f"  {ids:<14}{min(c['tokens_per_s']):>8,.0f}{max(c['tokens_per_s']):>8,.0f}"
+            f"{c['spread'] * 100:>7.0f}%{c['median']:>8,.0f}{c['estimate']:>8,.0f}"
+            f"{_pct(c['error'], 7, digits=1)}"
+        )
+    worst = max(found, key=lambda c: abs(c["error"]))
+    widest = max(found, key=lambda c: c["spread"])
+    lines.append(
+        f"worst error against a median {worst['error'] * 100:+.1f}% ({worst['ids'][0]}...); "
+        f"widest spread {widest['spread'] * 100:.0f}% ({widest['ids'][0]}...)"
+    )
+    return lines
+
+
 def _letter(rows: list[Row], file: str) -> str:
     return next(r.id[0] for r in rows if r.file == file)
 
@@ -263,6 +315,7 @@ def report(rows: list[Row]) -> str:
     lines.append("")
     lines += table(rows)
     lines += summary_lines(rows)
+    lines += same_config_lines(rows)
     lines += not_run_lines(rows)
     return "\n".join(lines)
 
@@ -278,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = estimate_rows(load_rows())
     print(report(rows))
     if args.json:
-        doc = {"rows": [asdict(r) for r in rows], "stats": stats(rows)}
+        doc = {"rows": [asdict(r) for r in rows], "stats": stats(rows),
+               "same_configs": same_configs(rows)}  # fmt: skip
         Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0
 

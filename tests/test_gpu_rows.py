@@ -156,6 +156,33 @@ def test_no_device_level_is_under_estimated_by_more_than_3_percent(printed):
         assert r.errors["device"] >= -0.03, (r.id, r.label, r.errors["device"])
 
 
+def test_the_configs_run_several_times_are_the_files_own(printed):
+    """The same config in several runs, as the files hold them: llama-7b NF4 r64 at micro-batch
+    1 measured 2,853 (the first run), 3,748, 3,325 and 2,852 tokens/s, a 31% spread, the bf16
+    LoRA r64 twin 18%; the micro-batch 4 rows within 3%."""
+    rows, lines = printed
+    found = {c["label"]: c for c in gpu_rows.same_configs(rows)}
+    nf4 = found["llama-7b nf4 r64 mb1x1 wrap=none ckpt=full"]
+    assert nf4["ids"] == ["a0", "b0", "d0", "e0"]
+    tokens = [FILES[n][0]["tokens_per_s"] for n in sorted(FILES)]
+    assert nf4["tokens_per_s"] == tokens
+    assert [round(t) for t in tokens] == [2853, 3748, 3325, 2852]
+    assert nf4["spread"] == pytest.approx(3748.0 / 2852.3 - 1, abs=1e-3)
+    assert found["llama-7b lora r64 mb1x1 wrap=none ckpt=full"]["spread"] > 0.15
+    assert found["llama-7b nf4 r64 mb4x1 wrap=none ckpt=full"]["spread"] < 0.03
+    assert len(found) == 9
+    assert "Tokens/s of the configs measured in several runs" in lines
+
+
+def test_each_config_runs_tokens_per_s_median_is_estimated_within_15_percent(printed):
+    """A run's tokens/s at micro-batch 1 moves by up to 31% from one run of a config to the next
+    (the host issuing kernels: issue 33), more than any one estimate can follow; against the
+    median of a config's runs every estimate is within 15%."""
+    rows, _ = printed
+    for c in gpu_rows.same_configs(rows):
+        assert abs(c["error"]) <= 0.15, (c["label"], c["error"])
+
+
 def _fitted_context(path: Path, kept: str) -> tuple[float, Any, Any]:
     """A calibration of the `ok` trials of one file: its context, and the first trial's
     estimate and calibration."""
