@@ -313,16 +313,12 @@ PROBE_STEPS = (2, 6)  # warm-up steps, timed steps
 
 def probe_child(args: argparse.Namespace) -> None:
     """In its own process (the parent kills it at the section's deadline): each `PROBE_CASES`
-    config built as a trial builds it, in a one-rank process group where its job has one (the
-    trials' own `join_group`), warmed up, then each step timed by phase, one step's ops counted
-    by phase, and where asked the allocator's record of one step dumped; a row per case appended
-    to `probe.jsonl`."""
+    config as `probe_case` runs it, a row per case appended to `probe.jsonl` (an error row for a
+    case that fails, and the next one runs). The process joins a one-rank group (the trials' own
+    `join_group`) as e5's job has one; the plain-module cases call no collective in it."""
     import importlib
 
-    import torch
-
     from autofit.arch import structure_of
-    from autofit.builder.apply import build_for_trial
     from autofit.config import Config
     from autofit.estimate import estimate
     from autofit.hardware import cpu_hardware, resolve_hardware
@@ -339,31 +335,55 @@ def probe_child(args: argparse.Namespace) -> None:
     device, _ = join_group(args.device, 0, 1, None, group)
     hardware = cpu_hardware(1) if cpu else resolve_hardware("1")
     out = Path(args.out)
-    warmup, timed = (1, 2) if args.quick else PROBE_STEPS
     for (name, _, keep), config in zip(PROBE_CASES, configs, strict=True):
-        torch.manual_seed(0)
-        run = build_for_trial(spec, config, device)
-        batch = torch.randint(0, spec.vocab, (config.micro_batch, config.seq_len), device=device)
-        for _ in range(warmup):
-            run.train_step([batch])
-        phases = [probe_step(run, batch, device) for _ in range(timed)]
-        ops = probe_ops(run, batch, device)
         row: dict[str, Any] = {"section": "probe", "name": f"{spec.name} {name}",
-                               "config": config.to_dict(), "status": "ok",
-                               "phases_s": phases, "ops": ops}  # fmt: skip
-        if keep and not cpu:
-            row.update(probe_record(run, batch, device, out / f"probe-{name.split()[0]}"))
-        est = estimate(spec, hardware, config, device=args.device)
-        layer, root = step_terms._host_ops(config.resolved(1), structure_of(spec), spec, 1)
-        row["est_ops"] = structure_of(spec).layers * layer + root
-        steps = sorted(p["step"] for p in phases)
-        row.update(step_time_s=steps[len(steps) // 2], est_step_time_s=est.step_time_s,
-                   host_us_per_op=steps[len(steps) // 2] / max(sum(ops.values()), 1) * 1e6,
-                   est_peak_gib=est.peak_bytes / GiB)  # fmt: skip
+                               "config": config.to_dict()}  # fmt: skip
+        try:
+            row.update(probe_case(spec, config, device, out / f"probe-{name.split()[0]}",
+                                  keep and not cpu, 1 if args.quick else PROBE_STEPS[0],
+                                  2 if args.quick else PROBE_STEPS[1]))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a case that fails must not cost the others
+            row.update(status="error", note=f"{type(exc).__name__}: {exc}"[:300])
+        else:
+            est = estimate(spec, hardware, config, device=args.device)
+            layer, root = step_terms._host_ops(config.resolved(1), structure_of(spec), spec, 1)
+            row.update(
+                est_ops=structure_of(spec).layers * layer + root,
+                est_step_time_s=est.step_time_s,
+                est_peak_gib=est.peak_bytes / GiB,
+            )
         with (out / "probe.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
-        del run
         release(device)
+
+
+def probe_case(
+    spec: Any, config: Any, device: Any, stem: Path, keep: bool, warmup: int, timed: int
+) -> dict[str, Any]:
+    """One probe case: built as a trial builds it, `warmup` steps, `timed` steps timed by phase,
+    one step's ops counted by phase, and with `keep` one step under the allocator's record."""
+    import torch
+
+    from autofit.builder.apply import build_for_trial
+
+    torch.manual_seed(0)
+    run = build_for_trial(spec, config, device)
+    batch = torch.randint(0, spec.vocab, (config.micro_batch, config.seq_len), device=device)
+    for _ in range(warmup):
+        run.train_step([batch])
+    phases = [probe_step(run, batch, device) for _ in range(timed)]
+    ops = probe_ops(run, batch, device)
+    steps = sorted(p["step"] for p in phases)
+    out: dict[str, Any] = {
+        "status": "ok",
+        "phases_s": phases,
+        "ops": ops,
+        "step_time_s": steps[len(steps) // 2],
+        "host_us_per_op": steps[len(steps) // 2] / sum(ops.values()) * 1e6,
+    }
+    if keep:
+        out.update(probe_record(run, batch, device, stem))
+    return out
 
 
 def probe_step(run: Any, batch: Any, device: Any) -> dict[str, float]:
