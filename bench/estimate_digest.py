@@ -9,6 +9,7 @@ Run: `python bench/estimate_digest.py [--space default] [--dump out.json]`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -26,11 +27,18 @@ CASES = (
     ("llama-3-8b", "1xrtx4090", "cuda", None),
     ("llama-debug", "2", "cpu", "30MiB"),
 )
+# A `--device cpu` case's hardware is this machine's (`cpu_hardware`: its RAM and cores, which
+# the host-RAM verdicts and the host's speed read); the digest pins them to the suite's machine,
+# so that it fingerprints the code, not the machine it ran on (its RAM moves by some MiB from one
+# machine to the next, and 300 MiB less turned some verdicts)
+CPU_HOST = {"host_ram_bytes": 24 * 2**30, "cpu_cores": 2}
 
 
 def fingerprint(model: str, gpus: str, device: str, gpu_memory: str | None, space: str) -> dict:
     spec = resolve_model(model)
     hw = resolve_hardware(gpus, device=device, gpu_memory=gpu_memory)
+    if device == "cpu":
+        hw = dataclasses.replace(hw, **CPU_HOST)
     sp = load_space(space)
     cands, skipped, considered = estimate_all(PlanRequest.of(spec, hw, sp, device=device))
     rows = []
