@@ -49,7 +49,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -329,6 +329,7 @@ def probe_child(args: argparse.Namespace) -> None:
     step_terms = importlib.import_module("autofit.estimate.step")  # (the name `estimate` is taken)
     cpu = args.device == "cpu"
     spec = resolve_model("llama-debug" if args.quick else "llama-7b")
+    structure = structure_of(spec)
     configs = [Config.from_dict({**c, **({"seq_len": 128} if args.quick else {})})
                for _, c, _ in PROBE_CASES]  # fmt: skip
     group = any(layout_of(c, 1).communicators for c in configs)
@@ -346,9 +347,9 @@ def probe_child(args: argparse.Namespace) -> None:
             row.update(status="error", note=f"{type(exc).__name__}: {exc}"[:300])
         else:
             est = estimate(spec, hardware, config, device=args.device)
-            layer, root = step_terms._host_ops(config.resolved(1), structure_of(spec), spec, 1)
+            layer, root = step_terms._host_ops(config.resolved(1), structure, spec, 1)
             row.update(
-                est_ops=structure_of(spec).layers * layer + root,
+                est_ops=structure.layers * layer + root,
                 est_step_time_s=est.step_time_s,
                 est_peak_gib=est.peak_bytes / GiB,
             )
@@ -372,7 +373,7 @@ def probe_case(
     for _ in range(warmup):
         run.train_step([batch])
     phases = [probe_step(run, batch, device) for _ in range(timed)]
-    ops = probe_ops(run, batch, device)
+    ops = probe_ops(run, batch)
     steps = sorted(p["step"] for p in phases)
     out: dict[str, Any] = {
         "status": "ok",
@@ -386,42 +387,49 @@ def probe_case(
     return out
 
 
+def probe_phases(run: Any, batch: Any, within: Callable[[str], Any]) -> None:
+    """One optimizer step as `Applied.train_step` runs it (one micro-batch), each phase
+    (`forward`, `backward`, `optimizer`) inside the context `within(phase)` gives."""
+    with run.gradient_sync(True):
+        with within("forward"):
+            loss = run.loss(batch)
+        with within("backward"):
+            loss.backward()
+    with within("optimizer"):
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+
+
 def probe_step(run: Any, batch: Any, device: Any) -> dict[str, float]:
-    """One optimizer step as `Applied.train_step` runs it (one micro-batch), each phase's wall
-    time as the host sees it (the GPU may still be working when a phase returns), and the whole
-    step's after the device is done."""
+    """One step (`probe_phases`), each phase's wall time as the host sees it (the GPU may still
+    be working when a phase returns), and the whole step's after the device is done."""
+    import contextlib
+
     import torch
+
+    times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed(phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        times[phase] = time.perf_counter() - t0
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
-    t0 = time.perf_counter()
-    with run.gradient_sync(True):
-        loss = run.loss(batch)
-        t1 = time.perf_counter()
-        loss.backward()
-    t2 = time.perf_counter()
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    t3 = time.perf_counter()
+    start = time.perf_counter()
+    probe_phases(run, batch, timed)
     sync()
-    t4 = time.perf_counter()
-    return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "step": t4 - t0}
+    return {**times, "step": time.perf_counter() - start}
 
 
-def probe_ops(run: Any, batch: Any, device: Any) -> dict[str, int]:
-    """The aten ops one step dispatches, by phase, counted as `autofit.arch.ops_of` counts
-    them (`OpCounter`), on the device at the model's own width."""
+def probe_ops(run: Any, batch: Any) -> dict[str, int]:
+    """The aten ops one step (`probe_phases`) dispatches, by phase, counted as
+    `autofit.arch.ops_of` counts them (`OpCounter`), on the device at the model's own width."""
     from autofit.builder.ops import OpCounter
 
     counters = {k: OpCounter() for k in ("forward", "backward", "optimizer")}
-    with run.gradient_sync(True):
-        with counters["forward"]:
-            loss = run.loss(batch)
-        with counters["backward"]:
-            loss.backward()
-    with counters["optimizer"]:
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+    probe_phases(run, batch, counters.__getitem__)
     return {k: c.ops for k, c in counters.items()}
 
 
@@ -455,7 +463,9 @@ def probe_record(run: Any, batch: Any, device: Any, stem: Path) -> dict[str, Any
 
 
 def run_probe(args: argparse.Namespace, rows: Rows, deadline: float) -> None:
-    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # as trials run
+    from autofit.export.schema import ALLOC_ENV  # the allocator's settings, as trials run
+
+    env = {**os.environ, **ALLOC_ENV}
     run_child(args, rows, deadline, "probe", [], "probe", env=env)
 
 
